@@ -1,0 +1,79 @@
+"""What travels between the server and the clients.
+
+A :class:`Message` is the *only* thing a driver moves.  ``arrays`` and
+``scalars`` are the algorithm's payload (for the proposed method: one r x n
+matrix each way per round, ALGORITHM.md §5); ``diagnostics`` are optional
+monitoring values a client adds to its reply (objective, residual pieces)
+and are counted separately so the algorithm's traffic stays visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+import numpy as np
+
+__all__ = ["Message", "ClientState", "ServerState", "Scalar"]
+
+Scalar = Union[int, float, bool, str]
+
+
+def _nbytes(arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object]) -> int:
+    return int(sum(np.asarray(a).nbytes for a in arrays.values())) + 8 * len(scalars)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message: a kind ("setup" or "round"), the round number, payload.
+
+    Parameters
+    ----------
+    kind : str
+        "setup" (initialisation exchange before round 1) or "round".
+    round : int
+        Round number s (0 for setup).  Every reply carries the round of the
+        request, and clients refuse a message whose round does not follow
+        their state.
+    arrays : mapping of str to ndarray
+        Algorithm payload, e.g. ``{"Vbar": (r, n)}`` down, ``{"Vhat": (r, n)}`` up.
+    scalars : mapping of str to int/float/bool/str
+        Small algorithm payload (seeds, configuration on setup).
+    diagnostics : mapping of str to ndarray or float
+        Monitoring values of an uplink reply (not used by the algorithm).
+    """
+
+    kind: str
+    round: int
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
+    scalars: Mapping[str, Scalar] = field(default_factory=dict)
+    diagnostics: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the algorithm payload (arrays + 8 per scalar)."""
+        return _nbytes(self.arrays, self.scalars)
+
+    @property
+    def diagnostics_nbytes(self) -> int:
+        arrays = {k: v for k, v in self.diagnostics.items() if isinstance(v, np.ndarray)}
+        return _nbytes(arrays, {k: v for k, v in self.diagnostics.items() if k not in arrays})
+
+
+@dataclass
+class ClientState:
+    """A client's private state between rounds: never sent anywhere.
+
+    ``round`` is the last round this state has completed (0 after setup).
+    """
+
+    round: int
+    arrays: dict[str, np.ndarray]
+
+
+@dataclass
+class ServerState:
+    """The server's state: round s about to start and the global matrices."""
+
+    round: int
+    arrays: dict[str, np.ndarray]
