@@ -1,0 +1,37 @@
+"""PNG plots of per-round histories (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_residuals(histories: Mapping[str, object], path, metric: str = "R_rel", title: str | None = None) -> Path:
+    """Plot ``metric`` (default R^s/R^1) per round on a log scale, one line per history."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for label, hist in histories.items():
+        y = hist.column(metric)
+        ax.semilogy(hist.column("round"), np.maximum(y, 1e-300), marker=".", label=label)
+    ax.set_xlabel("communication round s")
+    ax.set_ylabel({"R_rel": "$R^s / R^1$", "R_avg_rel": r"$\bar R^s / R^1$"}.get(metric, metric))
+    ax.axhline(1e-2, color="grey", lw=0.8, ls="--")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
