@@ -1,15 +1,46 @@
-"""Federated algorithms by name.  Every driver looks algorithms up here."""
+"""Federated algorithms by name.  Every driver looks algorithms up here.
+
+``ALGORITHMS`` maps a name to a class or a zero-argument factory; the instance
+it builds has ``.name`` equal to that key, so a remote driver can rebuild the
+same algorithm from the name in the setup message and the run's FedConfig.
+"""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
+from .ablations import LocalCopy, ServerUpdateV
 from .base import FederatedAlgorithm
+from .fedmavg import FedMAvg
+from .fedmgs import FedMGS
+from .fedvra import FedVRA
 from .proposed import FedSONMFAlgorithm
 
-__all__ = ["FederatedAlgorithm", "get_algorithm", "ALGORITHMS"]
+__all__ = [
+    "FederatedAlgorithm", "get_algorithm", "ALGORITHMS", "BASELINES", "ABLATIONS",
+    "FedSONMFAlgorithm", "FedMAvg", "FedMGS", "FedVRA", "ServerUpdateV", "LocalCopy",
+]
 
-ALGORITHMS: dict[str, type[FederatedAlgorithm]] = {
+ALGORITHMS: dict[str, Callable[[], FederatedAlgorithm]] = {
     "fedsonmf": FedSONMFAlgorithm,
+    # adapted baselines (ALGORITHM.md §9.1-9.3)
+    "fedmavg": partial(FedMAvg, "constant", name="fedmavg"),
+    "fedmavg_decreasing": partial(FedMAvg, "decreasing", name="fedmavg_decreasing"),
+    "fedmgs": partial(FedMGS, "last", name="fedmgs"),
+    "fedmgs_avg": partial(FedMGS, "average", name="fedmgs_avg"),
+    "fedvra": partial(FedVRA, name="fedvra"),
+    # ablation variants (§9.4)
+    "server_update": partial(ServerUpdateV, "alpha", name="server_update"),
+    "server_update_etag": partial(ServerUpdateV, "eta_g_alpha", name="server_update_etag"),
+    "local_tau1": partial(LocalCopy, 1, True, name="local_tau1"),
+    "no_correction": partial(LocalCopy, None, False, name="no_correction"),
 }
+
+#: the three adapted baselines of Fig. 3
+BASELINES = ("fedmavg", "fedmgs", "fedvra")
+#: the four ablation variants of Fig. 4-5 (the last is the proposed method)
+ABLATIONS = ("server_update", "local_tau1", "no_correction", "fedsonmf")
 
 
 def get_algorithm(name: str | FederatedAlgorithm) -> FederatedAlgorithm:
