@@ -56,16 +56,55 @@ def run_inprocess(
     seed: int | None = None,
     callback=None,
     n_jobs: int = 1,
+    checkpoint_dir=None,
+    resume: bool = False,
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
     ``views_dn`` are validated views in the internal orientation (d_p, n).
     The result's ``bases`` holds every client's final U_p (d_p, r).
+
+    ``checkpoint_dir``: after every round, save the server state + history and
+    every client's state there (:mod:`fedsonmf.checkpoint`).  ``resume=True``
+    continues the run saved in ``checkpoint_dir`` (same views, config,
+    algorithm; the saved seed is used) and ends with the same V as an
+    uninterrupted run.
     """
-    clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]
+    on_round_end, resume_from = None, None
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir")
+    if checkpoint_dir is not None:
+        from .. import checkpoint as ckpt
+        from ..algorithms import get_algorithm
+
+        alg_name = get_algorithm(algorithm).name
+        if resume:
+            saved = ckpt.load_server_checkpoint(checkpoint_dir)
+            if seed is None:
+                seed = saved.run.get("seed")
+            run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
+            ckpt.check_resume_matches(saved, run_info)
+            states = [ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)[0] for p in range(len(views_dn))]
+            resume_from = (saved.state, saved.history)
+        else:
+            states = [None] * len(views_dn)
+            if seed is None:
+                import secrets
+
+                seed = secrets.randbits(32)
+            run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
+        clients = [ClientRuntime(X, algorithm, cfg, state=st) for X, st in zip(views_dn, states)]
+
+        def on_round_end(state, history):
+            for p, c in enumerate(clients):  # clients first: the server file commits the round
+                ckpt.save_client_state(checkpoint_dir, p, c.state)
+            ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
+    else:
+        clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]
     transport = InProcessTransport(clients, n_jobs=n_jobs)
     result = run_federation(
-        transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback
+        transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
+        on_round_end=on_round_end, resume=resume_from,
     )
     result.bases = [c.state.arrays["U"].copy() for c in clients]
     return result
