@@ -31,7 +31,6 @@ from ... import checkpoint as ckpt
 from ...algorithms import get_algorithm
 from ...config import FedConfig
 from ...federation import run_federation
-from ...history import _json_default
 from .transport import FederationError, FlowerTransport, WireRecorder, handshake
 
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
@@ -55,7 +54,7 @@ def config_from_run_config(rc) -> FedConfig:
 
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    tmp.write_text(json.dumps(obj, indent=1, default=ckpt._json_default))
     os.replace(tmp, path)
 
 
@@ -87,6 +86,8 @@ def server_main(grid: Grid, context: Context) -> None:
         if bool(rc.get("resume", False)):
             saved = ckpt.load_server_checkpoint(ckpt_dir)
             ckpt.check_resume_matches(saved, run_info)
+            if not str(rc.get("job-id", "") or ""):  # the clients' state files are named by the job id
+                job_id = run_info["job_id"] = status["job_id"] = str(saved.run["job_id"])
             resume = (saved.state, saved.history)
             last_round["completed"] = saved.completed_rounds
         node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder)

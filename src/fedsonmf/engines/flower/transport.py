@@ -182,12 +182,13 @@ class FlowerTransport:
                 self.recorder.record("down", client_of[mid], msg.metadata.dst_node_id, msg)
             for mid, rep in got.items():
                 self.recorder.record("up", client_of[mid], self.node_ids[client_of[mid]], rep)
-        for mid, rep in got.items():
-            if rep.has_error():
-                p = client_of[mid]
-                raise FederationError(
-                    f"client {p} (node {self.node_ids[p]}) failed in {what}: {_error_text(rep)}",
-                    client=p, round=s, node_id=self.node_ids[p])
+        failed = sorted(((client_of[mid], rep) for mid, rep in got.items() if rep.has_error()), key=lambda t: t[0])
+        if failed:
+            p, rep = failed[0]
+            also = f" (and clients {[q for q, _ in failed[1:]]})" if len(failed) > 1 else ""
+            raise FederationError(
+                f"client {p} (node {self.node_ids[p]}) failed in {what}: {_error_text(rep)}{also}",
+                client=p, round=s, node_id=self.node_ids[p])
         if pending:
             late = sorted(client_of[mid] for mid in pending)
             names = ", ".join(f"client {p} (node {self.node_ids[p]})" for p in late)

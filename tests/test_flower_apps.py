@@ -1,0 +1,329 @@
+"""The Flower apps' handlers without servers: the ServerApp's main runs against a
+fake Grid that calls the ClientApp object directly (FLOWER.md §2.5(c)).
+
+Fast (no processes, no network); the loopback deployment is in test_flower_deploy.py.
+"""
+
+import ast
+import json
+import time
+import tomllib
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import ConfigRecord, Context, Error, Message as FlwrMessage, MessageType, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedsonmf import checkpoint as ckpt  # noqa: E402
+from fedsonmf._validation import check_views  # noqa: E402
+from fedsonmf.algorithms import ALGORITHMS  # noqa: E402
+from fedsonmf.config import FedConfig  # noqa: E402
+from fedsonmf.engines.flower import codec, write_app_dir, write_views  # noqa: E402
+from fedsonmf.engines.flower.audit import AuditError, audit_wire  # noqa: E402
+from fedsonmf.engines.flower.client_app import make_client_app  # noqa: E402
+from fedsonmf.engines.flower.server_app import server_main  # noqa: E402
+from fedsonmf.engines.flower.template import RUN_CONFIG_DEFAULTS  # noqa: E402
+from fedsonmf.engines.flower.transport import FederationError, FlowerTransport, handshake  # noqa: E402
+from fedsonmf.engines.inprocess import run_inprocess  # noqa: E402
+from fedsonmf.messages import Message  # noqa: E402
+
+R = 4
+CFG = FedConfig(n_components=R, tau=3)
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+class FakeGrid:
+    """A Grid whose nodes are ClientApp objects called in this process.
+
+    ``drop``: node ids that never answer (hung); ``unavailable``: node ids
+    answered by a NODE_UNAVAILABLE error, as the SuperLink does for a dead node.
+    """
+
+    def __init__(self, client_app, node_configs: dict[int, dict], drop=(), unavailable=()):
+        self.app = client_app
+        self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=nc, state=RecordDict(), run_config={})
+                         for nid, nc in node_configs.items()}
+        self.drop, self.unavailable = set(drop), set(unavailable)
+        self.replies: dict[str, FlwrMessage] = {}
+        self.pushed = 0
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            nid = msg.metadata.dst_node_id
+            self.pushed += 1
+            if nid in self.unavailable:
+                self.replies[mid] = FlwrMessage(Error(5, "node unavailable"), reply_to=msg)
+            elif nid not in self.drop:
+                try:
+                    self.replies[mid] = self.app(message=msg, context=self.contexts[nid])
+                except Exception as exc:  # what the SuperNode runtime does
+                    self.replies[mid] = FlwrMessage(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
+
+
+@pytest.fixture(scope="module")
+def problem(small_problem):
+    views = small_problem.views[:3]
+    return views, check_views(views, R)
+
+
+def _nodes(tmp_path, views, node_ids=(101, 202, 303)):
+    paths = write_views(views, tmp_path / "views")
+    return {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}")}
+            for p, nid in enumerate(node_ids)}
+
+
+def _run_config(tmp_path, **kw):
+    rc = dict(RUN_CONFIG_DEFAULTS)
+    rc.update({"num-clients": 3, "num-rounds": 3, "seed": 9, "config-json": json.dumps(CFG.to_dict()),
+               "out-dir": str(tmp_path / "server"), "job-id": "job-test", "round-timeout": 5.0,
+               "node-timeout": 2.0, "poll-interval": 0.001, "record-wire": True})
+    rc.update(kw)
+    return rc
+
+
+def _server(grid, rc):
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    out = rc["out-dir"]
+    return np.load(f"{out}/V.npy"), json.loads(open(f"{out}/result.json").read())
+
+
+def _wire(rc):
+    return [json.loads(line) for line in open(f"{rc['out-dir']}/wire.jsonl")]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+# ----------------------------------------------------------------------------- codec
+
+
+def test_codec_roundtrip_is_bit_exact():
+    rng = np.random.default_rng(1)
+    msg = Message("round", 4, {"Vhat": rng.standard_normal((3, 7))}, {"a": np.int64(3), "b": 0.1, "c": "x"},
+                  {"grad0": rng.standard_normal((3, 7)), "f0": np.float64(1.5)})
+    back, meta = codec.decode(codec.encode(msg, client=2, job_id="j"))
+    assert meta == {"kind": "round", "round": 4, "client": 2, "job-id": "j"}
+    assert back.kind == "round" and back.round == 4 and back.scalars == {"a": 3, "b": 0.1, "c": "x"}
+    assert np.array_equal(back.arrays["Vhat"], msg.arrays["Vhat"])
+    assert np.array_equal(back.diagnostics["grad0"], msg.diagnostics["grad0"]) and back.diagnostics["f0"] == 1.5
+    assert back.nbytes == msg.nbytes and back.diagnostics_nbytes == msg.diagnostics_nbytes
+
+
+# ----------------------------------------------------------------------------- same answer
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_apps_give_the_inprocess_result_for_every_algorithm(tmp_path, problem, algorithm):
+    views, views_dn = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    rc = _run_config(tmp_path, algorithm=algorithm)
+    V, result = _server(grid, rc)
+    ref = run_inprocess(views_dn, CFG, algorithm, max_rounds=3, seed=9)
+    assert np.array_equal(V, ref.V)
+    assert _strip(result["history"]) == _strip(ref.history.to_records())
+    assert result["config"]["algorithm"] == algorithm
+    audit_wire(_wire(rc), algorithm, CFG, views_dn[0].shape[1])
+
+
+def test_clients_keep_large_state_on_disk_and_small_state_in_context(tmp_path, problem):
+    views, _ = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    _server(grid, _run_config(tmp_path, **{"num-rounds": 2}))
+    for p, ctx in enumerate(grid.contexts.values()):
+        assert set(ctx.state.keys()) == {"fedsonmf"}
+        assert dict(ctx.state["fedsonmf"]) == {"job-id": "job-test", "partition-id": p, "round": 2}
+        files = sorted(f.name for f in (tmp_path / f"node{p}" / "job-test").iterdir())
+        assert files == [f"client-{p}-r1.npz", f"client-{p}-r2.npz"]
+
+
+def test_client_refuses_a_round_its_saved_state_does_not_precede(tmp_path, problem):
+    views, _ = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    _server(grid, _run_config(tmp_path, **{"num-rounds": 2}))
+    transport = FlowerTransport(grid, [101, 202, 303], job_id="job-test", round_timeout=2, poll=0.001)
+    with pytest.raises(FederationError, match=r"client 0 \(node 101\) failed in round 5: .*no saved state after round 4"):
+        transport.exchange([Message("round", 5, {"Vbar": np.zeros((R, 40))})] * 3)
+
+
+# ----------------------------------------------------------------------------- audit
+
+
+@pytest.mark.parametrize("diagnostics", [True, False])
+def test_wire_audit_only_declared_matrices_and_scalars(tmp_path, problem, diagnostics):
+    views, views_dn = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    rc = _run_config(tmp_path, diagnostics=diagnostics)
+    _, result = _server(grid, rc)
+    cfg = CFG.replace(diagnostics=diagnostics)
+    summary = audit_wire(_wire(rc), "fedsonmf", cfg, 40)
+    assert summary["up round"]["messages"] == summary["down round"]["messages"] == 9
+    rn = R * 40 * 8
+    assert summary["down round"]["bytes"] >= 9 * rn and summary["up round"]["bytes"] >= 9 * rn
+    hist = result["history"]
+    assert all(row["bytes_up"] == 3 * rn and row["bytes_down"] == 3 * rn for row in hist)
+    if diagnostics:
+        assert summary["up round"]["bytes_diagnostics"] >= 9 * rn
+        assert all(row["bytes_diagnostics"] == 3 * (rn + 3 * 8) for row in hist)
+        assert "R_rel" in hist[0]
+    else:
+        assert summary["up round"]["bytes_diagnostics"] == 0
+        assert all(row["bytes_diagnostics"] == 0 for row in hist) and "R_rel" not in hist[0]
+    # no array anywhere with a client's feature dimension (X_p, U_p, X_p V^T)
+    ds = {X.shape[0] for X in views_dn}
+    for row in _wire(rc):
+        for rec in row["records"].values():
+            for item in rec["items"].values():
+                assert not set(item.get("shape", [])) & ds
+
+
+def test_wire_audit_catches_a_leak(tmp_path, problem):
+    views, _ = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    rc = _run_config(tmp_path, **{"num-rounds": 1})
+    _server(grid, rc)
+    rows = _wire(rc)
+    up = next(r for r in rows if r["direction"] == "up" and r["group_id"] == "1")
+    up["records"][codec.ARRAYS]["items"]["U"] = {"shape": [12, R], "dtype": "float64", "bytes": 384}
+    with pytest.raises(AuditError, match="undeclared key 'U'"):
+        audit_wire(rows, "fedsonmf", CFG, 40)
+    with pytest.raises(AuditError, match="undeclared record 'fedsonmf.diag.arrays'"):
+        audit_wire(_wire(rc), "fedsonmf", CFG.replace(diagnostics=False), 40)
+    with pytest.raises(AuditError, match=r"has shape \[4, 40\] dtype float64, declared float64 \(4, 41\)"):
+        audit_wire(_wire(rc), "fedsonmf", CFG, 41)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def _fault_app(kind, client, rnd):
+    def hook(msg, context):
+        if int(context.node_config["partition-id"]) == client and msg.kind == "round" and msg.round == rnd:
+            raise RuntimeError(f"injected {kind} in client {client} round {rnd}")
+    return make_client_app(before_handle=hook)
+
+
+def test_client_error_names_client_and_round_then_resume_matches(tmp_path, problem):
+    views, views_dn = problem
+    nodes = _nodes(tmp_path, views)
+    rc = _run_config(tmp_path)
+    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 2: .*injected raise"):
+        _server(FakeGrid(_fault_app("raise", 1, 2), nodes), rc)
+    status = json.loads(open(f"{rc['out-dir']}/status.json").read())
+    assert status["status"] == "failed" and status["client"] == 1 and status["round"] == 2
+    assert status["last_completed_round"] == 1
+    assert ckpt.load_server_checkpoint(tmp_path / "server" / "checkpoint").completed_rounds == 1
+    # resume with fresh node ids (restarted SuperNodes) and no fault
+    V, result = _server(FakeGrid(make_client_app(), _nodes(tmp_path, views, (7, 8, 9))), {**rc, "resume": True})
+    ref = run_inprocess(views_dn, CFG, max_rounds=3, seed=9)
+    assert np.array_equal(V, ref.V)
+    assert _strip(result["history"]) == _strip(ref.history.to_records())
+    assert result["flower"]["resumed_from_round"] == 2
+
+
+def test_hung_client_stops_the_server_within_the_round_timeout(tmp_path, problem):
+    views, _ = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
+    transport = FlowerTransport(grid, [101, 202, 303], job_id="j", round_timeout=0.3, poll=0.01)
+    grid.drop = {303}
+    t0 = time.perf_counter()
+    with pytest.raises(FederationError, match=r"client 2 \(node 303\) did not answer setup within the round "
+                                              r"timeout of 0.3 s") as exc:
+        transport.exchange([Message("setup", 0, {}, {"seed": 1, "client": p, "algorithm": "fedsonmf",
+                                                      "config": json.dumps(CFG.to_dict())}) for p in range(3)])
+    assert time.perf_counter() - t0 < 2.0
+    assert exc.value.client == 2 and exc.value.round == 0
+
+
+def test_vanished_node_error_reply_names_the_client(tmp_path, problem):
+    views, _ = problem
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, views), unavailable={202})
+    transport = FlowerTransport(grid, [101, 202, 303], job_id="j", round_timeout=5, poll=0.01)
+    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 3: error code 5"):
+        transport.exchange([Message("round", 3, {"Vbar": np.zeros((R, 40))})] * 3)
+
+
+# ----------------------------------------------------------------------------- handshake
+
+
+def test_handshake_orders_nodes_by_view_and_ignores_dead_nodes(tmp_path, problem):
+    views, _ = problem
+    nodes = _nodes(tmp_path, views, (30, 10, 20))
+    nodes[99] = dict(nodes[10])  # a dead node still listed, claiming view 1
+    grid = FakeGrid(make_client_app(), nodes, unavailable={99})
+    assert handshake(grid, 3, job_id="j", timeout=1.0, poll=0.001) == [30, 10, 20]
+
+
+def test_handshake_errors(tmp_path, problem):
+    views, _ = problem
+    nodes = _nodes(tmp_path, views)
+    with pytest.raises(FederationError, match=r"views \[2\] did not answer within 0.2 s"):
+        handshake(FakeGrid(make_client_app(), nodes, drop={303}), 3, job_id="j", timeout=0.2, poll=0.01)
+    dup = {**nodes, 404: dict(nodes[101])}
+    with pytest.raises(FederationError, match="both hold view 0"):
+        handshake(FakeGrid(make_client_app(), dup), 4, job_id="j", timeout=0.2, poll=0.01)
+    with pytest.raises(FederationError, match="holds view .partition-id. 2, but the run has 2 views"):
+        handshake(FakeGrid(make_client_app(), nodes), 2, job_id="j", timeout=0.2, poll=0.01)
+
+
+# ----------------------------------------------------------------------------- shipped app
+
+
+def test_shipped_app_template(tmp_path):
+    app_dir = write_app_dir(tmp_path / "app")
+    conf = tomllib.loads((app_dir / "pyproject.toml").read_text())
+    assert conf["tool"]["flwr"]["app"]["config"] == RUN_CONFIG_DEFAULTS
+    assert conf["project"]["license"] == {"file": "LICENSE"} and (app_dir / "LICENSE").is_file()
+    assert "flwr>=1.42.0,<1.43" in conf["project"]["dependencies"]
+    for comp in ("serverapp", "clientapp"):
+        module, attr = conf["tool"]["flwr"]["app"]["components"][comp].split(":")
+        src = (app_dir / (module.replace(".", "/") + ".py")).read_text()
+        # flwr run checks statically that the module *assigns* the app
+        assigned = {t.id for node in ast.parse(src).body if isinstance(node, ast.Assign) for t in node.targets}
+        assert attr in assigned
+        ns: dict = {}
+        exec(compile(src, module, "exec"), ns)
+        assert type(ns[attr]).__name__ in ("ServerApp", "ClientApp")
+    # nothing but the shim is shipped
+    assert sorted(p.name for p in app_dir.rglob("*") if p.is_file()) == [
+        "LICENSE", "__init__.py", "client_app.py", "pyproject.toml", "server_app.py"]
+
+
+def test_client_app_refuses_misrouted_message(tmp_path, problem):
+    views, _ = problem
+    app = make_client_app()
+    ctx = Context(run_id=1, node_id=5, node_config=_nodes(tmp_path, views)[202], state=RecordDict(), run_config={})
+    msg = FlwrMessage(codec.encode(Message("round", 1, {}), client=0, job_id="j"), dst_node_id=5,
+                      message_type=MessageType.TRAIN)
+    msg.metadata.__dict__["_message_id"] = "m"
+    with pytest.raises(Exception, match="message for client 0 reached the node of view 1"):
+        app(message=msg, context=ctx)
+    hello = FlwrMessage(RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
+                                                              "job-id": "j"})}),
+                        dst_node_id=5, message_type=MessageType.QUERY)
+    hello.metadata.__dict__["_message_id"] = "h"
+    rep = app(message=hello, context=ctx)
+    assert int(rep.content[codec.META]["partition-id"]) == 1
