@@ -22,7 +22,10 @@ def _as_matrix(X, p: int):
             raise InputError(f"view {p} must be 2-D, got {X.ndim}-D")
         if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool) or np.iscomplexobj(X.data):
             raise InputError(f"view {p} must hold real numbers, got dtype {X.dtype}")
-        X = sp.csr_matrix(X, dtype=np.float64)
+        dtype = np.float32 if X.dtype == np.float32 else np.float64
+        if X.format not in ("csr", "csc"):
+            X = X.tocsr()
+        X = X.astype(dtype, copy=False)
         if not np.all(np.isfinite(X.data)):
             raise InputError(f"view {p} contains NaN or Inf")
         return X
@@ -38,18 +41,20 @@ def _as_matrix(X, p: int):
         raise InputError(f"view {p} must hold real numbers, got complex dtype {A.dtype}")
     if A.ndim != 2:
         raise InputError(f"view {p} must be 2-D (n_samples, n_features), got shape {A.shape}")
-    A = A.astype(np.float64, copy=False)
+    A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
     if not np.all(np.isfinite(A)):
         raise InputError(f"view {p} contains NaN or Inf")
     return A
 
 
 def check_views(Xs, n_components: int | None = None) -> list:
-    """Validate views given as (n_samples, d_p) and return them as (d_p, n) float64.
+    """Validate views given as (n_samples, d_p) and return them as (d_p, n).
 
-    Dense views become transposed ndarrays (no copy when already float64);
-    sparse views become CSR matrices.  Negative entries are valid (only U and
-    V are constrained).
+    Dense views become transposed ndarrays (no copy for float32/float64
+    input); sparse views become CSC matrices (no copy for CSR input).
+    float32 is kept, every other real dtype becomes float64 (see
+    ``fedsonmf._linalg``).  Negative entries are valid (only U and V are
+    constrained).
     """
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
         raise InputError(
@@ -76,7 +81,7 @@ def check_views(Xs, n_components: int | None = None) -> list:
                 f"n_components={n_components} is larger than view {p}'s number of features ({d}); "
                 "a nonnegative orthonormal basis needs n_features >= n_components"
             )
-        out.append(M.T.tocsr() if sp.issparse(M) else M.T)
+        out.append(M.T.tocsc() if sp.issparse(M) else M.T)
     return out
 
 

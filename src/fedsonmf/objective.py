@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._linalg import sqnorm, ut_x, x_vt
+from ._linalg import sqnorm, ut_x
 from .prox import l21_norm
 
-__all__ = ["loss", "loss_from_products", "grad_v", "grad_u", "objective", "stationarity_u"]
+__all__ = ["loss", "loss_from_products", "grad_v", "grad_v_orth", "grad_u", "objective", "stationarity_u"]
 
 
 def loss_from_products(x_sqnorm: float, UtX: np.ndarray, UtU: np.ndarray, V: np.ndarray) -> float:
@@ -27,6 +27,14 @@ def loss(X, U: np.ndarray, V: np.ndarray) -> float:
 def grad_v(UtU: np.ndarray, UtX: np.ndarray, V: np.ndarray) -> np.ndarray:
     """``grad_V f_p = 2 U^T (U V - X)`` of shape (r, n), from cached products."""
     return 2.0 * (UtU @ V - UtX)
+
+
+def grad_v_orth(UtX: np.ndarray, V: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``grad_V f_p = 2 (V - U^T X)`` when U^T U = I (true for every U-step output:
+    disjoint supports, unit columns); saves the r x r x n product U^T U V."""
+    out = np.subtract(V, UtX, out=out)
+    out *= 2.0
+    return out
 
 
 def grad_u(U: np.ndarray, XVt: np.ndarray, VVt: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .objective import grad_u, grad_v, loss_from_products, stationarity_u
+from .objective import grad_u, grad_v_orth, stationarity_u
 from .prox import l21_norm, prox_l21_nonneg
 
 __all__ = ["client_diagnostics", "round_metrics", "normalised", "effective_rank"]
@@ -34,8 +34,8 @@ def client_diagnostics(x_sqnorm, U0, UtX0, V, U_end, XVt0, VVt0) -> dict:
     """
     UtU0 = U0.T @ U0
     return {
-        "f0": loss_from_products(x_sqnorm, UtX0, UtU0, V),
-        "grad0": grad_v(UtU0, UtX0, V),
+        "f0": max(x_sqnorm - 2.0 * float(np.vdot(UtX0, V)) + float(np.vdot(UtU0, VVt0)), 0.0),
+        "grad0": grad_v_orth(UtX0, V),
         "rU0": stationarity_u(U0, grad_u(U0, XVt0, VVt0)),
         "rU": stationarity_u(U_end, grad_u(U_end, XVt0, VVt0)),
     }

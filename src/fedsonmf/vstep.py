@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._linalg import ut_x, x_vt
-from .objective import grad_v
+from .objective import grad_v_orth
 from .prox import prox_l21_nonneg
 from .ustep import PenaltyOptions, solve_u
 
@@ -81,21 +81,24 @@ def local_round(
     Vhat = V_start.copy()
     V = V_start
     Gsum = np.zeros_like(V_start)
+    g = np.empty_like(V_start)
     inner = 0
     XVt0 = VVt0 = None
     UtX = None
     for k in range(tau):
-        XVt = x_vt(X, V)
+        XVt = x_vt(X, V)  # pass 1 over X
         VVt = V @ V.T
         if k == 0:
             XVt0, VVt0 = XVt, VVt
         U, info = solve_u(2.0 * XVt, 2.0 * VVt, U, rho1, ustep)
         inner += info.inner_iterations
-        UtX = ut_x(U, X)
-        g = grad_v(U.T @ U, UtX, V)
+        UtX = ut_x(U, X)  # pass 2 over X
+        grad_v_orth(UtX, V, out=g)
         Gsum += g
-        Vhat -= alpha * g
         if C is not None:
-            Vhat -= alpha * C
+            g += C
+        g *= alpha
+        Vhat -= g
         V = prox_l21_nonneg(Vhat, (k + 1) * alpha * mu)
-    return LocalResult(U, UtX, Vhat, Gsum / tau, XVt0, VVt0, inner)
+    Gsum /= tau
+    return LocalResult(U, UtX, Vhat, Gsum, XVt0, VVt0, inner)
