@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["sqnorm", "x_vt", "ut_x"]
+__all__ = ["sqnorm", "x_vt", "ut_x", "axpy"]
 
 
 def sqnorm(X) -> float:
@@ -43,10 +43,30 @@ def x_vt(X, V: np.ndarray) -> np.ndarray:
 
 
 def ut_x(U: np.ndarray, X) -> np.ndarray:
-    """``U^T X`` of shape (r, n), float64 C-ordered ndarray."""
+    """``U^T X`` of shape (r, n), float64.
+
+    For a sparse (CSC) view the result is F-ordered (the transpose of an
+    (n, r) C array): no transposing copy, and a V derived from it is again
+    F-ordered, which is the layout ``X @ V.T`` needs without a copy.
+    Every later elementwise operation keeps the layout.
+    """
     Uc = _cast(U, X)
     if sp.issparse(X):
         out = (X.T @ Uc).T  # CSC^T is CSR: a fast sparse x dense product
     else:
         out = Uc.T @ X  # one GEMM; cheaper than a sparse U^T (which copies X)
-    return np.ascontiguousarray(out, dtype=np.float64)
+    return np.asarray(out, dtype=np.float64)
+
+
+def axpy(a: float, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``y += a * x`` in one pass and without a temporary (BLAS daxpy) when
+    both are float64 and share a contiguous layout; NumPy otherwise."""
+    same = (x.flags.c_contiguous and y.flags.c_contiguous) or (x.flags.f_contiguous and y.flags.f_contiguous)
+    if same and x.dtype == y.dtype == np.float64 and x.shape == y.shape and y.size:
+        _daxpy(x.ravel(order="K"), y.ravel(order="K"), a=a)  # ravel views write through to y
+    else:
+        y += a * x
+    return y
+
+
+from scipy.linalg.blas import daxpy as _daxpy  # noqa: E402

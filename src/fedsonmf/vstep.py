@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._linalg import ut_x, x_vt
-from .objective import grad_v_orth
+from ._linalg import axpy, ut_x, x_vt
 from .prox import prox_l21_nonneg
 from .ustep import PenaltyOptions, solve_u
 
@@ -78,10 +77,8 @@ def local_round(
 
     Two passes over X per step (X V^T for the U-step, U^T X for the gradient).
     """
-    Vhat = V_start.copy()
+    Vhat = V_start.copy(order="K")  # keep the layout (see _linalg.ut_x)
     V = V_start
-    Gsum = np.zeros_like(V_start)
-    g = np.empty_like(V_start)
     inner = 0
     XVt0 = VVt0 = None
     UtX = None
@@ -93,12 +90,18 @@ def local_round(
         U, info = solve_u(2.0 * XVt, 2.0 * VVt, U, rho1, ustep)
         inner += info.inner_iterations
         UtX = ut_x(U, X)  # pass 2 over X
-        grad_v_orth(UtX, V, out=g)
-        Gsum += g
+        # Vhat <- Vhat - alpha (g + C) with g = 2 (V - U^T X) (U^T U = I): three
+        # fused passes, no temporaries (the r x n work is what bounds sparse views)
+        axpy(2.0 * alpha, UtX, Vhat)
+        axpy(-2.0 * alpha, V, Vhat)
         if C is not None:
-            g += C
-        g *= alpha
-        Vhat -= g
-        V = prox_l21_nonneg(Vhat, (k + 1) * alpha * mu)
-    Gsum /= tau
-    return LocalResult(U, UtX, Vhat, Gsum, XVt0, VVt0, inner)
+            axpy(-alpha, C, Vhat)
+        # the post-proximal copy reuses one buffer (V^s itself must survive the round)
+        V = prox_l21_nonneg(Vhat, (k + 1) * alpha * mu, out=None if V is V_start else V)
+    # Vhat = V^s - alpha sum_k (g_k + C) gives the mean local gradient without
+    # accumulating it step by step: G_p^s = (V^s - Vhat) / (alpha tau) - C
+    G_avg = V_start - Vhat
+    G_avg *= 1.0 / (alpha * tau)
+    if C is not None:
+        G_avg -= C
+    return LocalResult(U, UtX, Vhat, G_avg, XVt0, VVt0, inner)
