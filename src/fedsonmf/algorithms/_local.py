@@ -16,7 +16,7 @@ import numpy as np
 
 from .._linalg import ut_x, x_vt
 from ..config import FedConfig
-from ..objective import grad_v
+from ..objective import grad_v_orth
 from ..residuals import client_diagnostics
 from ..ustep import solve_u
 
@@ -82,8 +82,9 @@ def alternating_steps(
 
 
 def grad_at(U: np.ndarray, UtX: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """``grad_V f_p(U, V) = 2 U^T (U V - X_p)`` from U^T X_p."""
-    return grad_v(U.T @ U, UtX, V)
+    """``grad_V f_p(U, V) = 2 U^T (U V - X_p) = 2 (V - U^T X_p)`` (U^T U = I for every
+    U-step output) -- the same expression as the proposed method's local step."""
+    return grad_v_orth(UtX, V)
 
 
 def diagnostics_of(X, x_sqnorm: float, state_arrays: dict, V: np.ndarray, trace: LocalTrace, cfg: FedConfig) -> dict:
