@@ -58,7 +58,8 @@ def _plt():
     return plt
 
 
-def _panel_plot(path, panels: Mapping[float, Mapping[str, list[dict]]], metric: str, target: float, title: str):
+def _panel_plot(path, panels: Mapping[float, Mapping[str, list[dict]]], metric: str, target: float, title: str,
+                xmax: int | None = None):
     """One panel per h; per label the geometric mean over seeds with a min-max band."""
     plt = _plt()
     hs = list(panels)
@@ -73,6 +74,8 @@ def _panel_plot(path, panels: Mapping[float, Mapping[str, list[dict]]], metric: 
             if len(recs) > 1:
                 ax.fill_between(x, Yc.min(axis=0), Yc.max(axis=0), color=color, alpha=0.18, lw=0)
         ax.axhline(target, color="grey", lw=0.8, ls="--")
+        if xmax is not None:
+            ax.set_xlim(0, xmax + 1)
         ax.set_title(f"h = {h:g}", fontsize=9)
         ax.set_xlabel("round s", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -107,8 +110,8 @@ def _fig5_plot(path, table: dict, hs, variants, budgets, title):
     ax.set_xticks(range(len(hs)))
     ax.set_xticklabels([f"h = {h:g}" for h in hs])
     ax.set_ylabel("rounds to target")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.35 * max(budgets.values()))
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -168,7 +171,9 @@ def write_report(out_dir, cfg: StudyConfig, figs: dict[str, list[Cell]], records
     mname = METRICS[metric]
     _panel_plot(out / "fig2_tau.png", fig2, metric, target, f"Fig. 2: proposed method, tau = {list(cfg.taus)} ({mname})")
     _panel_plot(out / "fig3_baselines.png", fig3, metric, target, f"Fig. 3: proposed vs adapted baselines, tau = {cfg.tau_main}")
-    _panel_plot(out / "fig4_ablation.png", fig4, metric, target, f"Fig. 4: ablation variants, tau = {cfg.tau_main}")
+    _panel_plot(out / "fig4_ablation.png", fig4, metric, target,
+                f"Fig. 4: ablation variants, tau = {cfg.tau_main} (first {cfg.rounds} of the one-step variants' "
+                f"{cfg.rounds_one_step} rounds shown)", xmax=cfg.rounds)
     budgets = {a: recs_of(figs["fig4"], algorithm=a)[0]["spec"]["rounds"] for a in cfg.ablations}
     tab5 = {m: {(a, h): [rounds_to(r["rows"], target, m) for r in recs_of(figs["fig4"], h=h, algorithm=a)]
                 for a in cfg.ablations for h in hs} for m in METRICS}
