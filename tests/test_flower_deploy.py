@@ -1,0 +1,165 @@
+"""The loopback deployment end to end: a SuperLink and 3 SuperNodes as separate
+processes, shared by all tests of this module (FLOWER.md: ≈5-8 s per round,
+so every run is short).  Slow (≈3-4 min in total), run in CI.
+"""
+
+import json
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from fedsonmf._validation import check_views  # noqa: E402
+from fedsonmf.config import FedConfig  # noqa: E402
+from fedsonmf.datasets import make_synthetic  # noqa: E402
+from fedsonmf.engines.flower import LoopbackDeployment, load_result, write_app_dir, write_views  # noqa: E402
+from fedsonmf.engines.flower.audit import audit_wire  # noqa: E402
+from fedsonmf.engines.inprocess import run_inprocess  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+R, N = 4, 60
+CFG = FedConfig(n_components=R, tau=3)
+ROUNDS, SEED = 3, 5
+
+FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with an injected fault (run config 'fault' = kind:client:round)."""
+import time
+
+from fedsonmf.engines.flower.client_app import make_client_app
+
+
+def _fault(msg, context):
+    spec = str(context.run_config.get("fault", ""))
+    if not spec:
+        return
+    kind, client, rnd = spec.split(":")
+    if int(context.node_config["partition-id"]) == int(client) and msg.kind == "round" and msg.round == int(rnd):
+        if kind == "raise":
+            raise RuntimeError(f"injected fault in client {client} round {rnd}")
+        if kind == "hang":
+            time.sleep(120)
+
+
+app = make_client_app(before_handle=_fault)
+'''
+
+
+@pytest.fixture(scope="module")
+def data():
+    d = make_synthetic(n_clients=3, n_samples=N, n_features=12, rank=R, heterogeneity=0.5, random_state=1)
+    return d.views
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    """The in-process run (BLAS pinned to one thread, like the launched processes)."""
+    with threadpool_limits(1):
+        return run_inprocess(check_views(data, R), CFG, max_rounds=ROUNDS, seed=SEED)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("flower")
+    paths = write_views(data, root / "views")
+    dep = LoopbackDeployment(root / "run", paths)
+    dep.start()
+    try:
+        yield dep
+    finally:
+        dep.stop()
+        leftovers = [p for p in list(dep.nodes.values()) + [dep.superlink] if p.poll() is None]
+        assert not leftovers
+
+
+def _config(job, **kw):
+    rc = {"num-rounds": ROUNDS, "seed": SEED, "config-json": json.dumps(CFG.to_dict()), "job-id": job,
+          "round-timeout": 60.0, "node-timeout": 60.0, "record-wire": True}
+    rc.update(kw)
+    return rc
+
+
+def _wire(out):
+    return [json.loads(line) for line in open(out / "wire.jsonl")]
+
+
+def test_deployment_end_to_end_equals_inprocess(deployment, reference):
+    out = deployment.run_dir / "e2e"
+    outcome = deployment.run(_config("e2e"), out_dir=out)
+    assert outcome.ok, outcome.status
+    res = load_result(out)
+    assert res.n_rounds == ROUNDS
+    np.testing.assert_allclose(res.V, reference.V, rtol=0, atol=1e-10)
+    assert np.array_equal(res.V, reference.V)  # bit-identical with BLAS pinned to 1 thread
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(res.history.to_records()) == strip(reference.history.to_records())
+    assert res.config["n_clients"] == 3 and res.config["n_components"] == R and res.seed == SEED
+    summary = audit_wire(_wire(out), "fedsonmf", CFG, N)
+    assert summary["up round"]["messages"] == 3 * ROUNDS and summary["up round"]["bytes_diagnostics"] > 0
+    # serialised array bytes per round and client: one r x n float64 matrix each way (+ .npy header)
+    for wb in res.extra["flower"]["wire_bytes"][1:]:
+        assert 3 * R * N * 8 <= wb["down"] <= 3 * (R * N * 8 + 256)
+
+
+def test_deployment_without_diagnostics(deployment, data):
+    out = deployment.run_dir / "nodiag"
+    cfg = CFG.replace(diagnostics=False)
+    outcome = deployment.run(_config("nodiag", **{"num-rounds": 1, "diagnostics": False}), out_dir=out)
+    assert outcome.ok, outcome.status
+    summary = audit_wire(_wire(out), "fedsonmf", cfg, N)
+    assert summary["up round"]["bytes_diagnostics"] == 0
+    res = load_result(out)
+    assert res.history.rows[0]["bytes_diagnostics"] == 0 and "R_rel" not in res.history.rows[0]
+    with threadpool_limits(1):
+        ref = run_inprocess(check_views(data, R), cfg, max_rounds=1, seed=SEED)
+    assert np.array_equal(res.V, ref.V)
+
+
+def test_client_that_raises_is_named_with_its_round(deployment):
+    app = write_app_dir(deployment.run_dir / "app-fault", client_source=FAULT_CLIENT, extra_config={"fault": ""})
+    out = deployment.run_dir / "raise"
+    outcome = deployment.run(_config("raise", fault="raise:1:1"), out_dir=out, app_dir=app)
+    st = outcome.status
+    assert st["status"] == "failed"
+    assert st["client"] == 1 and st["round"] == 1 and st["last_completed_round"] == 0
+    assert "client 1" in st["error"] and "round 1" in st["error"] and "injected fault" in st["error"]
+
+
+def test_killed_client_stops_the_run_and_resume_gives_the_same_v(deployment, reference):
+    """SIGKILL SuperNode 2 during round 2: the server stops within the round timeout naming
+    client 2 and round 2, after saving round 1; restart the node, resume, same V."""
+    out = deployment.run_dir / "kill"
+    timeout = 12.0
+    outcome = {}
+
+    def go():
+        outcome["o"] = deployment.run(_config("kill", **{"round-timeout": timeout}), out_dir=out)
+
+    th = threading.Thread(target=go)
+    th.start()
+    ckpt_file = out / "checkpoint" / "server.npz"
+    deadline = time.monotonic() + 180
+    while not ckpt_file.exists() and th.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt_file.exists(), "round 1 never completed"
+    deployment.kill_node(2, signal.SIGKILL)
+    t_kill = time.monotonic()
+    th.join(timeout=180)
+    assert not th.is_alive()
+    st = outcome["o"].status
+    assert st["status"] == "failed", st
+    assert st["client"] == 2 and st["round"] == 2 and st["last_completed_round"] == 1, st
+    assert time.monotonic() - t_kill < timeout + 20  # stopped within the timeout (+ flwr run exit)
+
+    deployment.start_node(2)  # a new node id, the same view and node-local state
+    outcome2 = deployment.run(_config("kill", resume=True), out_dir=out)
+    assert outcome2.ok, outcome2.status
+    res = load_result(out)
+    assert res.extra["flower"]["resumed_from_round"] == 2
+    assert np.array_equal(res.V, reference.V)
+    assert [r["round"] for r in res.history.rows] == [1, 2, 3]
