@@ -52,6 +52,8 @@ def register(app, reproduce_app) -> None:
         node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
         record_wire: bool = typer.Option(False, "--record-wire", help="Log every message (privacy audit)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
+        tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
+                                                  "CA certificate, server certificate, server key."),
     ):
         """Run a federation on a loopback Flower deployment (one SuperNode per view file)."""
         fl = _flower()
@@ -59,11 +61,15 @@ def register(app, reproduce_app) -> None:
 
         cfg = FedConfig(n_components=rank, mu=mu, alpha=alpha, tau=tau, eta_g=eta_g, rho1=rho1,
                         correction=correction, diagnostics=diagnostics)
+        if tls and len(tls) != 3:
+            typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
+                       err=True)
+            raise typer.Exit(2)
         typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
         try:
             res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol, seed=seed,
                                 resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
-                                record_wire=record_wire)
+                                record_wire=record_wire, tls=tuple(tls) if tls else None)
         except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)

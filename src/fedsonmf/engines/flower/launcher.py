@@ -113,7 +113,9 @@ class LoopbackDeployment:
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
-                 superexec_poll: float = 0.05):
+                 superexec_poll: float = 0.05, tls: tuple | None = None):
+        #: (ca.crt, server.pem, server.key) for TLS on loopback (the certificate must name 127.0.0.1)
+        self.tls = tuple(str(Path(t).resolve()) for t in tls) if tls else None
         self.run_dir = Path(run_dir).resolve()
         self.view_paths = [Path(p).resolve() for p in view_paths]
         self.flwr_home = self.run_dir / "flwr-home"
@@ -146,9 +148,12 @@ class LoopbackDeployment:
         self.port = _free_port()
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{self.port}"\n'
+            + (f'root-certificates = "{self.tls[0]}"\n' if self.tls else "insecure = true\n"))
+        security = (["--ssl-ca-certfile", self.tls[0], "--ssl-certfile", self.tls[1], "--ssl-keyfile", self.tls[2]]
+                    if self.tls else ["--insecure"])
         self.superlink = self._spawn(
-            [_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
+            [_bin("flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(self.port),
              "--disable-runtime-dependency-installation"],
             self.run_dir / "logs" / "superlink.log")
         self._wait_health(timeout)
@@ -159,13 +164,18 @@ class LoopbackDeployment:
 
     def _wait_health(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/health"
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/health"
+        ctx = None
+        if self.tls:
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=self.tls[0])
         while time.monotonic() < deadline:
             if self.superlink.poll() is not None:
                 raise RuntimeError(f"flower-superlink exited with code {self.superlink.returncode}; "
                                    f"see {self.run_dir / 'logs' / 'superlink.log'}")
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
+                with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -187,7 +197,8 @@ class LoopbackDeployment:
         node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
                        f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"')
         self.nodes[p] = self._spawn(
-            [_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+            [_bin("flower-supernode"), *(["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]),
+             "--superlink", f"127.0.0.1:{self.port}",
              "--port", str(port), "--node-config", node_config],
             ndir / "supernode.log")
         return self.nodes[p]
@@ -330,7 +341,8 @@ def write_views(views, directory) -> list[Path]:
 
 def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
-               record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0) -> FitResult:
+               record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
+               tls: tuple | None = None) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
@@ -340,6 +352,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ends with the same V as an uninterrupted run.  Raises
     :class:`FlowerRunError` naming the client and round when the run fails.
     The result's ``extra["flower"]`` holds start-up and wire numbers.
+    ``tls = (ca.crt, server.pem, server.key)`` runs the loopback deployment over TLS.
     """
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -359,7 +372,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     job_file.write_text(json.dumps({"job-id": job_id, "run-config": run_config,
                                     "views": [str(Path(p).resolve()) for p in view_paths]}, indent=1))
     t0 = time.perf_counter()
-    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads) as dep:
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls) as dep:
         outcome = dep.run(run_config, timeout=timeout)
     wall = time.perf_counter() - t0
     if not outcome.ok:
