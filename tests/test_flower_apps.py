@@ -262,8 +262,9 @@ def test_vanished_node_error_reply_names_the_client(tmp_path, problem):
     views, _ = problem
     grid = FakeGrid(make_client_app(), _nodes(tmp_path, views), unavailable={202})
     transport = FlowerTransport(grid, [101, 202, 303], job_id="j", round_timeout=5, poll=0.01)
-    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 3: error code 5"):
-        transport.exchange([Message("round", 3, {"Vbar": np.zeros((R, 40))})] * 3)
+    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in setup: error code 5"):
+        transport.exchange([Message("setup", 0, {}, {"seed": 1, "client": p, "algorithm": "fedsonmf",
+                                                      "config": json.dumps(CFG.to_dict())}) for p in range(3)])
 
 
 # ----------------------------------------------------------------------------- handshake

@@ -72,8 +72,8 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float):
             if rid in pending:
                 pending.discard(rid)
                 got[rid] = rep
-                if rep.has_error():
-                    return by_id, got, pending
+        if any(rep.has_error() for rep in got.values()):
+            break  # stop at once; the caller reports the lowest failing client of this batch
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll)
