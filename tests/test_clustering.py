@@ -1,0 +1,144 @@
+"""Federated multi-view clustering: estimator API, robustness, determinism on real data."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedsonmf import ParameterError
+from fedsonmf.clustering import (
+    FedMultiViewClustering,
+    auto_mu,
+    concat_kmeans,
+    concat_nmf,
+    evaluate_clustering,
+    normalize_rows,
+)
+from fedsonmf.datasets.mat import default_data_dir
+from fedsonmf.metrics import clustering_scores
+
+FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
+
+
+def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
+    """Views whose features are split into c disjoint blocks, one per cluster."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(c), n_per)
+    views = []
+    for d in dims:
+        X = 0.01 * rng.random((y.size, d))
+        blocks = np.array_split(np.arange(d), c)
+        for k in range(c):
+            X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
+        views.append(X)
+    return views, y
+
+
+def test_planted_problem_is_clustered_perfectly():
+    Xs, y = planted()
+    model = FedMultiViewClustering(3, random_state=0, max_rounds=30, tol=0.0)
+    labels = model.fit_predict(Xs)
+    assert clustering_scores(y, labels) == pytest.approx({"acc": 1.0, "nmi": 1.0, "purity": 1.0})
+
+
+def test_estimator_api():
+    Xs, y = planted()
+    model = FedMultiViewClustering(3, random_state=1, **FAST)
+    labels = model.fit_predict(Xs)
+    assert labels.shape == (y.size,)
+    assert np.array_equal(labels, model.labels_)
+    assert model.embedding_.shape == (y.size, 3)
+    assert model.n_components_ == 3 and model.mu_ > 0 and model.seed_ == 1
+    assert np.all(model.embedding_ >= 0)
+    assert set(np.unique(labels)) <= {0, 1, 2}
+    # fit returns self; get/set params round-trip
+    assert model.fit(Xs) is model
+    assert model.set_params(n_components=4).get_params()["n_components"] == 4
+    assert FedMultiViewClustering(3, random_state=1, n_components=4, **FAST).fit(Xs).embedding_.shape == (y.size, 4)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (0, "n_clusters must be a positive integer"),
+    (-2, "n_clusters must be a positive integer"),
+    (2.5, "n_clusters must be a positive integer"),
+    (True, "n_clusters must be a positive integer"),
+    (1000, "n_clusters=1000 is larger than n_samples=45"),
+])
+def test_n_clusters_validation(bad, match):
+    Xs, _ = planted()
+    with pytest.raises(ParameterError, match=match):
+        FedMultiViewClustering(bad, **FAST).fit(Xs)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"mu": "big"}, "mu must be"), ({"mu": -1.0}, "mu must be"), ({"n_components": 0}, "n_components"),
+    ({"n_init": 0}, "n_init"),
+])
+def test_other_parameter_validation(kw, match):
+    Xs, _ = planted()
+    with pytest.raises(ParameterError, match=match):
+        FedMultiViewClustering(3, **kw, **FAST).fit(Xs)
+
+
+def test_all_zero_sample_gives_no_nan():
+    Xs, y = planted()
+    Xs = [X.copy() for X in Xs]
+    for X in Xs:
+        X[0] = 0.0  # sample 0 is empty in every view
+    for normalize in (True, False):
+        model = FedMultiViewClustering(3, random_state=0, normalize_embedding=normalize, **FAST).fit(Xs)
+        assert np.all(np.isfinite(model.embedding_))
+        assert model.labels_.shape == (y.size,)
+    assert np.all(np.isfinite(normalize_rows(np.zeros((2, 3)))))
+    labels = concat_nmf(Xs, 3, random_state=0)
+    assert labels.shape == (y.size,)
+
+
+def test_auto_mu_is_scale_free():
+    Xs, _ = planted()
+    mu1 = auto_mu(Xs, 3, eta_tilde=0.15, seed=0)
+    mu2 = auto_mu([10 * X for X in Xs], 3, eta_tilde=0.15, seed=0)
+    assert mu2 == pytest.approx(10 * mu1)
+    assert auto_mu(Xs, 3, eta_tilde=0.15, mu_scale=0.0) == 0.0
+    # the estimator normalises the views first, so its mu_ does not depend on their scale
+    a = FedMultiViewClustering(3, random_state=0, **FAST).fit(Xs).mu_
+    b = FedMultiViewClustering(3, random_state=0, **FAST).fit([10 * X for X in Xs]).mu_
+    assert a == pytest.approx(b)
+
+
+def test_evaluate_clustering_protocol_and_context_methods():
+    Xs, y = planted()
+    rep = evaluate_clustering(Xs, y, seeds=[0, 1], max_rounds=30, tol=0.0)
+    assert rep.seeds == [0, 1] and len(rep.scores["acc"]) == 2 and len(rep.seconds) == 2
+    s = rep.summary()
+    assert s["acc"] == pytest.approx(100.0) and s["acc_std"] == pytest.approx(0.0)
+    assert clustering_scores(y, concat_kmeans(Xs, 3, random_state=0))["acc"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- real data
+
+DATA = default_data_dir()
+THREE_SOURCES = DATA / "3Sources" / "ChuanbinZhang" / "3Sources.mat" if DATA else None
+needs_data = pytest.mark.skipif(
+    THREE_SOURCES is None or not Path(THREE_SOURCES).is_file(), reason="shared data folder absent"
+)
+
+
+@pytest.mark.realdata
+@needs_data
+def test_3sources_run_is_deterministic_under_a_seed():
+    from fedsonmf.datasets.mat import load_mat
+
+    ds = load_mat(THREE_SOURCES)
+    kw = dict(random_state=3, max_rounds=3, tol=0.0, diagnostics=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = FedMultiViewClustering(ds.n_classes, **kw).fit(ds.views)
+        b = FedMultiViewClustering(ds.n_classes, **kw).fit(ds.views)
+    assert np.array_equal(a.embedding_, b.embedding_)
+    assert np.array_equal(a.labels_, b.labels_)
+    assert a.labels_.shape == (169,)
+    assert 0.0 < clustering_scores(ds.labels, a.labels_)["acc"] <= 1.0
