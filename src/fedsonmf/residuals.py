@@ -23,7 +23,13 @@ import numpy as np
 from .objective import grad_u, grad_v_orth, stationarity_u
 from .prox import l21_norm, prox_l21_nonneg
 
-__all__ = ["client_diagnostics", "round_metrics", "normalised", "effective_rank"]
+__all__ = [
+    "client_diagnostics", "round_metrics", "normalised", "effective_rank", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS",
+]
+
+#: what :func:`client_diagnostics` returns (declared for the privacy audit)
+DIAGNOSTIC_ARRAYS = ("grad0",)  # r x n: grad_V f_p(U^{s,0}, V^s), needed for R_V
+DIAGNOSTIC_SCALARS = ("f0", "rU0", "rU")
 
 
 def client_diagnostics(x_sqnorm, U0, UtX0, V, U_end, XVt0, VVt0) -> dict:

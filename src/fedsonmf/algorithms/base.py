@@ -33,6 +33,12 @@ class FederatedAlgorithm:
     uplink_keys: tuple[str, ...] = ()
     downlink_keys: tuple[str, ...] = ()
 
+    def setup_uplink(self, cfg: FedConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(array keys, scalar keys)`` of a client's setup reply (declared for audits)."""
+        if cfg.init_v == "projection":
+            return ("Vproj",), ("d", "n")
+        return (), ("d", "n", "x_sqnorm")
+
     # ------------------------------------------------------------------ client side
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig) -> tuple[ClientState, Message]:
         """Draw U_p^{1,0} from the client's own seeded stream; reply with what

@@ -31,9 +31,7 @@ from . import codec
 
 __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS"]
 
-#: monitoring values a client adds to a round reply when diagnostics are on
-DIAGNOSTIC_ARRAYS = ("grad0",)
-DIAGNOSTIC_SCALARS = ("f0", "rU0", "rU")
+from ...residuals import DIAGNOSTIC_ARRAYS, DIAGNOSTIC_SCALARS  # noqa: E402  (declared by their producer)
 META_KEYS = {"kind", "round", "client", "job-id", "partition-id"}
 
 
@@ -44,11 +42,10 @@ class AuditError(AssertionError):
 def declared_payload(algorithm, cfg: FedConfig) -> dict:
     """``{(direction, kind): {record name: {key: "rn" | "scalar"}}}`` of what may travel."""
     alg = get_algorithm(algorithm)
-    setup_up = {codec.SCALARS: {"d": "scalar", "n": "scalar"}}
-    if cfg.init_v == "projection":
-        setup_up[codec.ARRAYS] = {"Vproj": "rn"}
-    else:
-        setup_up[codec.SCALARS]["x_sqnorm"] = "scalar"
+    setup_arrays, setup_scalars = alg.setup_uplink(cfg)
+    setup_up = {codec.SCALARS: {k: "scalar" for k in setup_scalars}}
+    if setup_arrays:
+        setup_up[codec.ARRAYS] = {k: "rn" for k in setup_arrays}
     round_up = {codec.ARRAYS: {k: "rn" for k in alg.uplink_keys}}
     if cfg.diagnostics:
         round_up[codec.DIAG_ARRAYS] = {k: "rn" for k in DIAGNOSTIC_ARRAYS}
