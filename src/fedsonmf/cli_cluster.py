@@ -81,6 +81,8 @@ def _table(results, title: str):
 
 
 def _describe_defaults(res, params) -> str:
+    if not res.reports:
+        return ""
     rep = res.reports.get("fedsonmf") or next(iter(res.reports.values()))
     info = rep.info[0] if rep.info else {}
     if "mu" not in info:
@@ -210,6 +212,8 @@ def register(app, reproduce_app) -> None:
         console.print(_table(results, f"Table 1: {seeds} seeds, mean ± std (%); ours = label-free defaults"))
         for res in results:
             console.print(_describe_defaults(res, params))
+            if res.note:
+                console.print(f"{res.label}: {res.note}")
         console.print("Paper rows: Caltech101 49.48/50.40/87.51 and NUS-WIDE 56.35/43.34/57.52 "
                       "(datasets not in the folder).")
         if json_path is not None:

@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .clustering import ClusteringReport, concat_kmeans, concat_nmf, evaluate_clustering, evaluate_method
+from ._validation import InputError
 from .datasets.mat import MultiViewDataset, find_datasets, load_mat
 from .preprocessing import normalize_views
 
@@ -129,8 +130,12 @@ def run_dataset(
                     params={"normalize_embedding": norm_emb, "init": "nndsvda"})
             else:
                 p = {**params, "algorithm": method, "normalize_views": False}
-                rep = evaluate_clustering(Xs, ds.labels, c, seeds=seeds, average_method=average_method,
-                                          method=method, callback=cb, round_callback=on_round, **p)
+                try:
+                    rep = evaluate_clustering(Xs, ds.labels, c, seeds=seeds, average_method=average_method,
+                                              method=method, callback=cb, round_callback=on_round, **p)
+                except InputError as exc:  # e.g. a view with fewer features than r
+                    out.note = (out.note + "; " if out.note else "") + f"{method} skipped: {exc}"
+                    continue
         out.reports[method] = rep
     out.seconds = time.perf_counter() - t0
     return out
