@@ -67,6 +67,7 @@ def test_rank_larger_than_features(views):
         ({"random_state": "seed"}, "random_state must be None"),
         ({"algorithm": "nope"}, "unknown algorithm 'nope'"),
         ({"diagnostics": False, "tol": 1e-3}, "tol > 0 needs diagnostics"),
+        ({"blas_threads": 0}, "blas_threads must be None or an integer >= 1"),
     ],
 )
 def test_bad_parameters(views, kwargs, match):

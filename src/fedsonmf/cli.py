@@ -45,7 +45,8 @@ def synthetic(
     alpha: float = typer.Option(0.01, help="Local step size."),
     eta_g: float = typer.Option(1.5, help="Global step multiplier."),
     rho1: float = typer.Option(1.0, help="U-step proximal weight."),
-    algorithm: str = typer.Option("fedsonmf", help="Algorithm name."),
+    algorithm: str = typer.Option("fedsonmf", help="Algorithm name (see `fedsonmf.algorithms.ALGORITHMS`)."),
+    blas_threads: int = typer.Option(1, help="BLAS threads (1 is fastest at this size)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write config + per-round history here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of R/R1 per round here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -62,6 +63,7 @@ def synthetic(
         res = federated_sonmf(
             data.views, rank, mu=mu, tau=tau, alpha=alpha, eta_g=eta_g, rho1=rho1, max_rounds=rounds, tol=tol,
             correction=correction, algorithm=algorithm, random_state=seed, callback=progress.update,
+            blas_threads=blas_threads,
         )
     res.config["data"] = {
         "generator": "make_synthetic", "n_clients": clients, "n_samples": samples, "n_features": features,
