@@ -46,9 +46,10 @@ class FedConfig:
         Proximal weight of the U-subproblem (7).
     correction : bool
         Drift correction on/off (off gives the "no correction" ablation).
-    init_u : {"random", "svd"}
-        Initial bases (§6): random balanced supports, or the nonnegative
-        rounding of the leading singular vectors of X_p.
+    init_u : {"random", "svd", "kmeans"}
+        Initial bases (§6): random balanced supports, the nonnegative
+        rounding of the leading singular vectors of X_p, or supports from a
+        spherical k-means of X_p's features (computed by each client alone).
     init_v : {"projection", "random"}
         Initial pre-proximal V-bar^1: mean_p max(U_p^T X_p, 0) (one extra
         upload of an r x n matrix per client before round 1) or Uniform[0,1]
@@ -99,8 +100,8 @@ class FedConfig:
             raise ParameterError(f"tau must be an integer >= 1, got {self.tau!r}")
         if not isinstance(self.correction, bool):
             raise ParameterError(f"correction must be True or False, got {self.correction!r}")
-        if self.init_u not in ("random", "svd"):
-            raise ParameterError(f"init_u must be 'random' or 'svd', got {self.init_u!r}")
+        if self.init_u not in ("random", "svd", "kmeans"):
+            raise ParameterError(f"init_u must be 'random', 'svd' or 'kmeans', got {self.init_u!r}")
         if self.init_v not in ("projection", "random"):
             raise ParameterError(f"init_v must be 'projection' or 'random', got {self.init_v!r}")
         if not isinstance(self.ustep, PenaltyOptions):
