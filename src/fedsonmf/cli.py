@@ -8,7 +8,6 @@ Sub-commands of other areas live in their own modules and are registered by
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
