@@ -27,6 +27,18 @@ from .residuals import effective_rank, round_metrics
 __all__ = ["ClientRuntime", "Transport", "run_federation", "ConvergenceWarning", "ProtocolError"]
 
 
+def _user_stacklevel() -> int:
+    """warnings.warn stacklevel that points at the first caller outside this package."""
+    import os
+    import sys
+
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class ConvergenceWarning(UserWarning):
     """The round budget ran out before the tolerance was met."""
 
@@ -172,7 +184,7 @@ def run_federation(
             f"stopped after max_rounds={max_rounds} with R/R1 = {history.rows[-1]['R_rel']:.3g} > tol = {tol:g}; "
             "increase max_rounds or tol",
             ConvergenceWarning,
-            stacklevel=2,
+            stacklevel=_user_stacklevel(),
         )
     seconds = time.perf_counter() - t_start
     return FitResult(
