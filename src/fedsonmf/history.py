@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .residuals import normalised
+
 __all__ = ["History", "FitResult"]
 
 #: columns of one history row, in order (``R_*`` are absent without diagnostics)
@@ -39,12 +41,9 @@ class History:
             R = [r["R"] for r in self.rows] + [row["R"]]
             if self.R0 is None:
                 self.R0 = row["R_start"]
-            R1 = R[0]
-            eps = 1e-12
-            row["R_rel"] = row["R"] / max(R1, eps)
-            row["R_avg_rel"] = float(np.mean(R)) / max(R1, eps)
-            row["R_rel0"] = row["R"] / max(self.R0, eps)
-            row["R_avg_rel0"] = float(np.mean(R)) / max(self.R0, eps)
+            for key, ref, average in (("R_rel", R[0], False), ("R_avg_rel", R[0], True),
+                                      ("R_rel0", self.R0, False), ("R_avg_rel0", self.R0, True)):
+                row[key] = float(normalised(R, ref, average)[-1])
         self.rows.append(row)
         return row
 
