@@ -222,7 +222,7 @@ def polish(M: np.ndarray, a: np.ndarray, max_moves: int | None = None) -> np.nda
     d, r = M.shape
     a = _repair(a, M)
     P = np.square(np.maximum(M, 0.0))
-    a = _reweighted(P, a, M)
+    a = _reweighted(P, a, M).copy()  # may be the caller's array: moves below write in place
     rows = np.arange(d)
     if max_moves is None:
         max_moves = 4 * d
@@ -241,7 +241,6 @@ def polish(M: np.ndarray, a: np.ndarray, max_moves: int | None = None) -> np.nda
         i, b = divmod(flat, r)
         if not gain[i, b] > 1e-12:
             break
-        a = a.copy() if _ == 0 else a
         a[i] = b
     return a
 
