@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from fedsonmf.clustering import FedMultiViewClustering, concat_nmf
 from fedsonmf.datasets import default_data_dir, load_mat
+from fedsonmf.estimators.clustering import FedMultiViewClustering
+from fedsonmf.experiments.evaluation import concat_nmf
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.preprocessing import normalize_views
 

@@ -34,10 +34,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import check_views
-from fedsonmf.config import FedConfig
 from fedsonmf.datasets import make_synthetic
-from fedsonmf.engines.flower import run_flower, write_views
-from fedsonmf.engines.inprocess import run_inprocess
+from fedsonmf.federation.flower import run_flower, write_views
+from fedsonmf.federation.inprocess import run_inprocess
+from fedsonmf.protocol.config import FedConfig
 
 SIZES = {
     "synthetic": dict(n_clients=10, n_samples=100, n_features=20, rank=6),

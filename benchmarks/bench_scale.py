@@ -48,11 +48,11 @@ def make_views(kind: str, m: int, n: int, d: int, density: float, seed: int = 0)
 
 def case_ratio(kind, n, d, r, density, reps=3):
     """Time of one local iteration vs the two data products alone."""
-    from fedsonmf._linalg import ut_x, x_vt
     from fedsonmf._validation import check_views
-    from fedsonmf.init import random_basis
-    from fedsonmf.ustep import PenaltyOptions
-    from fedsonmf.vstep import local_round
+    from fedsonmf.core._linalg import ut_x, x_vt
+    from fedsonmf.core.init import random_basis
+    from fedsonmf.core.ustep import PenaltyOptions
+    from fedsonmf.core.vstep import local_round
 
     (X,) = check_views(make_views(kind, 1, n, d, density), r)
     rng = np.random.default_rng(1)

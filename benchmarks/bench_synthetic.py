@@ -20,8 +20,8 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from fedsonmf import federated_sonmf
+from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.datasets import make_synthetic
-from fedsonmf.ustep import PenaltyOptions
 
 METRICS = ("R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0")
 

@@ -5,12 +5,21 @@ import pytest
 
 from fedsonmf import FedConfig, federated_sonmf
 from fedsonmf._validation import check_views
-from fedsonmf.algorithms import ABLATIONS, ALGORITHMS, BASELINES, FedMAvg, FedMGS, FedVRA, LocalCopy, get_algorithm
+from fedsonmf.algorithms import (
+    ABLATIONS,
+    ALGORITHMS,
+    BASELINES,
+    FedMAvg,
+    FedMGS,
+    FedVRA,
+    LocalCopy,
+    get_algorithm,
+)
 from fedsonmf.algorithms._local import resolve_step
+from fedsonmf.core.ustep import stiefel_residual
 from fedsonmf.datasets import make_synthetic
-from fedsonmf.engines.inprocess import InProcessTransport
-from fedsonmf.federation import ClientRuntime, run_federation
-from fedsonmf.ustep import stiefel_residual
+from fedsonmf.federation.inprocess import InProcessTransport
+from fedsonmf.federation.loop import ClientRuntime, run_federation
 
 OTHERS = sorted(set(ALGORITHMS) - {"fedsonmf"})
 

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from fedsonmf import checkpoint as ckpt
 from fedsonmf._validation import check_views
 from fedsonmf.algorithms import ALGORITHMS
-from fedsonmf.config import FedConfig
-from fedsonmf.engines.inprocess import run_inprocess
-from fedsonmf.history import History
-from fedsonmf.messages import ClientState, ServerState
-from fedsonmf.ustep import PenaltyOptions
+from fedsonmf.core.ustep import PenaltyOptions
+from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.inprocess import run_inprocess
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.history import History
+from fedsonmf.protocol.messages import ClientState, ServerState
 
 
 def test_atomic_save_roundtrip_is_bit_exact(tmp_path):

@@ -2,7 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
-from fedsonmf.cli import app
+from fedsonmf.cli.app import app
 
 
 def test_synthetic_cli_writes_json_and_png(tmp_path):

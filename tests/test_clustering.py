@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 
 from fedsonmf import ParameterError
-from fedsonmf.clustering import (
+from fedsonmf.datasets.mat import default_data_dir
+from fedsonmf.estimators.clustering import (
     FedMultiViewClustering,
     auto_mu,
+    normalize_rows,
+)
+from fedsonmf.experiments.evaluation import (
     concat_kmeans,
     concat_nmf,
     evaluate_clustering,
-    normalize_rows,
 )
-from fedsonmf.datasets.mat import default_data_dir
 from fedsonmf.metrics import clustering_scores
 
 FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)

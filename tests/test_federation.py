@@ -7,12 +7,13 @@ from scipy.optimize import linear_sum_assignment
 
 from fedsonmf import FedConfig, federated_sonmf
 from fedsonmf._validation import check_views
+from fedsonmf.core.ustep import stiefel_residual
+from fedsonmf.core.vstep import drift_correction
 from fedsonmf.datasets import make_synthetic
-from fedsonmf.engines.inprocess import InProcessTransport
-from fedsonmf.federation import ClientRuntime, ProtocolError, run_federation
-from fedsonmf.messages import Message
-from fedsonmf.ustep import stiefel_residual
-from fedsonmf.vstep import drift_correction
+from fedsonmf.exceptions import ProtocolError
+from fedsonmf.federation.inprocess import InProcessTransport
+from fedsonmf.federation.loop import ClientRuntime, run_federation
+from fedsonmf.protocol.messages import Message
 
 
 def _run_with_clients(views, cfg, rounds, seed=0, inspect=None):
@@ -58,7 +59,7 @@ def test_tau_one_correction_is_irrelevant(small_problem):
 def test_tau_one_is_centralised_prox_gradient_step(small_problem):
     """tau = 1: V^{s+1} = P_{eta_g alpha mu}(V^s - eta_g alpha mean_p grad f_p(U_p^{s+1}, V^s))."""
     cfg = FedConfig(n_components=4, tau=1, alpha=0.05, mu=0.3)
-    from fedsonmf.prox import prox_l21_nonneg
+    from fedsonmf.core.prox import prox_l21_nonneg
 
     def inspect(state, clients):
         V_s = clients[0].state.arrays["V_prev"]

@@ -15,21 +15,23 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import ConfigRecord, Context, Error, Message as FlwrMessage, MessageType, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Error, MessageType, RecordDict  # noqa: E402
+from flwr.app import Message as FlwrMessage
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedsonmf import checkpoint as ckpt  # noqa: E402
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.algorithms import ALGORITHMS  # noqa: E402
-from fedsonmf.config import FedConfig  # noqa: E402
-from fedsonmf.engines.flower import codec, write_app_dir, write_views  # noqa: E402
-from fedsonmf.engines.flower.audit import AuditError, audit_wire  # noqa: E402
-from fedsonmf.engines.flower.client_app import make_client_app  # noqa: E402
-from fedsonmf.engines.flower.server_app import server_main  # noqa: E402
-from fedsonmf.engines.flower.template import RUN_CONFIG_DEFAULTS  # noqa: E402
-from fedsonmf.engines.flower.transport import FederationError, FlowerTransport, handshake  # noqa: E402
-from fedsonmf.engines.inprocess import run_inprocess  # noqa: E402
-from fedsonmf.messages import Message  # noqa: E402
+from fedsonmf.exceptions import AuditError, FederationError
+from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
+from fedsonmf.federation.flower import codec, write_app_dir, write_views  # noqa: E402
+from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
+from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
+from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS  # noqa: E402
+from fedsonmf.federation.flower.transport import FlowerTransport, handshake  # noqa: E402
+from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
+from fedsonmf.protocol.config import FedConfig  # noqa: E402
+from fedsonmf.protocol.messages import Message  # noqa: E402
 
 R = 4
 CFG = FedConfig(n_components=R, tau=3)

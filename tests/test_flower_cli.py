@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("flwr")
 
-from fedsonmf.cli import app  # noqa: E402
+from fedsonmf.cli.app import app  # noqa: E402
 
 
 def test_flower_app_and_views_commands(tmp_path):

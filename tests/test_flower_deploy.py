@@ -16,13 +16,18 @@ pytest.importorskip("flwr")
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from fedsonmf._validation import check_views  # noqa: E402
-from fedsonmf.config import FedConfig  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
-from fedsonmf.engines.flower import LoopbackDeployment, load_result, write_app_dir, write_views  # noqa: E402
-from fedsonmf.engines.flower.audit import audit_wire  # noqa: E402
-from fedsonmf.engines.inprocess import run_inprocess  # noqa: E402
+from fedsonmf.federation.flower import (  # noqa: E402
+    LoopbackDeployment,
+    load_result,
+    write_app_dir,
+    write_views,
+)
+from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
+from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
+from fedsonmf.protocol.config import FedConfig  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 R, N = 4, 60
 CFG = FedConfig(n_components=R, tau=3)
@@ -31,7 +36,7 @@ ROUNDS, SEED = 3, 5
 FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with an injected fault (run config 'fault' = kind:client:round)."""
 import time
 
-from fedsonmf.engines.flower.client_app import make_client_app
+from fedsonmf.federation.flower.client_app import make_client_app
 
 
 def _fault(msg, context):

@@ -5,7 +5,12 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-from fedsonmf.datasets.mat import MultiViewDataset, default_data_dir, find_datasets, load_mat
+from fedsonmf.datasets.mat import (
+    MultiViewDataset,
+    default_data_dir,
+    find_datasets,
+    load_mat,
+)
 
 # local path -> (n_samples, view widths, n_classes, class sizes or None), from the data README.
 EXPECTED = {

@@ -1,10 +1,9 @@
 import numpy as np
 import scipy.sparse as sp
-
-from fedsonmf.objective import grad_u, grad_v, loss, objective, stationarity_u
-from fedsonmf._linalg import ut_x, x_vt
-
 from conftest import random_feasible
+
+from fedsonmf.core._linalg import ut_x, x_vt
+from fedsonmf.core.objective import grad_u, grad_v, loss, objective, stationarity_u
 
 
 def _taylor_slope(f, grad, x, rng):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-import fedsonmf.prox as prox_mod
-from fedsonmf.prox import l21_norm, prox_l21_nonneg
+import fedsonmf.core.prox as prox_mod
+from fedsonmf.core.prox import l21_norm, prox_l21_nonneg
 
 
 def _numeric_prox_value(z, t):

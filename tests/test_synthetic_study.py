@@ -89,7 +89,7 @@ def test_bad_study_parameters_raise_before_running():
 
 
 def test_cli_quick_runs_and_resumes(tmp_path):
-    from fedsonmf.cli import app
+    from fedsonmf.cli.app import app
 
     args = ["reproduce", "synthetic", "--quick", "--seeds", "1", "--rounds", "1", "--rounds-one-step", "1",
             "--quiet", "--out", str(tmp_path)]
@@ -101,7 +101,7 @@ def test_cli_quick_runs_and_resumes(tmp_path):
 
 
 def test_estimator_and_cli_select_baselines(tmp_path):
-    from fedsonmf.cli import app
+    from fedsonmf.cli.app import app
 
     out = tmp_path / "r.json"
     res = CliRunner().invoke(app, ["synthetic", "--algorithm", "fedmavg", "--rounds", "2", "--clients", "3",

@@ -2,13 +2,19 @@ import itertools
 
 import numpy as np
 import pytest
-
-from fedsonmf.objective import grad_u, stationarity_u
-from fedsonmf.ustep import (
-    PenaltyOptions, assignment_from_u, polish, proj_ob, round_st, solve_u, stiefel_residual, u_from_assignment,
-)
-
 from conftest import random_feasible
+
+from fedsonmf.core.objective import grad_u, stationarity_u
+from fedsonmf.core.ustep import (
+    PenaltyOptions,
+    assignment_from_u,
+    polish,
+    proj_ob,
+    round_st,
+    solve_u,
+    stiefel_residual,
+    u_from_assignment,
+)
 
 
 def phi(X, V, U, Uk, rho1):

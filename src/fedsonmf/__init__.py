@@ -1,11 +1,10 @@
 """fedsonmf: federated sparse orthogonal NMF and federated multi-view clustering."""
 
-from .config import FedConfig, ParameterError
-from .estimator import FedSONMF, federated_sonmf
-from .federation import ConvergenceWarning
-from .history import FitResult, History
-from ._validation import InputError
-from .prox import prox_l21_nonneg
+from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.estimators.sonmf import FedSONMF, federated_sonmf
+from fedsonmf.exceptions import ConvergenceWarning, InputError, ParameterError
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.history import FitResult, History
 
 __version__ = "0.1.0"
 

@@ -7,13 +7,9 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .config import ParameterError
+from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["check_views", "InputError", "check_seed"]
-
-
-class InputError(ValueError):
-    """The data given to a fit is unusable; the message says why and which view."""
 
 
 def _as_matrix(X, p: int):
@@ -53,7 +49,7 @@ def check_views(Xs, n_components: int | None = None) -> list:
     Dense views become transposed ndarrays (no copy for float32/float64
     input); sparse views become CSC matrices (no copy for CSR input).
     float32 is kept, every other real dtype becomes float64 (see
-    ``fedsonmf._linalg``).  Negative entries are valid (only U and V are
+    ``fedsonmf.core._linalg``).  Negative entries are valid (only U and V are
     constrained).
     """
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from .ablations import LocalCopy, ServerUpdateV
-from .base import FederatedAlgorithm
-from .fedmavg import FedMAvg
-from .fedmgs import FedMGS
-from .fedvra import FedVRA
-from .proposed import FedSONMFAlgorithm
+from fedsonmf.algorithms.ablations import LocalCopy, ServerUpdateV
+from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.algorithms.fedmavg import FedMAvg
+from fedsonmf.algorithms.fedmgs import FedMGS
+from fedsonmf.algorithms.fedvra import FedVRA
+from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
 
 __all__ = [
     "FederatedAlgorithm", "get_algorithm", "ALGORITHMS", "BASELINES", "ABLATIONS",

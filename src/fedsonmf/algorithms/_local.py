@@ -3,7 +3,7 @@
 Every baseline's client runs "U-step (7) against the current local V, then
 (maybe) move the local V" a few times, starting from the broadcast V^s.  The
 first U-step always sees V^s, so X_p V^{sT} and V^s V^{sT} from that step are
-what :func:`fedsonmf.residuals.client_diagnostics` needs: every algorithm
+what :func:`fedsonmf.core.residuals.client_diagnostics` needs: every algorithm
 reports the same diagnostics and the residuals stay comparable.
 """
 
@@ -14,11 +14,11 @@ from typing import Callable
 
 import numpy as np
 
-from .._linalg import ut_x, x_vt
-from ..config import FedConfig
-from ..objective import grad_v_orth
-from ..residuals import client_diagnostics
-from ..ustep import solve_u
+from fedsonmf.core._linalg import ut_x, x_vt
+from fedsonmf.core.objective import grad_v_orth
+from fedsonmf.core.residuals import client_diagnostics
+from fedsonmf.core.ustep import solve_u
+from fedsonmf.protocol.config import FedConfig
 
 __all__ = ["LocalTrace", "alternating_steps", "diagnostics_of", "resolve_step"]
 

@@ -21,10 +21,10 @@ step, which is why the two are listed separately.
 
 from __future__ import annotations
 
-from ..config import FedConfig
-from ..messages import ClientState, Message, ServerState
-from .fedmgs import FedMGS
-from .proposed import FedSONMFAlgorithm
+from fedsonmf.algorithms.fedmgs import FedMGS
+from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
 __all__ = ["ServerUpdateV", "LocalCopy"]
 

@@ -1,6 +1,6 @@
 """The interface every federated algorithm implements, and the shared setup.
 
-An algorithm is a pair of pure steps over :class:`~fedsonmf.messages.Message`
+An algorithm is a pair of pure steps over :class:`~fedsonmf.protocol.messages.Message`
 objects and small states:
 
 * client side: ``client_setup`` (initial basis, seeded) and ``client_round``;
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._linalg import ut_x
-from ..config import FedConfig
-from ..init import client_rng, init_basis, server_rng
-from ..messages import ClientState, Message, ServerState
-from ..prox import prox_l21_nonneg
-from ..server import aggregate
+from fedsonmf.core._linalg import ut_x
+from fedsonmf.core.init import client_rng, init_basis, server_rng
+from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.server import aggregate
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
 __all__ = ["FederatedAlgorithm"]
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import FedConfig
-from ..messages import ClientState, Message, ServerState
-from ..prox import prox_l21_nonneg
-from ..server import aggregate
-from ._local import alternating_steps, diagnostics_of, grad_at
-from .base import FederatedAlgorithm
+from fedsonmf.algorithms._local import alternating_steps, diagnostics_of, grad_at
+from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.server import aggregate
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
 __all__ = ["FedVRA"]
 

@@ -9,13 +9,13 @@ itself; C_p^1 = 0 [C].  ``FedConfig.correction = False`` gives the
 
 from __future__ import annotations
 
-from ..config import FedConfig
-from ..messages import ClientState, Message, ServerState
-from ..prox import prox_l21_nonneg
-from ..residuals import client_diagnostics
-from ..server import server_step
-from ..vstep import drift_correction, local_round
-from .base import FederatedAlgorithm
+from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.residuals import client_diagnostics
+from fedsonmf.core.server import server_step
+from fedsonmf.core.vstep import drift_correction, local_round
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
 __all__ = ["FedSONMFAlgorithm"]
 

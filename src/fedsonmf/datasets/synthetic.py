@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ParameterError
+from fedsonmf.exceptions import ParameterError
 
 __all__ = ["SyntheticData", "make_synthetic"]
 

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .synthetic_study import METRICS, Cell, StudyConfig
+from fedsonmf.experiments.study_design import METRICS, Cell, StudyConfig
 
 __all__ = ["write_report", "rounds_to", "group_curves", "LABELS"]
 

@@ -1,0 +1,112 @@
+"""CLI commands of the flower area (registered by :mod:`fedsonmf.cli`).
+
+``fedsonmf flower run VIEW...``   SuperLink + one SuperNode per view on loopback, run, collect, stop
+``fedsonmf flower app DEST``      write the shim Flower app (for ``flwr run`` on real machines)
+``fedsonmf flower views DEST``    write synthetic view files (one per client) to try it out
+
+Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _flower():
+    try:
+        from fedsonmf.federation import flower
+    except ImportError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    return flower
+
+
+def register(app, reproduce_app) -> None:
+    """Add this area's commands to the main app and to fedsonmf reproduce."""
+    flower_app = typer.Typer(help="Federation on Flower: loopback launcher and the app for real machines.",
+                             no_args_is_help=True)
+    app.add_typer(flower_app, name="flower")
+
+    @flower_app.command("run")
+    def run(
+        views: List[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
+        out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, node state, results)."),
+        rank: int = typer.Option(6, help="Rank r."),
+        rounds: int = typer.Option(10, help="Maximum communication rounds."),
+        tol: float = typer.Option(0.0, help="Stop when R/R1 <= tol (0: run all rounds)."),
+        seed: int = typer.Option(0, help="Run seed."),
+        mu: float = typer.Option(1.0, help="l2,1 weight."),
+        alpha: float = typer.Option(0.01, help="Local step size."),
+        tau: int = typer.Option(10, help="Local steps per round."),
+        eta_g: float = typer.Option(1.5, help="Global step multiplier."),
+        rho1: float = typer.Option(1.0, help="U-step proximal weight."),
+        correction: bool = typer.Option(True, "--correction/--no-correction", help="Drift correction."),
+        diagnostics: bool = typer.Option(True, "--diagnostics/--no-diagnostics",
+                                         help="Clients send monitoring values (objective, residuals)."),
+        algorithm: str = typer.Option("fedsonmf", help="Algorithm name."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
+        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
+        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
+        record_wire: bool = typer.Option(False, "--record-wire", help="Log every message (privacy audit)."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
+        tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
+                                                  "CA certificate, server certificate, server key."),
+    ):
+        """Run a federation on a loopback Flower deployment (one SuperNode per view file)."""
+        fl = _flower()
+        from fedsonmf.protocol.config import FedConfig
+
+        cfg = FedConfig(n_components=rank, mu=mu, alpha=alpha, tau=tau, eta_g=eta_g, rho1=rho1,
+                        correction=correction, diagnostics=diagnostics)
+        if tls and len(tls) != 3:
+            typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
+                       err=True)
+            raise typer.Exit(2)
+        typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
+        try:
+            res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol, seed=seed,
+                                resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
+                                record_wire=record_wire, tls=tuple(tls) if tls else None)
+        except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        info = res.extra["flower"]
+        last = res.history.rows[-1]
+        secs = [r["seconds"] for r in res.history.rows]
+        line = f"{res.stopping_reason}; {sum(secs) / len(secs):.2f} s/round, start-up {info['startup_seconds']:.1f} s"
+        if "R_rel" in last:
+            line += f"; final objective {last['objective']:.6g}, R/R1 {last['R_rel']:.3e}"
+        typer.echo(line)
+        typer.echo(f"V: {Path(out).resolve() / 'server' / 'V.npy'}  history: {Path(out).resolve() / 'server' / 'result.json'}")
+        if json_path is not None:
+            res.save_json(json_path)
+            typer.echo(f"wrote {json_path}")
+
+    @flower_app.command("app")
+    def app_dir(dest: Path = typer.Argument(..., help="Directory to write the shim app into.")):
+        """Write the Flower app directory for `flwr run DEST <connection> --run-config ...`."""
+        fl = _flower()
+        fl.write_app_dir(dest)
+        typer.echo(f"wrote {dest} (run-config keys: see {dest / 'pyproject.toml'})")
+
+    @flower_app.command("views")
+    def views_cmd(
+        dest: Path = typer.Argument(..., help="Directory for view0.npy, view1.npy, ..."),
+        clients: int = typer.Option(3, help="Number of views."),
+        samples: int = typer.Option(100, help="Samples n."),
+        features: int = typer.Option(20, help="Features per view."),
+        rank: int = typer.Option(6, help="Planted rank."),
+        heterogeneity: float = typer.Option(0.6, "--heterogeneity", "-h", help="h in [0, 1]."),
+        seed: int = typer.Option(0, help="Data seed."),
+    ):
+        """Write synthetic views (make_synthetic), one .npy file per client."""
+        from fedsonmf.datasets import make_synthetic
+        from fedsonmf.federation.flower.launcher import write_views
+
+        data = make_synthetic(n_clients=clients, n_samples=samples, n_features=features, rank=rank,
+                              heterogeneity=heterogeneity, random_state=seed)
+        for p in write_views(data.views, dest):
+            typer.echo(str(p))

@@ -1,0 +1,92 @@
+"""Seeded initialisation of the bases U_p^{1,0} and of Vbar^1 (ALGORITHM.md §6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedsonmf.core.ustep import round_st
+
+__all__ = ["random_basis", "svd_basis", "kmeans_basis", "init_basis", "client_rng", "server_rng"]
+
+
+def client_rng(seed: int, client: int) -> np.random.Generator:
+    """The random stream of client ``client``: independent of every other stream."""
+    return np.random.default_rng([seed, 1, client])
+
+
+def server_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 0])
+
+
+def random_basis(d: int, r: int, rng: np.random.Generator) -> np.ndarray:
+    """A random point of S_+ of shape (d, r) with balanced supports.
+
+    Rows go to columns by a random permutation of (0..d-1) mod r, entries are
+    Uniform[0.5, 1], columns normalised.
+    """
+    cols = rng.permutation(np.arange(d) % r)
+    U = np.zeros((d, r))
+    U[np.arange(d), cols] = rng.uniform(0.5, 1.0, d)
+    return U / np.linalg.norm(U, axis=0)
+
+
+def svd_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
+    """Nonnegative rounding of the top-r left singular vectors of X (d x n).
+
+    Each singular vector's sign is flipped so that its positive part has the
+    larger norm, clamped at 0 and normalised, then rounded onto S_+ with
+    ``round_st``; falls back to :func:`random_basis` when rounding fails.
+    """
+    from sklearn.utils.extmath import randomized_svd
+
+    d = X.shape[0]
+    Xs = X if sp.issparse(X) else np.asarray(X)
+    W, _, _ = randomized_svd(Xs, n_components=r, random_state=int(rng.integers(2**31 - 1)))
+    pos = np.linalg.norm(np.maximum(W, 0), axis=0)
+    neg = np.linalg.norm(np.maximum(-W, 0), axis=0)
+    W = W * np.where(pos >= neg, 1.0, -1.0)
+    W = np.maximum(W, 0.0)
+    norms = np.linalg.norm(W, axis=0)
+    if np.any(norms <= 1e-12):
+        return random_basis(d, r, rng)
+    U, ok = round_st(W / norms)
+    return U if ok else random_basis(d, r, rng)
+
+
+def kmeans_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
+    """Supports from spherical k-means of the features (rows of X, d x n).
+
+    ONMF with U^T U = I, U >= 0 is a clustering of the *features*: U_{.j} is
+    supported on one group of features.  We cluster the l2-normalised rows of
+    X_p into r groups (scikit-learn KMeans, seeded, sparse rows stay sparse)
+    and weight each feature by its cosine with its group's centroid; columns
+    are normalised.  Falls back to :func:`random_basis` if a group is empty.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.preprocessing import normalize
+
+    d = X.shape[0]
+    R = normalize(sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X), norm="l2", axis=1)
+    km = KMeans(n_clusters=r, n_init=3, random_state=int(rng.integers(2**31 - 1))).fit(R)
+    a = km.labels_
+    if np.unique(a).size < r:
+        return random_basis(d, r, rng)
+    C = normalize(km.cluster_centers_, norm="l2", axis=1)
+    w = np.asarray(R @ C.T)[np.arange(d), a] if not sp.issparse(R) else np.asarray((R @ C.T))[np.arange(d), a]
+    U = np.zeros((d, r))
+    U[np.arange(d), a] = np.maximum(w, 0.0)
+    norms = np.linalg.norm(U, axis=0)
+    if np.any(norms <= 1e-12):
+        return random_basis(d, r, rng)
+    return U / norms
+
+
+def init_basis(X, r: int, method: str, rng: np.random.Generator) -> np.ndarray:
+    if method == "random":
+        return random_basis(X.shape[0], r, rng)
+    if method == "svd":
+        return svd_basis(X, r, rng)
+    if method == "kmeans":
+        return kmeans_basis(X, r, rng)
+    raise ValueError(f"unknown init_u {method!r}")

@@ -1,0 +1,7 @@
+"""scikit-learn estimators on top of the federation: :class:`FedSONMF` (factorization,
+transform) and :class:`FedMultiViewClustering` (factorization, then k-means)."""
+
+from fedsonmf.estimators.clustering import FedMultiViewClustering
+from fedsonmf.estimators.sonmf import FedSONMF, federated_sonmf
+
+__all__ = ["FedSONMF", "FedMultiViewClustering", "federated_sonmf"]

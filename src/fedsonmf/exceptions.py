@@ -1,0 +1,71 @@
+"""Every error and warning fedsonmf raises, in one place.
+
+Errors follow scikit-learn's convention and subclass :class:`ValueError`
+(through :class:`FedSONMFError`), so ``except ValueError`` catches bad input
+and bad parameters as it does for scikit-learn estimators; the run-time
+failures of a federation also subclass :class:`RuntimeError`.
+:class:`ConvergenceWarning` subclasses scikit-learn's, so a user's
+``warnings.filterwarnings("ignore", category=sklearn.exceptions.ConvergenceWarning)``
+covers fedsonmf too.
+"""
+
+from __future__ import annotations
+
+from sklearn.exceptions import ConvergenceWarning as _SkConvergenceWarning
+
+__all__ = [
+    "FedSONMFError", "InputError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
+    "FlowerRunError", "AuditError", "ConvergenceWarning", "DivergenceWarning",
+]
+
+
+class FedSONMFError(ValueError):
+    """Base class of fedsonmf's errors."""
+
+
+class InputError(FedSONMFError):
+    """The data given to a fit is unusable; the message says why and which view."""
+
+
+class ParameterError(FedSONMFError):
+    """A hyper-parameter has an invalid value; the message names it."""
+
+
+class CheckpointError(FedSONMFError, RuntimeError):
+    """A checkpoint is missing, torn, or does not match the run being resumed."""
+
+
+class ProtocolError(FedSONMFError, RuntimeError):
+    """A message does not fit the protocol (wrong round, wrong kind, bad shape)."""
+
+
+class FederationError(FedSONMFError, RuntimeError):
+    """A client failed, hung or disappeared.  ``client`` and ``round`` name it
+    (``client`` is the view index; None when the failure is not one client's)."""
+
+    def __init__(self, message: str, *, client: int | None = None, round: int | None = None,
+                 node_id: int | None = None):
+        super().__init__(message)
+        self.client = client
+        self.round = round
+        self.node_id = node_id
+
+
+class FlowerRunError(FedSONMFError, RuntimeError):
+    """The Flower run failed; ``status`` is the ServerApp's status.json (client, round, error)."""
+
+    def __init__(self, message: str, status: dict | None = None):
+        super().__init__(message)
+        self.status = status or {}
+
+
+class AuditError(FedSONMFError, AssertionError):
+    """A recorded message carries something the declaration does not allow."""
+
+
+class ConvergenceWarning(_SkConvergenceWarning):
+    """The round budget ran out before the tolerance was met."""
+
+
+class DivergenceWarning(UserWarning):
+    """The objective grew by orders of magnitude: the step sizes are too large."""

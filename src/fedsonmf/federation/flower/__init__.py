@@ -1,0 +1,33 @@
+"""Flower (``flwr`` 1.42) driver: real multi-machine federation.
+
+Needs the optional extra: ``pip install "fedsonmf[flower]"``.
+
+* :mod:`.server_app` -- the ServerApp (``app``): runs :func:`fedsonmf.federation.run_federation`
+  over :class:`.transport.FlowerTransport`.
+* :mod:`.client_app` -- the ClientApp (``app``): answers with :class:`fedsonmf.federation.ClientRuntime`.
+* :mod:`.launcher` -- :class:`LoopbackDeployment` and :func:`run_flower` (SuperLink + SuperNodes on loopback).
+* :mod:`.template` -- :func:`write_app_dir`, the shim app for ``flwr run``.
+* :mod:`.audit` -- the declared wire payload and :func:`audit_wire`.
+"""
+
+try:
+    import flwr  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the Flower engine needs the optional dependency flwr: pip install 'fedsonmf[flower]'"
+    ) from exc
+
+from fedsonmf.exceptions import FederationError, FlowerRunError
+from fedsonmf.federation.flower.launcher import (
+    LoopbackDeployment,
+    load_result,
+    run_flower,
+    write_views,
+)
+from fedsonmf.federation.flower.template import write_app_dir
+from fedsonmf.federation.flower.transport import FlowerTransport, handshake
+
+__all__ = [
+    "FederationError", "FlowerRunError", "FlowerTransport", "LoopbackDeployment", "handshake", "load_result",
+    "run_flower", "write_app_dir", "write_views",
+]

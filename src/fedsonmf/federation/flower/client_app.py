@@ -1,0 +1,126 @@
+"""The Flower ClientApp: answers with :class:`fedsonmf.federation.ClientRuntime`.
+
+Node config (``flower-supernode --node-config``):
+
+``partition-id``  int, the view index p this node holds (required)
+``data-path``     str, the node's own view file (required): ``.npy`` dense array of
+                  shape (n_samples, d_p), or ``.npz`` written by ``scipy.sparse.save_npz``
+``state-dir``     str, node-local directory of the private state files
+                  (default: ``<dir of data-path>/.fedsonmf-state``)
+
+Every message runs in a fresh process (Flower deployment), so the client's
+private state (U_p and the algorithm's other matrices) is kept in an
+atomically written node-local file ``<state-dir>/<job-id>/client-<p>-r<s>.npz``
+(:mod:`fedsonmf.federation.checkpoint`), saved before the reply is returned and loaded
+for round s+1 only if it holds round s.  ``context.state`` holds only small
+items (a ConfigRecord with the job id, partition and last round); large
+arrays there are subject to a stale-state race (FLOWER.md §3.5).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import Message as FlwrMessage
+from flwr.clientapp import ClientApp
+
+from fedsonmf._validation import check_views
+from fedsonmf.exceptions import ProtocolError
+from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower import codec
+from fedsonmf.federation.loop import ClientRuntime
+from fedsonmf.protocol.messages import Message
+
+__all__ = ["app", "make_client_app", "load_view", "state_dir_of"]
+
+STATE_KEY = "fedsonmf"
+
+
+def load_view(path) -> object:
+    """The view in ``path`` as (d_p, n) float64 (memory-mapped when dense float64)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        import scipy.sparse as sp
+
+        X = sp.load_npz(path)
+    else:
+        X = np.load(path, mmap_mode="r", allow_pickle=False)
+    return check_views([X])[0]
+
+
+def _partition(context: Context) -> int:
+    try:
+        return int(context.node_config["partition-id"])
+    except KeyError:
+        raise ValueError("node config has no 'partition-id': start the SuperNode with "
+                         "--node-config 'partition-id=<view index> data-path=\"<file>\"'") from None
+
+
+def state_dir_of(context: Context, job_id: str) -> Path:
+    nc = context.node_config
+    base = str(nc.get("state-dir", "") or "")
+    if not base:
+        if "data-path" not in nc:
+            raise ValueError("node config has neither 'state-dir' nor 'data-path'")
+        base = str(Path(str(nc["data-path"])).parent / ".fedsonmf-state")
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise ProtocolError(f"invalid job id {job_id!r}")
+    return Path(base) / job_id
+
+
+def _data_path(context: Context) -> str:
+    try:
+        return str(context.node_config["data-path"])
+    except KeyError:
+        raise ValueError("node config has no 'data-path' (the node's own view file)") from None
+
+
+def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
+    """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
+    train message (a hook for fault-injection tests; None in normal use)."""
+    client = ClientApp()
+
+    @client.query()
+    def hello(msg: FlwrMessage, context: Context) -> FlwrMessage:
+        p = _partition(context)
+        path = Path(_data_path(context))
+        if not path.is_file():
+            raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
+        info = ConfigRecord({"kind": "hello", "round": 0, "client": p, "partition-id": p,
+                             "job-id": str(msg.content[codec.META]["job-id"])})
+        return FlwrMessage(RecordDict({codec.META: info}), reply_to=msg)
+
+    @client.train()
+    def train(msg: FlwrMessage, context: Context) -> FlwrMessage:
+        fed_msg, meta = codec.decode(msg.content)
+        p = _partition(context)
+        if int(meta["client"]) != p:
+            raise ProtocolError(f"message for client {meta['client']} reached the node of view {p}")
+        job_id = str(meta["job-id"])
+        sdir = state_dir_of(context, job_id)
+        if before_handle is not None:
+            before_handle(fed_msg, context)
+        X = load_view(_data_path(context))
+        if fed_msg.kind == "setup":
+            algorithm = str(fed_msg.scalars["algorithm"])
+            cfg_json = str(fed_msg.scalars["config"])
+            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)))
+        else:
+            state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
+            algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
+            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), state=state)
+        reply = runtime.handle(fed_msg)
+        # save before replying: the next round's process reads this file
+        ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id})
+        context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p,
+                                                 "round": int(runtime.state.round)})
+        return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+
+    return client
+
+
+app = make_client_app()

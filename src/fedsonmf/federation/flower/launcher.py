@@ -1,0 +1,383 @@
+"""Loopback launcher: one SuperLink and one SuperNode per view as separate
+processes on 127.0.0.1, a ``flwr run`` of the shipped app, and the result.
+
+Everything lives in one run folder::
+
+    <run_dir>/flwr-home/      FLWR_HOME (config.toml with the "fedsonmf" connection, installed FABs)
+    <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
+    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
+    <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
+    <run_dir>/logs/           superlink.log, flwr-run-<k>.log
+    <run_dir>/job.json        job id and run config (reused by ``resume``)
+
+Telemetry, update checks and run-time dependency installation are switched off,
+BLAS is pinned to one thread (bit-identical results across engines), and
+:meth:`LoopbackDeployment.stop` stops exactly the process groups it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedsonmf.exceptions import FlowerRunError
+from fedsonmf.federation.flower.template import (
+    RUN_CONFIG_DEFAULTS,
+    _toml_value,
+    write_app_dir,
+)
+from fedsonmf.protocol.history import FitResult, History
+
+__all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "flower_env", "run_flower", "load_result",
+           "write_views"]
+
+CONNECTION = "fedsonmf"
+
+
+def flower_env(flwr_home, *, pin_threads: bool = True, log_level: str = "WARNING",
+               superexec_poll: float = 0.05) -> dict:
+    """Environment of every process the launcher starts."""
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(superexec_poll),
+        "FLWR_LOG_LEVEL": log_level,
+        "PYTHONUNBUFFERED": "1",
+    })
+    if pin_threads:
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[k] = "1"
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+@dataclass
+class RunOutcome:
+    """What one ``flwr run`` left behind: the ServerApp's status and where its outputs are."""
+
+    status: dict
+    out_dir: Path
+    wall_seconds: float
+    log: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status.get("status") == "completed"
+
+
+class LoopbackDeployment:
+    """A SuperLink and one SuperNode per view on loopback, each its own process group.
+
+    Parameters
+    ----------
+    run_dir : path
+        The run folder (created).
+    view_paths : list of path
+        View p's file (``.npy`` (n_samples, d_p) or sparse ``.npz``) for SuperNode p.
+    pin_threads : bool
+        OMP/OpenBLAS/MKL threads = 1 in every process.
+    log_level : str
+        FLWR_LOG_LEVEL of the daemons.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
+                 superexec_poll: float = 0.05, tls: tuple | None = None):
+        #: (ca.crt, server.pem, server.key) for TLS on loopback (the certificate must name 127.0.0.1)
+        self.tls = tuple(str(Path(t).resolve()) for t in tls) if tls else None
+        self.run_dir = Path(run_dir).resolve()
+        self.view_paths = [Path(p).resolve() for p in view_paths]
+        self.flwr_home = self.run_dir / "flwr-home"
+        self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level,
+                              superexec_poll=superexec_poll)
+        self.superlink: subprocess.Popen | None = None
+        self.nodes: dict[int, subprocess.Popen] = {}
+        self.port: int | None = None
+        self._node_ports: dict[int, int] = {}
+        self._runs = 0
+        self.startup_seconds: float | None = None
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(log, "ab")
+        try:
+            return subprocess.Popen(args, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir)
+        finally:
+            fh.close()
+
+    def start(self, timeout: float = 60.0) -> "LoopbackDeployment":
+        t0 = time.perf_counter()
+        for p in self.view_paths:
+            if not p.is_file():
+                raise FileNotFoundError(f"view file {p} does not exist")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\n'
+            + (f'root-certificates = "{self.tls[0]}"\n' if self.tls else "insecure = true\n"))
+        security = (["--ssl-ca-certfile", self.tls[0], "--ssl-certfile", self.tls[1], "--ssl-keyfile", self.tls[2]]
+                    if self.tls else ["--insecure"])
+        self.superlink = self._spawn(
+            [_bin("flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(self.port),
+             "--disable-runtime-dependency-installation"],
+            self.run_dir / "logs" / "superlink.log")
+        self._wait_health(timeout)
+        for p in range(len(self.view_paths)):
+            self.start_node(p)
+        self.startup_seconds = time.perf_counter() - t0
+        return self
+
+    def _wait_health(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/health"
+        ctx = None
+        if self.tls:
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=self.tls[0])
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with code {self.superlink.returncode}; "
+                                   f"see {self.run_dir / 'logs' / 'superlink.log'}")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"SuperLink not healthy at {url} after {timeout:g} s")
+
+    def node_dir(self, p: int) -> Path:
+        return self.run_dir / "nodes" / f"p{p}"
+
+    def start_node(self, p: int) -> subprocess.Popen:
+        """Start (or restart) the SuperNode of view ``p``."""
+        if p in self.nodes and self.nodes[p].poll() is None:
+            raise RuntimeError(f"SuperNode {p} is already running")
+        port = self._node_ports.get(p) or _free_port()
+        self._node_ports[p] = port
+        ndir = self.node_dir(p)
+        (ndir / "state").mkdir(parents=True, exist_ok=True)
+        node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
+                       f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"')
+        self.nodes[p] = self._spawn(
+            [_bin("flower-supernode"), *(["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]),
+             "--superlink", f"127.0.0.1:{self.port}",
+             "--port", str(port), "--node-config", node_config],
+            ndir / "supernode.log")
+        return self.nodes[p]
+
+    def kill_node(self, p: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to SuperNode ``p``'s process group (its ClientApp processes too)."""
+        proc = self.nodes[p]
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop exactly the process groups this object started (TERM, then KILL)."""
+        procs = [p for p in list(self.nodes.values()) + [self.superlink] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:
+            # the group may still hold children (flwr-clientapp) after the leader exits
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if proc.poll() is None:
+                proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------------ runs
+    def run(self, run_config: dict, *, out_dir=None, app_dir=None, timeout: float = 1800.0) -> RunOutcome:
+        """``flwr run`` the app with ``run_config`` (keys of the app template) and wait for it.
+
+        ``out_dir`` defaults to ``<run_dir>/server``; ``app_dir`` to a freshly
+        written shim app in ``<run_dir>/app``.  Returns the ServerApp's status;
+        raises only when the run could not be submitted or did not end in ``timeout``.
+        """
+        self._runs += 1
+        out_dir = Path(out_dir or self.run_dir / "server").resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        status_path = out_dir / "status.json"
+        if status_path.exists():
+            status_path.unlink()
+        if app_dir is None:
+            app_dir = write_app_dir(self.run_dir / "app")
+        conf = {"num-clients": len(self.view_paths), **run_config, "out-dir": str(out_dir)}
+        unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
+        if unknown:
+            raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")
+        overrides = self.run_dir / "logs" / f"run-config-{self._runs}.toml"
+        overrides.parent.mkdir(parents=True, exist_ok=True)
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        log = self.run_dir / "logs" / f"flwr-run-{self._runs}.log"
+        t0 = time.perf_counter()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
+                env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.run_dir)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}") from None
+        # --stream exits 0 even when the ServerApp fails: the status file is the truth
+        status = _read_status(status_path)
+        deadline = time.monotonic() + 10
+        while status.get("status") in (None, "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = _read_status(status_path)
+        if not status:
+            status = {"status": "failed",
+                      "error": f"the ServerApp wrote no status (flwr run exit code {proc.returncode}); see {log}"}
+        return RunOutcome(status, out_dir, time.perf_counter() - t0, log)
+
+
+def _app_config_keys(app_dir) -> list[str]:
+    import tomllib
+
+    data = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())
+    return list(data["tool"]["flwr"]["app"]["config"])
+
+
+def _read_status(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def load_result(out_dir) -> FitResult:
+    """The FitResult of a completed Flower run from its out-dir (V.npy + result.json)."""
+    out_dir = Path(out_dir)
+    d = json.loads((out_dir / "result.json").read_text())
+    hist = History(d["history"], R0=d.get("R0"))
+    extra = {k: v for k, v in d.items() if k not in
+             ("config", "seed", "n_rounds", "converged", "stopping_reason", "seconds", "R0", "history")}
+    return FitResult(V=np.load(out_dir / "V.npy"), bases=None, history=hist, n_rounds=d["n_rounds"],
+                     stopping_reason=d["stopping_reason"], converged=d["converged"], seed=d["seed"],
+                     config=d["config"], seconds=d["seconds"], extra=extra)
+
+
+def write_views(views, directory) -> list[Path]:
+    """Save views (each (n_samples, d_p), dense or sparse) as one file per view."""
+    import scipy.sparse as sp
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for p, X in enumerate(views):
+        if sp.issparse(X):
+            path = directory / f"view{p}.npz"
+            sp.save_npz(path, sp.csr_matrix(X))
+        else:
+            path = directory / f"view{p}.npy"
+            np.save(path, np.asarray(X, dtype=np.float64))
+        paths.append(path)
+    return paths
+
+
+def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
+               seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
+               record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
+               tls: tuple | None = None) -> FitResult:
+    """Run a federation on a loopback Flower deployment and return its result.
+
+    Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
+    ``max_rounds`` rounds of ``algorithm`` with ``cfg`` (a FedConfig; its
+    ``diagnostics`` switch is honoured), and stops every process it started.
+    ``resume=True`` continues the run saved in ``run_dir`` (same job id) and
+    ends with the same V as an uninterrupted run.  Raises
+    :class:`FlowerRunError` naming the client and round when the run fails.
+    The result's ``extra["flower"]`` holds start-up and wire numbers.
+    ``tls = (ca.crt, server.pem, server.key)`` runs the loopback deployment over TLS.
+    """
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_file = run_dir / "job.json"
+    if resume:
+        if not job_file.is_file():
+            raise FlowerRunError(f"nothing to resume in {run_dir} (no job.json)")
+        job_id = json.loads(job_file.read_text())["job-id"]
+    else:
+        job_id = f"job-{uuid.uuid4().hex[:12]}"
+    run_config = {
+        "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol), "seed": int(seed),
+        "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
+        "resume": bool(resume), "round-timeout": float(round_timeout), "node-timeout": float(node_timeout),
+        "record-wire": bool(record_wire),
+    }
+    job_file.write_text(json.dumps({"job-id": job_id, "run-config": run_config,
+                                    "views": [str(Path(p).resolve()) for p in view_paths]}, indent=1))
+    t0 = time.perf_counter()
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls) as dep:
+        outcome = dep.run(run_config, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if not outcome.ok:
+        st = outcome.status
+        raise FlowerRunError(f"Flower run failed: {st.get('error')} (last completed round "
+                             f"{st.get('last_completed_round')}; resume with resume=True)", st)
+    res = load_result(outcome.out_dir)
+    res.extra.setdefault("flower", {}).update(
+        {"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds, "wall_seconds": wall,
+         "run_dir": str(run_dir)})
+    return res

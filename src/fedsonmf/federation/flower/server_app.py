@@ -1,0 +1,136 @@
+"""The Flower ServerApp: runs :func:`fedsonmf.federation.run_federation` over a
+:class:`~fedsonmf.federation.flower.transport.FlowerTransport`.
+
+It owns the round loop (no Flower ``Strategy``): waits for one node per view,
+maps node -> view with a handshake, aggregates in view order, checkpoints the
+server state after every round, and writes its outputs to ``out-dir`` on the
+SuperLink host:
+
+``status.json``      {"status": "running"|"completed"|"failed", "error", "client", "round", ...}
+``result.json``      config, seed, per-round history, stopping reason, timings, wire bytes
+``V.npy``            the final V (r x n)
+``checkpoint/``      server state + history after the last completed round (resume)
+``wire.jsonl``       every message that crossed the wire (``record-wire = true``)
+
+Run-config keys are those of the shipped app template (:mod:`.template`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedsonmf.algorithms import get_algorithm
+from fedsonmf.exceptions import FederationError
+from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower.transport import (
+    FlowerTransport,
+    WireRecorder,
+    handshake,
+)
+from fedsonmf.federation.loop import run_federation
+from fedsonmf.protocol.config import FedConfig
+
+__all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
+
+
+def config_from_run_config(rc) -> FedConfig:
+    """The run's FedConfig: ``config-json`` when set, else the individual keys."""
+    text = str(rc.get("config-json", "") or "")
+    if text:
+        cfg = ckpt.config_from_dict(json.loads(text))
+    else:
+        cfg = FedConfig(
+            n_components=int(rc.get("rank", 6)), mu=float(rc.get("mu", 1.0)), alpha=float(rc.get("alpha", 0.01)),
+            tau=int(rc.get("tau", 10)), eta_g=float(rc.get("eta-g", 1.5)), rho1=float(rc.get("rho1", 1.0)),
+            correction=bool(rc.get("correction", True)), init_u=str(rc.get("init-u", "random")),
+            init_v=str(rc.get("init-v", "projection")),
+        )
+    # the diagnostics switch always comes from its own key
+    return cfg.replace(diagnostics=bool(rc.get("diagnostics", cfg.diagnostics)))
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=ckpt._json_default))
+    os.replace(tmp, path)
+
+
+def server_main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    out = str(rc.get("out-dir", "") or "")
+    if not out:
+        raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    status_path = out / "status.json"
+    cfg = config_from_run_config(rc)
+    alg = get_algorithm(str(rc.get("algorithm", "fedsonmf")))
+    m = int(rc["num-clients"])
+    job_id = str(rc.get("job-id", "") or "") or f"run{context.run_id}"
+    seed = int(rc.get("seed", 0))
+    max_rounds, tol = int(rc.get("num-rounds", 10)), float(rc.get("tol", 0.0))
+    round_timeout, poll = float(rc.get("round-timeout", 300.0)), float(rc.get("poll-interval", 0.02))
+    node_timeout = float(rc.get("node-timeout", 120.0))
+    ckpt_dir = out / "checkpoint"
+    run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
+    recorder = WireRecorder(out / "wire.jsonl") if bool(rc.get("record-wire", False)) else None
+    status = {"status": "running", "run_id": int(context.run_id), "job_id": job_id, "pid": os.getpid()}
+    _write_json(status_path, status)
+    t0 = time.perf_counter()
+    last_round = {"completed": 0}
+    try:
+        resume = None
+        if bool(rc.get("resume", False)):
+            saved = ckpt.load_server_checkpoint(ckpt_dir)
+            ckpt.check_resume_matches(saved, run_info)
+            if not str(rc.get("job-id", "") or ""):  # the clients' state files are named by the job id
+                job_id = run_info["job_id"] = status["job_id"] = str(saved.run["job_id"])
+            resume = (saved.state, saved.history)
+            last_round["completed"] = saved.completed_rounds
+        node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder)
+        t_hs = time.perf_counter() - t0
+        transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
+                                    recorder=recorder)
+
+        def on_round_end(state, history):
+            ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
+            last_round["completed"] = state.round - 1
+
+        res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
+                             on_round_end=on_round_end, resume=resume)
+        np.save(out / ".V.tmp.npy", res.V)
+        os.replace(out / ".V.tmp.npy", out / "V.npy")
+        res.extra["flower"] = {
+            "node_ids": node_ids, "job_id": job_id, "run_id": int(context.run_id),
+            "handshake_seconds": t_hs, "wire_bytes": transport.wire_bytes,
+            "resumed_from_round": resume[0].round if resume else None,
+        }
+        _write_json(out / "result.json", res.to_json_dict())
+        _write_json(status_path, {**status, "status": "completed", "n_rounds": res.n_rounds,
+                                  "seconds": time.perf_counter() - t0})
+    except BaseException as exc:
+        info = {**status, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                "last_completed_round": last_round["completed"], "checkpoint": str(ckpt_dir),
+                "traceback": traceback.format_exc(limit=5)}
+        if isinstance(exc, FederationError):
+            info.update(client=exc.client, round=exc.round, node_id=exc.node_id)
+        _write_json(status_path, info)
+        raise
+
+
+def make_server_app() -> ServerApp:
+    """A fresh ServerApp whose main is :func:`server_main`."""
+    server = ServerApp()
+    server.main()(server_main)
+    return server
+
+
+app = make_server_app()

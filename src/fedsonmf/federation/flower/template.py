@@ -1,0 +1,114 @@
+"""The shipped Flower app: a tiny "shim" app directory for ``flwr run``.
+
+The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
+this shim; the real code is imported from the installed ``fedsonmf`` on every
+machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
+``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.app``.
+
+The template lives in Python strings (not package data) so that a plain
+``pip install fedsonmf[flower]`` always has it; :func:`write_app_dir` writes it.
+Never write results into the app directory: everything in it with a
+``.py/.toml/.md/.json/...`` suffix is shipped with the next run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
+
+PACKAGE = "fedsonmf_flower_app"
+
+#: run-config keys of the app and their defaults (``flwr run --run-config`` may override only these)
+RUN_CONFIG_DEFAULTS: dict[str, object] = {
+    "num-clients": 3,           # number of views = SuperNodes
+    "num-rounds": 10,           # max rounds
+    "tol": 0.0,                 # stop when R/R1 <= tol (needs diagnostics)
+    "seed": 0,
+    "algorithm": "fedsonmf",    # any name of fedsonmf.algorithms.ALGORITHMS
+    "rank": 6,
+    "mu": 1.0,
+    "alpha": 0.01,
+    "tau": 10,
+    "eta-g": 1.5,
+    "rho1": 1.0,
+    "correction": True,
+    "init-u": "random",
+    "init-v": "projection",
+    "diagnostics": True,        # clients add monitoring values (objective, residual) to replies
+    "config-json": "",          # full FedConfig.to_dict() as JSON; replaces the keys above when set
+    "out-dir": "",              # absolute directory on the SuperLink host (required)
+    "job-id": "",               # names the clients' state files; keep it to resume
+    "resume": False,            # continue from out-dir/checkpoint
+    "round-timeout": 300.0,     # seconds to wait for all replies of one round
+    "node-timeout": 120.0,      # seconds to wait for all views to come online
+    "poll-interval": 0.02,      # seconds between pulls
+    "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
+}
+
+_SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
+import fedsonmf.federation.flower.server_app as _impl
+
+app = _impl.app
+'''
+
+_CLIENT = '''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app."""
+import fedsonmf.federation.flower.client_app as _impl
+
+app = _impl.app
+'''
+
+_LICENSE = "BSD-3-Clause. See the fedsonmf project for the full text.\n"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_app_dir(dest, *, client_source: str | None = None, server_source: str | None = None,
+                  extra_config: dict | None = None, publisher: str = "fedsonmf") -> Path:
+    """Write the shim Flower app to ``dest`` and return it.
+
+    ``client_source``/``server_source`` replace the shim modules (tests use this
+    to wrap the ClientApp with a fault hook); ``extra_config`` adds run-config keys.
+    """
+    dest = Path(dest)
+    pkg = dest / PACKAGE
+    pkg.mkdir(parents=True, exist_ok=True)
+    conf = {**RUN_CONFIG_DEFAULTS, **(extra_config or {})}
+    config_lines = "\n".join(f"{k} = {_toml_value(v)}" for k, v in conf.items())
+    (dest / "pyproject.toml").write_text(f'''[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{PACKAGE.replace("_", "-")}"
+version = "1.0.0"
+description = "fedsonmf federated sparse ONMF on Flower (shim app; the code is the installed fedsonmf)"
+license = {{ file = "LICENSE" }}
+dependencies = ["flwr>=1.42.0,<1.43", "fedsonmf"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "{publisher}"
+fab-format-version = 1
+flwr-version-target = "1.42.0"
+
+[tool.flwr.app.components]
+serverapp = "{PACKAGE}.server_app:app"
+clientapp = "{PACKAGE}.client_app:app"
+
+[tool.flwr.app.config]
+{config_lines}
+''')
+    (dest / "LICENSE").write_text(_LICENSE)
+    (pkg / "__init__.py").write_text('"""fedsonmf Flower shim app."""\n')
+    (pkg / "server_app.py").write_text(server_source or _SERVER)
+    (pkg / "client_app.py").write_text(client_source or _CLIENT)
+    return dest

@@ -1,0 +1,206 @@
+"""The Flower transport of :func:`fedsonmf.federation.run_federation`.
+
+:func:`handshake` waits until one node per view is online and learns which
+node holds which view (``partition-id`` in the node config);
+:class:`FlowerTransport` then carries one round's messages to the nodes in
+view order and returns the replies in that order.  It uses its own short
+push/pull loop (``Grid.send_and_receive`` sleeps 3 s between pulls), enforces
+a per-round timeout, and maps every error back to the client (view) and round
+that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.app import Message as FlwrMessage
+
+from fedsonmf.exceptions import FederationError
+from fedsonmf.federation.flower import codec
+from fedsonmf.protocol.messages import Message
+
+__all__ = ["FederationError", "FlowerTransport", "handshake", "WireRecorder"]
+
+
+class WireRecorder:
+    """Append one JSON line per message that crosses the wire (both directions)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
+        row = {"direction": direction, "client": client, "node_id": int(node_id),
+               "message_type": flwr_msg.metadata.message_type, "group_id": flwr_msg.metadata.group_id}
+        if flwr_msg.has_error():
+            row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
+        else:
+            row["records"] = codec.describe(flwr_msg.content)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def _error_text(rep: FlwrMessage) -> str:
+    err = rep.error
+    return f"error code {err.code}: {err.reason}"
+
+
+def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float):
+    """Push ``msgs``; return ``(msgs_by_id, replies_by_id, missing_ids)``; stops at
+    the first error reply (returned among the replies) or at the timeout."""
+    ids = list(grid.push_messages(msgs))
+    by_id = dict(zip(ids, msgs))
+    pending, got = set(ids), {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for rep in grid.pull_messages(list(pending)):
+            rid = rep.metadata.reply_to_message_id
+            if rid in pending:
+                pending.discard(rid)
+                got[rid] = rep
+        if any(rep.has_error() for rep in got.values()):
+            break  # stop at once; the caller reports the lowest failing client of this batch
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    return by_id, got, pending
+
+
+def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
+              recorder: WireRecorder | None = None) -> list[int]:
+    """Wait for the ``n_clients`` views and return their node ids in view order.
+
+    Asks every online node for its ``partition-id`` (a QUERY message); nodes
+    that join later are asked when they appear, nodes that do not answer (a
+    dead node the SuperLink still lists) are ignored.  Raises
+    :class:`FederationError` when two nodes claim one view, a node claims a
+    view outside 0..n_clients-1, or not every view has answered in ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    asked: dict[str, int] = {}  # message id -> node id
+    owner: dict[int, int] = {}  # view -> node id
+    content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
+    while True:
+        online = set(grid.get_node_ids())
+        new = sorted(online - set(asked.values()))
+        if new:
+            msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="handshake",
+                                ttl=max(timeout, 60.0))
+                    for nid in new]
+            for nid, mid, msg in zip(new, grid.push_messages(msgs), msgs):
+                asked[mid] = nid
+                if recorder:
+                    recorder.record("down", None, nid, msg)
+        waiting = [mid for mid, nid in asked.items() if nid not in owner.values()]
+        for rep in grid.pull_messages(waiting) if waiting else []:
+            nid = asked.get(rep.metadata.reply_to_message_id)
+            if nid is None:
+                continue
+            if recorder:
+                recorder.record("up", None, nid, rep)
+            if rep.has_error():
+                continue  # e.g. a node that went away: another node may hold its view
+            info = rep.content[codec.META]
+            pid = int(info["partition-id"])
+            if not 0 <= pid < n_clients:
+                raise FederationError(
+                    f"node {nid} holds view (partition-id) {pid}, but the run has {n_clients} views 0..{n_clients - 1}",
+                    client=pid, round=0, node_id=nid)
+            if pid in owner and owner[pid] != nid:
+                raise FederationError(
+                    f"nodes {owner[pid]} and {nid} both hold view {pid}: give each SuperNode a distinct partition-id",
+                    client=pid, round=0, node_id=nid)
+            owner[pid] = nid
+        if len(owner) == n_clients:
+            return [owner[p] for p in range(n_clients)]
+        if time.monotonic() >= deadline:
+            missing = sorted(set(range(n_clients)) - set(owner))
+            raise FederationError(
+                f"handshake: views {missing} did not answer within {timeout:g} s "
+                f"({len(online)} node(s) online, views found: {sorted(owner)})",
+                client=missing[0] if len(missing) == 1 else None, round=0)
+        time.sleep(poll)
+
+
+class FlowerTransport:
+    """Carry messages to the nodes ``node_ids`` (view order) through a Flower ``Grid``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    node_ids : list of int
+        Node of view p at index p (from :func:`handshake`).
+    job_id : str
+        Names the clients' state files; sent in every message.
+    round_timeout : float
+        Seconds to wait for all replies of one exchange.
+    poll : float
+        Seconds between pulls.
+    recorder : WireRecorder, optional
+        Logs every message sent and received (the privacy audit).
+    """
+
+    def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
+                 recorder: WireRecorder | None = None):
+        self.grid = grid
+        self.node_ids = list(node_ids)
+        self.n_clients = len(self.node_ids)
+        self.job_id = job_id
+        self.round_timeout = float(round_timeout)
+        self.poll = float(poll)
+        self.recorder = recorder
+        self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
+
+    def exchange(self, messages: Sequence[Message]) -> list[Message]:
+        if len(messages) != self.n_clients:
+            raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
+        s, kind = messages[0].round, messages[0].kind
+        what = "setup" if kind == "setup" else f"round {s}"
+        flw = [
+            FlwrMessage(codec.encode(msg, client=p, job_id=self.job_id), dst_node_id=nid,
+                        message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
+            for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
+        ]
+        by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll)
+        client_of = {mid: p for p, mid in enumerate(by_id)}
+        if self.recorder:
+            for mid, msg in by_id.items():
+                self.recorder.record("down", client_of[mid], msg.metadata.dst_node_id, msg)
+            for mid, rep in got.items():
+                self.recorder.record("up", client_of[mid], self.node_ids[client_of[mid]], rep)
+        failed = sorted(((client_of[mid], rep) for mid, rep in got.items() if rep.has_error()), key=lambda t: t[0])
+        if failed:
+            p, rep = failed[0]
+            also = f" (and clients {[q for q, _ in failed[1:]]})" if len(failed) > 1 else ""
+            raise FederationError(
+                f"client {p} (node {self.node_ids[p]}) failed in {what}: {_error_text(rep)}{also}",
+                client=p, round=s, node_id=self.node_ids[p])
+        if pending:
+            late = sorted(client_of[mid] for mid in pending)
+            names = ", ".join(f"client {p} (node {self.node_ids[p]})" for p in late)
+            raise FederationError(
+                f"{names} did not answer {what} within the round timeout of {self.round_timeout:g} s "
+                "(hung or disconnected)",
+                client=late[0], round=s, node_id=self.node_ids[late[0]])
+        replies, down, up = [], 0, 0
+        for mid in by_id:
+            p = client_of[mid]
+            rep, meta = codec.decode(got[mid].content)
+            if int(meta["client"]) != p or rep.round != s or rep.kind != kind:
+                raise FederationError(
+                    f"client {p} (node {self.node_ids[p]}) answered {rep.kind} round {rep.round} as client "
+                    f"{meta['client']} to {what}", client=p, round=s, node_id=self.node_ids[p])
+            replies.append(rep)
+            down += _array_bytes(by_id[mid].content)
+            up += _array_bytes(got[mid].content)
+        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up})
+        return replies
+
+
+def _array_bytes(rd: RecordDict) -> int:
+    return sum(len(a.data) for rec in rd.values() if hasattr(rec, "items") for a in rec.values()
+               if hasattr(a, "data") and hasattr(a, "shape"))

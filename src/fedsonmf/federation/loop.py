@@ -1,0 +1,194 @@
+"""The server's round loop and the client's message handler, shared by every driver.
+
+A driver supplies a *transport* -- an object with ``n_clients`` and
+``exchange(messages) -> replies`` (one message per client, replies in client
+order).  The in-process engine calls :class:`ClientRuntime` objects directly;
+the Flower apps carry the same messages over the network to the same
+``ClientRuntime`` code.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import warnings
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
+from fedsonmf.core._linalg import sqnorm
+from fedsonmf.core.residuals import effective_rank, round_metrics
+from fedsonmf.exceptions import ConvergenceWarning, ParameterError, ProtocolError
+from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.history import FitResult, History
+from fedsonmf.protocol.messages import ClientState, Message, ServerState
+
+__all__ = ["ClientRuntime", "Transport", "run_federation", "ConvergenceWarning", "ProtocolError"]
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn stacklevel that points at the first caller outside this package."""
+    import os
+    import sys
+
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class Transport(Protocol):
+    n_clients: int
+
+    def exchange(self, messages: Sequence[Message]) -> list[Message]: ...
+
+
+class ClientRuntime:
+    """Everything a client does: holds its view and private state, answers messages.
+
+    Parameters
+    ----------
+    X : ndarray or sparse matrix of shape (d_p, n)
+        The client's view (features x samples).  Never leaves this object.
+    algorithm : str or FederatedAlgorithm
+    cfg : FedConfig
+    state : ClientState, optional
+        A saved state to resume from.
+    """
+
+    def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None):
+        self.X = X
+        self.x_sqnorm = sqnorm(X)
+        self.algorithm = get_algorithm(algorithm)
+        self.cfg = cfg
+        self.state = state
+
+    def handle(self, msg: Message) -> Message:
+        if msg.kind == "setup":
+            self.state, reply = self.algorithm.client_setup(self.X, self.x_sqnorm, msg, self.cfg)
+            return reply
+        if msg.kind != "round":
+            raise ProtocolError(f"unknown message kind {msg.kind!r}")
+        if self.state is None:
+            raise ProtocolError(f"round {msg.round} message before setup")
+        if msg.round != self.state.round + 1:
+            # a stale or replayed state would silently corrupt the run: refuse it
+            raise ProtocolError(
+                f"round {msg.round} message but the client state has completed round {self.state.round}"
+            )
+        self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, self.cfg)
+        return reply
+
+
+def setup_messages(m: int, seed: int, cfg: FedConfig, algorithm: str) -> list[Message]:
+    """The setup message of each client: its index, the run seed and the config."""
+    cfg_json = json.dumps(cfg.to_dict())
+    return [
+        Message("setup", 0, {}, {"seed": seed, "client": p, "algorithm": algorithm, "config": cfg_json})
+        for p in range(m)
+    ]
+
+
+def run_federation(
+    transport: Transport,
+    algorithm: str | FederatedAlgorithm,
+    cfg: FedConfig,
+    *,
+    max_rounds: int,
+    tol: float = 0.0,
+    seed: int | None = None,
+    callback: Callable[[dict], None] | None = None,
+    on_round_end: Callable[[ServerState, History], None] | None = None,
+    resume: tuple[ServerState, History] | None = None,
+) -> FitResult:
+    """Run the federation: setup, then rounds until ``tol`` or ``max_rounds``.
+
+    Parameters
+    ----------
+    transport : Transport
+    algorithm : str or FederatedAlgorithm
+    cfg : FedConfig
+    max_rounds : int >= 1
+    tol : float >= 0
+        Stop when R^s / R^1 <= tol (needs ``cfg.diagnostics``); 0 disables.
+    seed : int, optional
+        Run seed; drawn from OS entropy (and recorded) when None.
+    callback : callable(row), optional
+        Called with each history row (progress display).
+    on_round_end : callable(server_state, history), optional
+        Called after every completed round (checkpointing).
+    resume : (ServerState, History), optional
+        Continue a saved run (the clients must hold their matching states).
+    """
+    alg = get_algorithm(algorithm)
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)) or max_rounds < 1:
+        raise ParameterError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
+    if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not (tol >= 0):
+        raise ParameterError(f"tol must be a real number >= 0, got {tol!r}")
+    if tol > 0 and not cfg.diagnostics:
+        raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
+    if seed is None:
+        seed = secrets.randbits(32)
+    m = transport.n_clients
+    t_start = time.perf_counter()
+
+    if resume is None:
+        replies = transport.exchange(setup_messages(m, seed, cfg, alg.name))
+        ns = {int(rep.scalars["n"]) for rep in replies}
+        if len(ns) != 1:
+            raise ProtocolError(f"clients hold different numbers of samples: {sorted(ns)}")
+        state = alg.server_setup(replies, cfg, seed)
+        history = History()
+    else:
+        state, history = resume
+
+    reason, converged = f"max_rounds={max_rounds} reached", False
+    while state.round <= max_rounds:
+        t0 = time.perf_counter()
+        s = state.round
+        msg = alg.broadcast(state)
+        replies = transport.exchange([msg] * m)
+        for p, rep in enumerate(replies):
+            if rep.round != s:
+                raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
+        V_s = alg.current_v(state)
+        state = alg.server_round(state, replies, cfg)
+        row = {"round": s}
+        if cfg.diagnostics:
+            row.update(round_metrics(V_s, [rep.diagnostics for rep in replies], cfg.eta_tilde, cfg.mu))
+        row["effective_rank"] = effective_rank(alg.current_v(state))
+        row["bytes_up"] = int(sum(rep.nbytes for rep in replies))
+        row["bytes_down"] = int(m * msg.nbytes)
+        row["bytes_diagnostics"] = int(sum(rep.diagnostics_nbytes for rep in replies))
+        row["seconds"] = time.perf_counter() - t0
+        history.append(row)
+        if on_round_end is not None:
+            on_round_end(state, history)
+        if callback is not None:
+            callback(row)
+        if tol > 0 and row["R_rel"] <= tol:
+            reason, converged = f"R/R1 = {row['R_rel']:.3g} <= tol = {tol:g} at round {s}", True
+            break
+    if not converged and tol > 0:
+        warnings.warn(
+            f"stopped after max_rounds={max_rounds} with R/R1 = {history.rows[-1]['R_rel']:.3g} > tol = {tol:g}; "
+            "increase max_rounds or tol",
+            ConvergenceWarning,
+            stacklevel=_user_stacklevel(),
+        )
+    seconds = time.perf_counter() - t_start
+    return FitResult(
+        V=alg.current_v(state).copy(),
+        bases=None,
+        history=history,
+        n_rounds=len(history),
+        stopping_reason=f"{reason} after {seconds:.2f} s",
+        converged=converged,
+        seed=int(seed),
+        config={"algorithm": alg.name, "max_rounds": max_rounds, "tol": tol, "n_clients": m, **cfg.to_dict()},
+        seconds=seconds,
+        server_state=state,
+    )

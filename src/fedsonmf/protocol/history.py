@@ -1,0 +1,131 @@
+"""Per-round history and the result object of a federated run."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedsonmf.core.residuals import normalised
+
+__all__ = ["History", "FitResult"]
+
+#: columns of one history row, in order (``R_*`` are absent without diagnostics)
+COLUMNS = (
+    "round", "objective", "R_V", "R_U", "R", "R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0",
+    "effective_rank", "bytes_up", "bytes_down", "bytes_diagnostics", "seconds",
+)
+
+
+class History:
+    """Rows of per-round numbers (round s: the iterate at the start of round s).
+
+    ``R_rel = R^s/R^1``, ``R_avg_rel = mean_{t<=s} R^t / R^1`` (the paper's printed
+    metric), ``R_rel0``/``R_avg_rel0`` the same over R^0 (residual at the
+    initial point).  ``effective_rank`` counts nonzero rows of V^{s+1}, the
+    output of the round; ``seconds`` is the wall time of the round.
+    """
+
+    def __init__(self, rows: list[dict] | None = None, R0: float | None = None):
+        self.rows: list[dict] = list(rows or [])
+        self.R0 = R0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def append(self, row: dict) -> dict:
+        if "R" in row:
+            R = [r["R"] for r in self.rows] + [row["R"]]
+            if self.R0 is None:
+                self.R0 = row["R_start"]
+            for key, ref, average in (("R_rel", R[0], False), ("R_avg_rel", R[0], True),
+                                      ("R_rel0", self.R0, False), ("R_avg_rel0", self.R0, True)):
+                row[key] = float(normalised(R, ref, average)[-1])
+        self.rows.append(row)
+        return row
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([row.get(name, np.nan) for row in self.rows], dtype=float)
+
+    def rounds_to(self, target: float, metric: str = "R_rel") -> int | None:
+        """First round whose ``metric`` is <= target, or None."""
+        for row in self.rows:
+            if row.get(metric, np.inf) <= target:
+                return int(row["round"])
+        return None
+
+    def to_records(self) -> list[dict]:
+        return [{k: row[k] for k in COLUMNS if k in row} for row in self.rows]
+
+    def to_csv(self, path) -> None:
+        recs = self.to_records()
+        cols = [c for c in COLUMNS if recs and c in recs[0]]
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            w.writerows(recs)
+
+
+@dataclass
+class FitResult:
+    """What a federated run returns (pymanopt-style result object).
+
+    Attributes
+    ----------
+    V : ndarray of shape (r, n)
+        Final post-proximal shared representation V^{T+1}.
+    bases : list of ndarray (d_p, r) or None
+        The clients' final bases (available only where the driver runs the
+        clients in the same process: in a real federation they never leave
+        their owners).
+    history : History
+    n_rounds : int
+    stopping_reason : str
+    converged : bool
+    seed : int
+        The seed actually used (drawn and recorded when none was given).
+    config : dict
+        Every parameter of the run.
+    seconds : float
+    """
+
+    V: np.ndarray
+    bases: list | None
+    history: History
+    n_rounds: int
+    stopping_reason: str
+    converged: bool
+    seed: int
+    config: dict
+    seconds: float
+    extra: dict = field(default_factory=dict)
+    server_state: object = None  # final ServerState (for resuming), not serialised
+
+    def to_json_dict(self) -> dict:
+        return {
+            "config": self.config,
+            "seed": self.seed,
+            "n_rounds": self.n_rounds,
+            "converged": self.converged,
+            "stopping_reason": self.stopping_reason,
+            "seconds": self.seconds,
+            "R0": self.history.R0,
+            "history": self.history.to_records(),
+            **self.extra,
+        }
+
+    def save_json(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json_dict(), indent=1, default=_json_default))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"cannot serialise {type(o).__name__}")

@@ -1,0 +1,40 @@
+"""The package's layering is a checked contract (import-linter) and has no import cycles."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_linter_contracts_are_kept():
+    """The contracts in pyproject.toml ([tool.importlinter]): layers, a pure core, nothing imports the CLI."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.fail("import-linter is not installed (it is in the test extra)")
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def test_no_import_cycles_between_modules():
+    graph = grimp.build_graph("fedsonmf", cache_dir=None)
+    cycles = []
+    for mod in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(mod):
+            if imported != mod and graph.chain_exists(importer=imported, imported=mod):
+                cycles.append((mod, imported))
+    # a package __init__ re-exporting its children is the usual, harmless "cycle": ignore parents
+    cycles = [(a, b) for a, b in cycles if not (b.startswith(a + ".") or a.startswith(b + "."))]
+    assert not cycles, f"import cycles: {cycles[:10]}"
+
+
+def test_layers_are_folders():
+    pkg = ROOT / "src" / "fedsonmf"
+    for folder in ("core", "protocol", "algorithms", "federation", "estimators", "experiments", "cli", "datasets"):
+        assert (pkg / folder / "__init__.py").is_file(), folder
+    flat = sorted(p.name for p in pkg.glob("*.py"))
+    assert flat == ["__init__.py", "_validation.py", "exceptions.py", "metrics.py", "preprocessing.py"], flat
