@@ -20,6 +20,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from fedsonmf import federated_sonmf
+from fedsonmf.protocol.params import SYNTHETIC_STUDY
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.datasets import make_synthetic
 
@@ -40,7 +41,8 @@ def main() -> None:
             for seed in range(args.seeds):
                 data = make_synthetic(heterogeneity=h, random_state=seed)
                 t0 = time.perf_counter()
-                res = federated_sonmf(data.views, 6, max_rounds=args.rounds, tol=0, correction=corr, random_state=seed)
+                res = federated_sonmf(data.views, 6, max_rounds=args.rounds, tol=0, correction=corr, random_state=seed,
+                                     **SYNTHETIC_STUDY)
                 secs = time.perf_counter() - t0
                 per_seed.append({
                     "seed": seed, "seconds": secs,
@@ -63,7 +65,8 @@ def main() -> None:
     timing = {}
     for name, opts in variants.items():
         t0 = time.perf_counter()
-        res = federated_sonmf(data.views, 6, max_rounds=args.rounds, tol=0, random_state=0, ustep=opts)
+        res = federated_sonmf(data.views, 6, max_rounds=args.rounds, tol=0, random_state=0, ustep=opts,
+                                 **SYNTHETIC_STUDY)
         secs = time.perf_counter() - t0
         timing[name] = {"seconds": secs, "rounds_to_1e-2": res.history.rounds_to(1e-2),
                         "final_R_rel": float(res.history.column("R_rel")[-1])}

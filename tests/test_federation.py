@@ -14,6 +14,7 @@ from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation.inprocess import InProcessTransport
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.protocol.messages import Message
+from fedsonmf.protocol.params import SYNTHETIC_STUDY
 
 
 def _run_with_clients(views, cfg, rounds, seed=0, inspect=None):
@@ -81,8 +82,9 @@ def test_objective_decreases(h):
 
 def test_residual_falls_with_correction_and_stalls_without():
     data = make_synthetic(n_clients=10, heterogeneity=0.9, random_state=0)
-    on = federated_sonmf(data.views, 6, max_rounds=15, tol=0, random_state=0)
-    off = federated_sonmf(data.views, 6, max_rounds=15, tol=0, random_state=0, correction=False)
+    # the paper's synthetic setting (mu = rho1 = 1 at the generator's scale), as in the figures
+    on = federated_sonmf(data.views, 6, max_rounds=15, tol=0, random_state=0, **SYNTHETIC_STUDY)
+    off = federated_sonmf(data.views, 6, max_rounds=15, tol=0, random_state=0, correction=False, **SYNTHETIC_STUDY)
     assert on.history.rounds_to(1e-2) is not None
     assert on.history.column("R_rel")[-1] < 1e-3
     assert off.history.column("R_rel")[-1] > 1e-1
@@ -152,7 +154,7 @@ def test_l21_weight_zeroes_rows():
 
 def test_messages_are_exactly_the_declared_matrices(small_problem):
     """Uplink: Vhat (r x n); downlink: Vbar (r x n); diagnostics declared separately."""
-    cfg = FedConfig(n_components=4)
+    cfg = FedConfig(n_components=4, mu=1.0)
     views = check_views(small_problem.views, 4)
     clients = [ClientRuntime(X, "fedsonmf", cfg) for X in views]
     t = InProcessTransport(clients)
@@ -178,3 +180,21 @@ def test_client_refuses_out_of_order_round(small_problem):
     c.handle(Message("setup", 0, {}, {"seed": 0, "client": 0}))
     with pytest.raises(ProtocolError, match="round 3"):
         c.handle(Message("round", 3, {"Vbar": np.ones((4, X.shape[1]))}))
+
+
+def test_auto_mu_travels_as_one_scalar_and_is_scale_free(small_problem):
+    """mu='auto': the server resolves it from Vbar^1 and each round message carries the number."""
+    cfg = FedConfig(n_components=4)
+    assert cfg.mu_is_auto
+    runs = []
+    for c in (1.0, 1e3):
+        views = check_views([c * v for v in small_problem.views], 4)
+        t = InProcessTransport([ClientRuntime(X, "fedsonmf", cfg) for X in views])
+        t.log = []
+        res = run_federation(t, "fedsonmf", cfg, max_rounds=2, seed=0)
+        downs = [msg for d, _, msg in t.log if d == "down" and msg.kind == "round"]
+        assert all(set(msg.scalars) == {"mu"} and msg.scalars["mu"] == res.config["mu_value"] for msg in downs)
+        assert res.config["mu"] == "auto" and res.config["mu_value"] > 0
+        runs.append(res)
+    # the weight scales with the data, so the threshold means the same thing
+    assert runs[1].config["mu_value"] == pytest.approx(1e3 * runs[0].config["mu_value"], rel=1e-9)

@@ -34,7 +34,7 @@ from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from fedsonmf.protocol.messages import Message  # noqa: E402
 
 R = 4
-CFG = FedConfig(n_components=R, tau=3)
+CFG = FedConfig(n_components=R, tau=3, mu=1.0)
 
 
 @pytest.fixture(autouse=True)

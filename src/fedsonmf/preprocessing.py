@@ -52,7 +52,8 @@ def _float(X):
     return X.astype(dtype, copy=True)
 
 
-def normalize_views(views: Sequence, method: str = "frobenius") -> list:
+def normalize_views(views: Sequence, method: str = "frobenius", *, scales: Sequence[float] | None = None,
+                    return_scales: bool = False):
     """Scale each view to unit Frobenius norm.
 
     Parameters
@@ -61,12 +62,19 @@ def normalize_views(views: Sequence, method: str = "frobenius") -> list:
         ``views[p]`` has shape (n_samples, d_p). Negative entries are allowed.
     method : {"frobenius"}, default="frobenius"
         ``"frobenius"``: ``X_p / ||X_p||_F`` (ALGORITHM.md §10).
+    scales : sequence of float, optional
+        Divide view p by ``scales[p]`` instead of its own norm (new samples are
+        scaled like the training samples: pass the training views' norms).
+    return_scales : bool, default=False
+        Also return the divisors used.
 
     Returns
     -------
     normalized : list of {ndarray, sparse matrix}
         New objects of the same shapes; CSR and CSC inputs keep their format, other sparse
         formats become CSR. float32 and float64 are kept, other dtypes become float64.
+    scales : list of float
+        Only with ``return_scales``.
 
     Raises
     ------
@@ -76,20 +84,24 @@ def normalize_views(views: Sequence, method: str = "frobenius") -> list:
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    out = []
-    for p, X in enumerate(_check_views(views)):
+    views = _check_views(views)
+    if scales is not None and len(scales) != len(views):
+        raise ValueError(f"{len(scales)} scales for {len(views)} views")
+    out, used = [], []
+    for p, X in enumerate(views):
         X = _float(X)
         if sp.issparse(X):
             X.sum_duplicates()  # canonical form, so that ||X.data|| is the norm
-        norm = np.linalg.norm(X.data if sp.issparse(X) else X)
-        if norm == 0:
+        norm = np.linalg.norm(X.data if sp.issparse(X) else X) if scales is None else float(scales[p])
+        if not norm > 0:
             raise ValueError(f"view {p} is all zero: its Frobenius norm is 0")
         if sp.issparse(X):
             X.data /= norm  # X is a private copy
         else:
             X /= norm
         out.append(X)
-    return out
+        used.append(float(norm))
+    return (out, used) if return_scales else out
 
 
 def tfidf_views(

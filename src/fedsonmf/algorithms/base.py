@@ -19,7 +19,7 @@ from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.init import client_rng, init_basis, server_rng
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.core.server import aggregate
-from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.config import FedConfig, resolve_mu
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
 __all__ = ["FederatedAlgorithm"]
@@ -59,7 +59,11 @@ class FederatedAlgorithm:
 
     # ------------------------------------------------------------------ server side
     def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int) -> ServerState:
-        """Vbar^1 from the setup replies (in client order), then round 1's state."""
+        """Vbar^1 from the setup replies (in client order), then round 1's state.
+
+        ``mu="auto"`` is resolved here from Vbar^1 (:func:`~fedsonmf.protocol.config.resolve_mu`);
+        the state keeps the number as the 0-d array ``"mu"``.
+        """
         r, n = cfg.n_components, int(replies[0].scalars["n"])
         if cfg.init_v == "projection":
             Vbar1 = aggregate([rep.arrays["Vproj"] for rep in replies])
@@ -68,7 +72,11 @@ class FederatedAlgorithm:
             Vbar1 = server_rng(seed).uniform(size=(r, n))
             target = float(np.mean([rep.scalars["x_sqnorm"] for rep in replies]))
             Vbar1 *= np.sqrt(target) / max(np.linalg.norm(Vbar1), 1e-300)
-        return self.server_init(Vbar1, cfg)
+        if cfg.mu_is_auto:
+            cfg = cfg.resolved(resolve_mu(cfg.mu_scale, cfg.eta_tilde, Vbar1))
+        state = self.server_init(Vbar1, cfg)
+        state.arrays["mu"] = np.asarray(float(cfg.mu))  # the number in force (kept in checkpoints)
+        return state
 
     def server_init(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
         return ServerState(1, {"Vbar": Vbar1, "V": prox_l21_nonneg(Vbar1, cfg.eta_tilde * cfg.mu)})

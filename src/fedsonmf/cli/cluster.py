@@ -10,14 +10,31 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import typer
+
+from fedsonmf.cli.options import check_output_path, mu_option, param, parse_mu
+from fedsonmf.exceptions import InputError
+from fedsonmf.protocol.params import default
 
 
 def _params(rank, mu, mu_scale, rounds, tol, tau, alpha, eta_g, rho1, correction, init_u, init_v, normalize):
-    p = {"n_components": rank, "mu": "auto" if mu is None else mu, "mu_scale": mu_scale, "max_rounds": rounds,
-         "tol": tol, "tau": tau, "alpha": alpha, "eta_g": eta_g, "rho1": rho1, "correction": correction,
-         "init_u": init_u, "init_v": init_v, "normalize_embedding": normalize}
-    return p
+    """FedMultiViewClustering parameters from the CLI options."""
+    return {"n_components": rank, "mu": parse_mu(mu), "mu_scale": mu_scale, "max_rounds": rounds, "tol": tol,
+            "tau": tau, "alpha": alpha, "eta_g": eta_g, "rho1": rho1, "correction": correction,
+            "init_u": init_u, "init_v": init_v, "normalize_embedding": normalize}
+
+
+def _check_common(seeds: int, nmi_average: str, json_path) -> None:
+    """Arguments checked before any fitting starts."""
+    from fedsonmf.metrics import _AVERAGE_METHODS as NMI_AVERAGES
+
+    if seeds < 1:
+        raise typer.BadParameter(f"must be >= 1, got {seeds}", param_hint="--seeds")
+    if nmi_average not in NMI_AVERAGES:
+        raise typer.BadParameter(f"must be one of {', '.join(NMI_AVERAGES)}, got {nmi_average!r}",
+                                 param_hint="--nmi-average")
+    check_output_path(json_path, "--json")
 
 
 class _Progress:
@@ -102,7 +119,7 @@ def _describe_defaults(res, params) -> str:
             f"embedding {'row-normalised' if params.get('normalize_embedding', True) else 'raw'}")
 
 
-import numpy as np  # noqa: E402  (used by _describe_defaults)
+
 
 
 def _paper_key(path: Path, stem: str) -> str:
@@ -121,23 +138,25 @@ def register(app, reproduce_app) -> None:
     @app.command()
     def cluster(
         path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A multi-view .mat file."),
-        clusters: Optional[int] = typer.Option(None, "--clusters", "-k", help="Clusters (default: #classes)."),
-        rank: Optional[int] = typer.Option(None, "--rank", "-r", help="Rank r (default: clusters)."),
-        mu: Optional[float] = typer.Option(None, help="l2,1 weight (default: the label-free 'auto' rule)."),
-        mu_scale: float = typer.Option(0.1, help="'auto' rule: eta~ mu = mu_scale x median row norm of V-bar^1."),
-        algorithm: str = typer.Option("fedsonmf", help="Federated algorithm (fedsonmf.algorithms.ALGORITHMS)."),
-        seeds: int = typer.Option(10, help="Seeds 0..seeds-1."),
-        rounds: int = typer.Option(200, help="Maximum communication rounds."),
-        tol: float = typer.Option(1e-4, help="Stop when R/R1 <= tol (0: all rounds)."),
-        tau: int = typer.Option(10, help="Local steps per round."),
-        alpha: float = typer.Option(0.01, help="Local step size."),
-        eta_g: float = typer.Option(1.5, help="Global step multiplier."),
-        rho1: float = typer.Option(0.0, help="U-step proximal weight."),
-        correction: bool = typer.Option(True, "--correction/--no-correction", help="Drift correction."),
-        init_u: str = typer.Option("random", help="Initial bases: random or svd."),
-        init_v: str = typer.Option("projection", help="Initial V: projection or random."),
-        normalize: bool = typer.Option(True, "--normalize-embedding/--raw-embedding",
-                                       help="Row-normalise V^T before k-means (default) or not."),
+        clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Clusters (default: #classes)."),
+        rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1, help="Rank r (default: clusters)."),
+        mu: str = mu_option(),
+        mu_scale: float = param("mu_scale"),
+        algorithm: str = param("algorithm"),
+        seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
+        rounds: int = param("max_rounds", "--rounds"),
+        tol: float = param("tol"),
+        tau: int = param("tau"),
+        alpha: float = param("alpha"),
+        eta_g: float = param("eta_g"),
+        rho1: float = param("rho1"),
+        correction: bool = param("correction", "--correction/--no-correction"),
+        init_u: str = param("init_u"),
+        init_v: str = param("init_v"),
+        normalize: bool = param("normalize_embedding", "--normalize-embedding/--raw-embedding"),
+        views_key: Optional[str] = typer.Option(None, "--views-key", help="Variable holding the views (comma-"
+                                                "separated names for one variable per view) if not guessed."),
+        labels_key: Optional[str] = typer.Option(None, "--labels-key", help="Variable holding the labels."),
         context: bool = typer.Option(False, "--context", help="Also run the centralized context methods."),
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
@@ -151,15 +170,19 @@ def register(app, reproduce_app) -> None:
         from fedsonmf.datasets.mat import load_mat
         from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset
 
-        ds = load_mat(path)
+        _check_common(seeds, nmi_average, json_path)
+        vk = None if views_key is None else (views_key.split(",") if "," in views_key else views_key)
+        ds = load_mat(path, views_key=vk, labels_key=labels_key)
         if ds.labels is None:
-            raise typer.BadParameter("the file has no labels to score against")
+            raise typer.BadParameter("the file has no labels to score against", param_hint="PATH")
         params = _params(rank, mu, mu_scale, rounds, tol, tau, alpha, eta_g, rho1, correction, init_u, init_v,
                          normalize)
         methods = [algorithm, *(CONTEXT_METHODS if context else ())]
         with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
             res = run_dataset(ds, key=_paper_key(path, ds.name), label=path.name, methods=methods, seeds=range(seeds), params=params,
                               average_method=nmi_average, n_clusters=clusters, on_seed=prog.on_seed, on_round=prog.on_round)
+        if algorithm not in res.reports:  # the method could not run (e.g. r above a view's width)
+            raise InputError(res.note or f"{algorithm} did not run")
         console = Console()
         console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
                                     f"{seeds} seeds (mean ± std, %)"))
@@ -171,12 +194,12 @@ def register(app, reproduce_app) -> None:
     @reproduce_app.command("table1")
     def table1(
         data_dir: Optional[Path] = typer.Option(None, "--data", help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
-        seeds: int = typer.Option(10, help="Seeds 0..seeds-1."),
-        rounds: int = typer.Option(200, help="Maximum communication rounds."),
-        tol: float = typer.Option(1e-4, help="Stop when R/R1 <= tol."),
-        rho1: float = typer.Option(0.0, help="U-step proximal weight."),
-        mu_scale: float = typer.Option(0.1, help="Label-free mu rule: eta~ mu = mu_scale x median row norm of V-bar^1."),
-        normalize: bool = typer.Option(True, "--normalize-embedding/--raw-embedding"),
+        seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
+        rounds: int = param("max_rounds", "--rounds"),
+        tol: float = param("tol"),
+        rho1: float = param("rho1"),
+        mu_scale: float = param("mu_scale"),
+        normalize: bool = param("normalize_embedding", "--normalize-embedding/--raw-embedding"),
         method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
         include: Optional[List[str]] = typer.Option(None, "--only", help="Only files whose path contains this."),
         threads: int = typer.Option(1, help="BLAS threads."),
@@ -190,12 +213,12 @@ def register(app, reproduce_app) -> None:
         from fedsonmf.datasets.mat import default_data_dir
         from fedsonmf.experiments.table1 import available_methods, run_table1
 
+        _check_common(seeds, "arithmetic", json_path)
         root = data_dir or default_data_dir()
         if root is None or not Path(root).is_dir():
-            typer.echo("no data folder: pass --data or set FEDSONMF_DATA", err=True)
-            raise typer.Exit(2)
-        params = _params(None, None, mu_scale, rounds, tol, 10, 0.01, 1.5, rho1, True, "random", "projection",
-                         normalize)
+            raise InputError("no data folder: pass --data or set FEDSONMF_DATA")
+        params = _params(None, "auto", mu_scale, rounds, tol, default("tau"), default("alpha"), default("eta_g"), rho1,
+                         default("correction"), default("init_u"), default("init_v"), normalize)
         methods = list(method or available_methods())
         console = Console()
         results = []

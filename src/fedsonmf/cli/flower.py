@@ -14,6 +14,8 @@ from typing import List, Optional
 
 import typer
 
+from fedsonmf.cli.options import CONTEXT, check_output_path, mu_option, param, parse_mu
+
 
 def _flower():
     try:
@@ -27,26 +29,26 @@ def _flower():
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
     flower_app = typer.Typer(help="Federation on Flower: loopback launcher and the app for real machines.",
-                             no_args_is_help=True)
+                             no_args_is_help=True, context_settings=CONTEXT)
     app.add_typer(flower_app, name="flower")
 
     @flower_app.command("run")
     def run(
         views: List[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, node state, results)."),
-        rank: int = typer.Option(6, help="Rank r."),
-        rounds: int = typer.Option(10, help="Maximum communication rounds."),
-        tol: float = typer.Option(0.0, help="Stop when R/R1 <= tol (0: run all rounds)."),
-        seed: int = typer.Option(0, help="Run seed."),
-        mu: float = typer.Option(1.0, help="l2,1 weight."),
-        alpha: float = typer.Option(0.01, help="Local step size."),
-        tau: int = typer.Option(10, help="Local steps per round."),
-        eta_g: float = typer.Option(1.5, help="Global step multiplier."),
-        rho1: float = typer.Option(1.0, help="U-step proximal weight."),
-        correction: bool = typer.Option(True, "--correction/--no-correction", help="Drift correction."),
-        diagnostics: bool = typer.Option(True, "--diagnostics/--no-diagnostics",
-                                         help="Clients send monitoring values (objective, residuals)."),
-        algorithm: str = typer.Option("fedsonmf", help="Algorithm name."),
+        rank: int = param("n_components", "--rank", "-r"),
+        rounds: int = param("max_rounds", "--rounds"),
+        tol: float = param("tol"),
+        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        mu: str = mu_option(),
+        mu_scale: float = param("mu_scale"),
+        alpha: float = param("alpha"),
+        tau: int = param("tau"),
+        eta_g: float = param("eta_g"),
+        rho1: float = param("rho1"),
+        correction: bool = param("correction", "--correction/--no-correction"),
+        diagnostics: bool = param("diagnostics", "--diagnostics/--no-diagnostics"),
+        algorithm: str = param("algorithm"),
         resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
         round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
         node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
@@ -59,8 +61,9 @@ def register(app, reproduce_app) -> None:
         fl = _flower()
         from fedsonmf.protocol.config import FedConfig
 
-        cfg = FedConfig(n_components=rank, mu=mu, alpha=alpha, tau=tau, eta_g=eta_g, rho1=rho1,
-                        correction=correction, diagnostics=diagnostics)
+        check_output_path(json_path, "--json")
+        cfg = FedConfig(n_components=rank, mu=parse_mu(mu), mu_scale=mu_scale, alpha=alpha, tau=tau, eta_g=eta_g,
+                        rho1=rho1, correction=correction, diagnostics=diagnostics)
         if tls and len(tls) != 3:
             typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
                        err=True)
@@ -99,7 +102,7 @@ def register(app, reproduce_app) -> None:
         samples: int = typer.Option(100, help="Samples n."),
         features: int = typer.Option(20, help="Features per view."),
         rank: int = typer.Option(6, help="Planted rank."),
-        heterogeneity: float = typer.Option(0.6, "--heterogeneity", "-h", help="h in [0, 1]."),
+        heterogeneity: float = typer.Option(0.6, "--heterogeneity", "-H", help="h in [0, 1]."),
         seed: int = typer.Option(0, help="Data seed."),
     ):
         """Write synthetic views (make_synthetic), one .npy file per client."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedsonmf.core.prox import prox_l21_nonneg
 
-__all__ = ["aggregate", "server_step"]
+__all__ = ["aggregate", "server_step", "embed_new_samples"]
 
 
 def aggregate(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -43,3 +43,19 @@ def server_step(V: np.ndarray, Vhats: Sequence[np.ndarray], eta_g: float, eta_ti
     """
     Vbar_next = V + eta_g * (aggregate(Vhats) - V)
     return Vbar_next, prox_l21_nonneg(Vbar_next, eta_tilde * mu)
+
+
+def embed_new_samples(UtXs: Sequence[np.ndarray], mu: float) -> np.ndarray:
+    """The V of new samples for fixed bases: the server's half of an out-of-sample round.
+
+    Each client p sends ``U_p^T X_p`` (r x n_new) for the new columns; the server
+    returns ``P_{mu/2}(mean_p U_p^T X_p)`` (r x n_new).
+
+    Why [C]: with U_p^T U_p = I, (1/m) sum_p ||X_p - U_p V||^2 = ||V - mean_p U_p^T X_p||^2
+    + const, so ``argmin_{V >= 0} ||V - Ubar||^2 + mu ||V||_{2,1}`` is exactly the prox with
+    threshold mu/2 -- the V-subproblem solved to optimality in one step.  A converged
+    fit satisfies the same fixed-point equation (V = P_{eta mu}(V - eta * 2 (V - Ubar))
+    holds for every eta > 0 iff V = P_{mu/2}(Ubar)), so embedding the training
+    samples reproduces the fitted V at convergence.
+    """
+    return prox_l21_nonneg(aggregate(UtXs), 0.5 * mu)

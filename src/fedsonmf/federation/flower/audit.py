@@ -53,7 +53,8 @@ def declared_payload(algorithm, cfg: FedConfig) -> dict:
         ("up", "hello"): {},
         ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
         ("up", "setup"): setup_up,
-        ("down", "round"): {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}},
+        ("down", "round"): {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys},
+                            **({codec.SCALARS: {"mu": "scalar"}} if cfg.mu_is_auto else {})},
         ("up", "round"): round_up,
     }
 

@@ -37,6 +37,7 @@ from fedsonmf.federation.flower.transport import (
 )
 from fedsonmf.federation.loop import run_federation
 from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.params import default
 
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
 
@@ -47,11 +48,14 @@ def config_from_run_config(rc) -> FedConfig:
     if text:
         cfg = ckpt.config_from_dict(json.loads(text))
     else:
+        mu = rc.get("mu", default("mu"))
         cfg = FedConfig(
-            n_components=int(rc.get("rank", 6)), mu=float(rc.get("mu", 1.0)), alpha=float(rc.get("alpha", 0.01)),
-            tau=int(rc.get("tau", 10)), eta_g=float(rc.get("eta-g", 1.5)), rho1=float(rc.get("rho1", 1.0)),
-            correction=bool(rc.get("correction", True)), init_u=str(rc.get("init-u", "random")),
-            init_v=str(rc.get("init-v", "projection")),
+            n_components=int(rc.get("rank", default("n_components"))),
+            mu=mu if isinstance(mu, str) else float(mu), mu_scale=float(rc.get("mu-scale", default("mu_scale"))),
+            alpha=float(rc.get("alpha", default("alpha"))), tau=int(rc.get("tau", default("tau"))),
+            eta_g=float(rc.get("eta-g", default("eta_g"))), rho1=float(rc.get("rho1", default("rho1"))),
+            correction=bool(rc.get("correction", default("correction"))),
+            init_u=str(rc.get("init-u", default("init_u"))), init_v=str(rc.get("init-v", default("init_v"))),
         )
     # the diagnostics switch always comes from its own key
     return cfg.replace(diagnostics=bool(rc.get("diagnostics", cfg.diagnostics)))

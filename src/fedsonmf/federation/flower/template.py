@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedsonmf.protocol.params import default
+
 __all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
 
 PACKAGE = "fedsonmf_flower_app"
@@ -26,16 +28,17 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "tol": 0.0,                 # stop when R/R1 <= tol (needs diagnostics)
     "seed": 0,
     "algorithm": "fedsonmf",    # any name of fedsonmf.algorithms.ALGORITHMS
-    "rank": 6,
-    "mu": 1.0,
-    "alpha": 0.01,
-    "tau": 10,
-    "eta-g": 1.5,
-    "rho1": 1.0,
-    "correction": True,
-    "init-u": "random",
-    "init-v": "projection",
-    "diagnostics": True,        # clients add monitoring values (objective, residual) to replies
+    "rank": default("n_components"),
+    "mu": default("mu"),
+    "mu-scale": default("mu_scale"),
+    "alpha": default("alpha"),
+    "tau": default("tau"),
+    "eta-g": default("eta_g"),
+    "rho1": default("rho1"),
+    "correction": default("correction"),
+    "init-u": default("init_u"),
+    "init-v": default("init_v"),
+    "diagnostics": default("diagnostics"),  # clients add monitoring values (objective, residual) to replies
     "config-json": "",          # full FedConfig.to_dict() as JSON; replaces the keys above when set
     "out-dir": "",              # absolute directory on the SuperLink host (required)
     "job-id": "",               # names the clients' state files; keep it to resume

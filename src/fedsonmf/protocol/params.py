@@ -1,0 +1,88 @@
+"""Every user-facing parameter, declared once: name, default, meaning.
+
+The function :func:`fedsonmf.federated_sonmf`, the estimators
+:class:`~fedsonmf.FedSONMF` and :class:`~fedsonmf.estimators.FedMultiViewClustering`,
+:class:`~fedsonmf.protocol.config.FedConfig` and the CLI options all take their
+defaults and help texts from :data:`PARAMS`, so they cannot drift apart
+(``tests/test_estimator_api.py`` checks every signature against this table).
+Validation lives with the objects that use a value (``FedConfig`` for the
+algorithm's parameters, the estimators for the run's); both are called at the
+start of ``fit``, before any computation.
+
+Scale-free defaults [C]: ``mu="auto"`` puts the server prox threshold
+``eta_tilde * mu`` at ``mu_scale`` times the median row norm of the initial
+V-bar^1, so it means the same at any data scale (the server computes it from
+V-bar^1, which it builds anyway, and sends the number with each round: one
+scalar); ``rho1=0`` (the U-step's proximal term) is trivially scale-free --
+with it the U-solver's descent safeguard gives the monotonicity the proximal
+term was for, and a positive ``rho1`` on Frobenius-normalised data freezes the
+U-steps (ALGORITHM.md §11 proposes 1.0 for its synthetic generator's scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Param", "PARAMS", "FED_PARAMS", "RUN_PARAMS", "CLUSTER_PARAMS", "SYNTHETIC_STUDY", "default"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: its ``name``, ``default`` and a one-line ``help`` (also the CLI help)."""
+
+    name: str
+    default: object
+    help: str
+
+
+_TABLE = [
+    # -- the algorithm (FedConfig; travels to every client in the setup message)
+    Param("n_components", 6, "Rank r: rows of V, columns of every basis U_p (at most every view's width)."),
+    Param("mu", "auto", "Weight of the l2,1 penalty on V; 'auto' = the scale-free rule (threshold "
+                        "eta_g*tau*alpha*mu = mu_scale x median row norm of the initial V-bar)."),
+    Param("mu_scale", 0.1, "The fraction used by mu='auto'."),
+    Param("tau", 10, "Local steps per round."),
+    Param("alpha", 0.01, "Local step size (the server step is eta_g*tau*alpha)."),
+    Param("eta_g", 1.5, "Global (server) step multiplier."),
+    Param("rho1", 0.0, "Proximal weight of the U-subproblem (7), relative to nothing: 0 is scale-free."),
+    Param("correction", True, "Drift correction (off: the 'no correction' ablation)."),
+    Param("init_u", "random", "Initial bases: 'random', 'svd' or 'kmeans'."),
+    Param("init_v", "projection", "Initial V-bar: 'projection' (mean_p max(U_p^T X_p, 0)) or 'random'."),
+    Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U)."),
+    Param("ustep", None, "Options of the U-solver (fedsonmf.core.ustep.PenaltyOptions); None = defaults."),
+    # -- the run
+    Param("max_rounds", 200, "Communication rounds at most."),
+    Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics); 0 runs all rounds."),
+    Param("algorithm", "fedsonmf", "Federated algorithm (fedsonmf.algorithms.ALGORITHMS)."),
+    Param("random_state", None, "Seed of every random choice: None, int, RandomState or Generator."),
+    Param("n_jobs", 1, "Clients run in this many threads (results do not depend on it)."),
+    Param("blas_threads", None, "Limit BLAS threads during the fit (threadpoolctl); None leaves them."),
+    Param("checkpoint_dir", None, "Save the state after every round here and resume from it."),
+    Param("verbose", False, "Print one line per round."),
+    # -- clustering
+    Param("n_clusters", 8, "Number of clusters c."),
+    Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
+    Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
+    Param("n_init", 10, "k-means replicates on the embedding."),
+    Param("kmeans_max_iter", 300, "k-means iterations."),
+]
+
+#: every parameter by name
+PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
+#: the algorithm's parameters (the fields of FedConfig)
+FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
+              "diagnostics", "ustep")
+#: the run's parameters (the estimator's besides FED_PARAMS)
+RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
+              "verbose")
+#: the clustering estimator's own parameters
+CLUSTER_PARAMS = ("n_clusters", "normalize_embedding", "normalize_views", "n_init", "kmeans_max_iter")
+
+#: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
+#: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them)
+SYNTHETIC_STUDY = {"mu": 1.0, "rho1": 1.0}
+
+
+def default(name: str):
+    """The declared default of parameter ``name``."""
+    return PARAMS[name].default
