@@ -87,8 +87,11 @@ def check_seed(random_state) -> int | None:
         return None
     if isinstance(random_state, np.random.Generator):
         return int(random_state.integers(2**32))
+    if isinstance(random_state, np.random.RandomState):  # as scikit-learn: draw the run's seed from it
+        return int(random_state.randint(np.iinfo(np.int32).max))
     if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
         if random_state < 0:
             raise ParameterError(f"random_state must be >= 0, got {random_state!r}")
         return int(random_state)
-    raise ParameterError(f"random_state must be None, a non-negative int or a Generator, got {random_state!r}")
+    raise ParameterError(
+        f"random_state must be None, a non-negative int, a RandomState or a Generator, got {random_state!r}")

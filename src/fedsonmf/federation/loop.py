@@ -157,7 +157,11 @@ def run_federation(
         cfg = cfg.resolved(float(mu_arr))
 
     reason, converged = f"max_rounds={max_rounds} reached", False
-    while state.round <= max_rounds:
+    if resume is not None and tol > 0 and history.rows and history.rows[-1].get("R_rel", np.inf) <= tol:
+        # the saved run had already met the tolerance: resuming it changes nothing
+        last = history.rows[-1]
+        reason, converged = f"R/R1 = {last['R_rel']:.3g} <= tol = {tol:g} at round {last['round']}", True
+    while not converged and state.round <= max_rounds:
         t0 = time.perf_counter()
         s = state.round
         msg = alg.broadcast(state)
