@@ -64,10 +64,8 @@ def purity(y_true, y_pred) -> float:
 
     Parameters
     ----------
-    y_true : array-like of shape (n_samples,)
-        Class labels.
-    y_pred : array-like of shape (n_samples,)
-        Cluster labels.
+    y_true, y_pred : array-like of shape (n_samples,)
+        Class labels and cluster labels.
 
     Returns
     -------
@@ -83,10 +81,8 @@ def nmi(y_true, y_pred, average_method: str = "arithmetic") -> float:
 
     Parameters
     ----------
-    y_true : array-like of shape (n_samples,)
-        Class labels.
-    y_pred : array-like of shape (n_samples,)
-        Cluster labels.
+    y_true, y_pred : array-like of shape (n_samples,)
+        Class labels and cluster labels.
     average_method : {"arithmetic", "geometric", "sqrt", "max", "min"}, default="arithmetic"
         Mean of the two entropies that normalises the mutual information; ``"sqrt"`` is an
         alias of ``"geometric"`` and ``"max"`` matches Deng Cai's ``MutualInfo.m``.
@@ -110,10 +106,8 @@ def clustering_scores(y_true, y_pred, average_method: str = "arithmetic") -> dic
 
     Parameters
     ----------
-    y_true : array-like of shape (n_samples,)
-        Class labels.
-    y_pred : array-like of shape (n_samples,)
-        Cluster labels.
+    y_true, y_pred : array-like of shape (n_samples,)
+        Class labels and cluster labels.
     average_method : str, default="arithmetic"
         NMI normalisation, see :func:`nmi`.
 

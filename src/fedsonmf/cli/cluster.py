@@ -13,16 +13,8 @@ from typing import List, Optional
 import numpy as np
 import typer
 
-from fedsonmf.cli.options import check_output_path, mu_option, param, parse_mu
+from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
 from fedsonmf.exceptions import InputError
-from fedsonmf.protocol.params import default
-
-
-def _params(rank, mu, mu_scale, rounds, tol, tau, alpha, eta_g, rho1, correction, init_u, init_v, normalize):
-    """FedMultiViewClustering parameters from the CLI options."""
-    return {"n_components": rank, "mu": parse_mu(mu), "mu_scale": mu_scale, "max_rounds": rounds, "tol": tol,
-            "tau": tau, "alpha": alpha, "eta_g": eta_g, "rho1": rho1, "correction": correction,
-            "init_u": init_u, "init_v": init_v, "normalize_embedding": normalize}
 
 
 def _check_common(seeds: int, nmi_average: str, json_path) -> None:
@@ -113,7 +105,7 @@ def _describe_defaults(res, params) -> str:
     r = params.get("n_components") or res.n_classes
     rounds = [i["n_rounds"] for i in rep.info]
     ranks = sorted({i["effective_rank"] for i in rep.info})
-    how = "label-free rule mu_scale=%g" % params.get("mu_scale", 0.1) if params.get("mu") == "auto" else "given"
+    how = "label-free rule mu_scale=%g" % params.get("mu_scale", 0.1) if params.get("mu", "auto") == "auto" else "given"
     return (f"{res.label}: r={r}, mu={np.mean([i['mu'] for i in rep.info]):.4g} ({how}), "
             f"rounds {min(rounds)}-{max(rounds)}, effective rank {ranks}, "
             f"embedding {'row-normalised' if params.get('normalize_embedding', True) else 'raw'}")
@@ -136,24 +128,12 @@ def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
 
     @app.command()
+    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding")
     def cluster(
         path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A multi-view .mat file."),
         clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Clusters (default: #classes)."),
         rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1, help="Rank r (default: clusters)."),
-        mu: str = mu_option(),
-        mu_scale: float = param("mu_scale"),
-        algorithm: str = param("algorithm"),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
-        rounds: int = param("max_rounds", "--rounds"),
-        tol: float = param("tol"),
-        tau: int = param("tau"),
-        alpha: float = param("alpha"),
-        eta_g: float = param("eta_g"),
-        rho1: float = param("rho1"),
-        correction: bool = param("correction", "--correction/--no-correction"),
-        init_u: str = param("init_u"),
-        init_v: str = param("init_v"),
-        normalize: bool = param("normalize_embedding", "--normalize-embedding/--raw-embedding"),
         views_key: Optional[str] = typer.Option(None, "--views-key", help="Variable holding the views (comma-"
                                                 "separated names for one variable per view) if not guessed."),
         labels_key: Optional[str] = typer.Option(None, "--labels-key", help="Variable holding the labels."),
@@ -162,6 +142,7 @@ def register(app, reproduce_app) -> None:
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write every score and parameter here."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+        params: dict = None,
     ):
         """Cluster the samples of one multi-view .mat file (one client per view) and score them."""
         from rich.console import Console
@@ -175,8 +156,8 @@ def register(app, reproduce_app) -> None:
         ds = load_mat(path, views_key=vk, labels_key=labels_key)
         if ds.labels is None:
             raise typer.BadParameter("the file has no labels to score against", param_hint="PATH")
-        params = _params(rank, mu, mu_scale, rounds, tol, tau, alpha, eta_g, rho1, correction, init_u, init_v,
-                         normalize)
+        algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
+        params["n_components"] = rank
         methods = [algorithm, *(CONTEXT_METHODS if context else ())]
         with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
             res = run_dataset(ds, key=_paper_key(path, ds.name), label=path.name, methods=methods, seeds=range(seeds), params=params,
@@ -192,19 +173,16 @@ def register(app, reproduce_app) -> None:
             typer.echo(f"wrote {json_path}")
 
     @reproduce_app.command("table1")
+    @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding")
     def table1(
         data_dir: Optional[Path] = typer.Option(None, "--data", help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
-        rounds: int = param("max_rounds", "--rounds"),
-        tol: float = param("tol"),
-        rho1: float = param("rho1"),
-        mu_scale: float = param("mu_scale"),
-        normalize: bool = param("normalize_embedding", "--normalize-embedding/--raw-embedding"),
         method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
         include: Optional[List[str]] = typer.Option(None, "--only", help="Only files whose path contains this."),
         threads: int = typer.Option(1, help="BLAS threads."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
+        params: dict = None,
     ):
         """Every dataset of the data folder, our rows beside the paper's Table 1 rows."""
         from rich.console import Console
@@ -217,8 +195,7 @@ def register(app, reproduce_app) -> None:
         root = data_dir or default_data_dir()
         if root is None or not Path(root).is_dir():
             raise InputError("no data folder: pass --data or set FEDSONMF_DATA")
-        params = _params(None, "auto", mu_scale, rounds, tol, default("tau"), default("alpha"), default("eta_g"), rho1,
-                         default("correction"), default("init_u"), default("init_v"), normalize)
+        rounds = params["max_rounds"]
         methods = list(method or available_methods())
         console = Console()
         results = []

@@ -14,7 +14,12 @@ from typing import List, Optional
 
 import typer
 
-from fedsonmf.cli.options import CONTEXT, check_output_path, mu_option, param, parse_mu
+from fedsonmf.cli.options import (
+    ALGORITHM_OPTIONS,
+    CONTEXT,
+    check_output_path,
+    with_params,
+)
 
 
 def _flower():
@@ -33,22 +38,11 @@ def register(app, reproduce_app) -> None:
     app.add_typer(flower_app, name="flower")
 
     @flower_app.command("run")
+    @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
     def run(
         views: List[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, node state, results)."),
-        rank: int = param("n_components", "--rank", "-r"),
-        rounds: int = param("max_rounds", "--rounds"),
-        tol: float = param("tol"),
         seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
-        mu: str = mu_option(),
-        mu_scale: float = param("mu_scale"),
-        alpha: float = param("alpha"),
-        tau: int = param("tau"),
-        eta_g: float = param("eta_g"),
-        rho1: float = param("rho1"),
-        correction: bool = param("correction", "--correction/--no-correction"),
-        diagnostics: bool = param("diagnostics", "--diagnostics/--no-diagnostics"),
-        algorithm: str = param("algorithm"),
         resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
         round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
         node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
@@ -56,14 +50,15 @@ def register(app, reproduce_app) -> None:
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
         tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
                                                   "CA certificate, server certificate, server key."),
+        params: dict = None,
     ):
         """Run a federation on a loopback Flower deployment (one SuperNode per view file)."""
         fl = _flower()
         from fedsonmf.protocol.config import FedConfig
 
         check_output_path(json_path, "--json")
-        cfg = FedConfig(n_components=rank, mu=parse_mu(mu), mu_scale=mu_scale, alpha=alpha, tau=tau, eta_g=eta_g,
-                        rho1=rho1, correction=correction, diagnostics=diagnostics)
+        algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
+        cfg = FedConfig(**params)
         if tls and len(tls) != 3:
             typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
                        err=True)

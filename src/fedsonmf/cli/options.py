@@ -8,13 +8,26 @@ synthetic study setting) says so in its own help.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from fedsonmf.protocol.params import PARAMS
 
-__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT"]
+__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS"]
+
+#: the algorithm options every federated command offers (flags derived from the names)
+ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "algorithm")
+#: flags that are not ``--name-with-dashes``
+_FLAGS = {"correction": ("--correction/--no-correction",), "diagnostics": ("--diagnostics/--no-diagnostics",),
+          "normalize_embedding": ("--normalize-embedding/--raw-embedding",), "max_rounds": ("--rounds",),
+          "n_components": ("--rank", "-r")}
+#: option types that the default does not tell
+_TYPES = {"mu": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int]}
 
 #: ``-h`` is help, as users expect (every command and group)
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -52,3 +65,36 @@ def check_output_path(path: Path | None, flag: str) -> None:
         raise typer.BadParameter(f"folder {parent} does not exist", param_hint=flag)
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a folder, not a file", param_hint=flag)
+
+
+def with_params(*names: str):
+    """Decorator: add the table parameters ``names`` as options of a typer command.
+
+    The command receives them as one dict ``params`` (``mu`` already parsed), so
+    every command that runs a federation declares them once, here.
+    """
+
+    def deco(func):
+        hints = typing.get_type_hints(func)
+        sig = inspect.signature(func)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+               if p.name != "params"]
+        extra = []
+        for n in names:
+            opt = mu_option() if n == "mu" else param(n, *_FLAGS.get(n, ()))
+            kind = _TYPES.get(n, type(PARAMS[n].default))
+            extra.append(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=kind))
+
+        @functools.wraps(func)
+        def command(**kwargs):
+            params = {n: kwargs.pop(n) for n in names}
+            if "mu" in params:
+                params["mu"] = parse_mu(params["mu"])
+            return func(params=params, **kwargs)
+
+        del command.__wrapped__  # typer must see the new signature, not func's
+        command.__signature__ = sig.replace(parameters=own + extra)
+        command.__annotations__ = {p.name: p.annotation for p in own + extra}
+        return command
+
+    return deco

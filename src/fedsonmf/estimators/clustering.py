@@ -38,7 +38,13 @@ from fedsonmf._validation import check_views
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.preprocessing import normalize_views
-from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default
+from fedsonmf.protocol.params import (
+    CLUSTER_PARAMS,
+    FED_PARAMS,
+    RUN_PARAMS,
+    default,
+    make_init,
+)
 
 __all__ = [
     "FedMultiViewClustering",
@@ -165,60 +171,11 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Nonzero rows of V.
     """
 
-    def __init__(
-        self,
-        n_clusters=default("n_clusters"),
-        *,
-        n_components=None,
-        normalize_embedding=default("normalize_embedding"),
-        normalize_views=default("normalize_views"),
-        n_init=default("n_init"),
-        kmeans_max_iter=default("kmeans_max_iter"),
-        mu=default("mu"),
-        mu_scale=default("mu_scale"),
-        tau=default("tau"),
-        alpha=default("alpha"),
-        eta_g=default("eta_g"),
-        rho1=default("rho1"),
-        correction=default("correction"),
-        init_u=default("init_u"),
-        init_v=default("init_v"),
-        diagnostics=default("diagnostics"),
-        ustep=default("ustep"),
-        max_rounds=default("max_rounds"),
-        tol=default("tol"),
-        algorithm=default("algorithm"),
-        random_state=default("random_state"),
-        n_jobs=default("n_jobs"),
-        blas_threads=default("blas_threads"),
-        checkpoint_dir=default("checkpoint_dir"),
-        verbose=default("verbose"),
-    ):
-        self.n_clusters = n_clusters
-        self.n_components = n_components
-        self.normalize_embedding = normalize_embedding
-        self.normalize_views = normalize_views
-        self.n_init = n_init
-        self.kmeans_max_iter = kmeans_max_iter
-        self.mu = mu
-        self.mu_scale = mu_scale
-        self.tau = tau
-        self.alpha = alpha
-        self.eta_g = eta_g
-        self.rho1 = rho1
-        self.correction = correction
-        self.init_u = init_u
-        self.init_v = init_v
-        self.diagnostics = diagnostics
-        self.ustep = ustep
-        self.max_rounds = max_rounds
-        self.tol = tol
-        self.algorithm = algorithm
-        self.random_state = random_state
-        self.n_jobs = n_jobs
-        self.blas_threads = blas_threads
-        self.checkpoint_dir = checkpoint_dir
-        self.verbose = verbose
+    __init__ = make_init(
+        ("n_clusters", "n_components") + CLUSTER_PARAMS[1:] + tuple(n for n in FED_PARAMS if n != "n_components")
+        + RUN_PARAMS,
+        overrides={"n_components": None},  # None: r = n_clusters
+    )
 
     # ------------------------------------------------------------------ fit
     def _validate(self, n_samples: int) -> int:

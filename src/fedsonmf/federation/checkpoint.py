@@ -32,7 +32,7 @@ import numpy as np
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import CheckpointError
 from fedsonmf.protocol.config import FedConfig
-from fedsonmf.protocol.history import History
+from fedsonmf.protocol.history import History, json_default
 from fedsonmf.protocol.messages import ClientState, ServerState
 
 __all__ = [
@@ -54,18 +54,6 @@ _META_KEY = "__meta_json__"
 SERVER_FILE = "server.npz"
 
 
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.bool_):
-        return bool(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
-
-
 def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
     """Write ``arrays`` (+ a JSON ``meta``) to ``path`` atomically."""
     path = Path(path)
@@ -73,7 +61,7 @@ def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     if _META_KEY in payload:
         raise ValueError(f"array key {_META_KEY!r} is reserved")
-    payload[_META_KEY] = np.array(json.dumps(meta or {}, default=_json_default))
+    payload[_META_KEY] = np.array(json.dumps(meta or {}, default=json_default))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -174,7 +162,7 @@ def check_resume_matches(ckpt: ServerCheckpoint, run: dict) -> None:
 
 
 def _norm(x):
-    return json.loads(json.dumps(x, default=_json_default))
+    return json.loads(json.dumps(x, default=json_default))
 
 
 # ----------------------------------------------------------------------------- clients

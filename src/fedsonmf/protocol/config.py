@@ -14,6 +14,7 @@ import numpy as np
 
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
+from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.params import default
 
 __all__ = ["FedConfig", "ParameterError", "resolve_mu"]
@@ -29,13 +30,10 @@ def _is_real(x) -> bool:
 
 def _py(x):
     """NumPy scalars as Python scalars (np.int64(3) -> 3, np.float32(0.1) -> 0.1, np.bool_ -> bool)."""
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return x
+    try:
+        return json_default(x) if isinstance(x, np.generic) else x
+    except TypeError:
+        return x
 
 
 def resolve_mu(mu_scale: float, eta_tilde: float, Vbar1: np.ndarray) -> float:

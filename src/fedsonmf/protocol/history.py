@@ -11,7 +11,7 @@ import numpy as np
 
 from fedsonmf.core.residuals import normalised
 
-__all__ = ["History", "FitResult"]
+__all__ = ["History", "FitResult", "json_default"]
 
 #: columns of one history row, in order (``R_*`` are absent without diagnostics)
 COLUMNS = (
@@ -118,13 +118,16 @@ class FitResult:
         }
 
     def save_json(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_json_dict(), indent=1, default=_json_default))
+        Path(path).write_text(json.dumps(self.to_json_dict(), indent=1, default=json_default))
 
 
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
+def json_default(o):
+    """``json.dumps(..., default=json_default)``: NumPy scalars and arrays as Python values."""
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.integer):
         return int(o)
-    if isinstance(o, (np.floating,)):
+    if isinstance(o, np.floating):
         return float(o)
     if isinstance(o, np.ndarray):
         return o.tolist()

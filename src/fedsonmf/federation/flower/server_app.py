@@ -37,6 +37,7 @@ from fedsonmf.federation.flower.transport import (
 )
 from fedsonmf.federation.loop import run_federation
 from fedsonmf.protocol.config import FedConfig
+from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.params import default
 
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
@@ -63,7 +64,7 @@ def config_from_run_config(rc) -> FedConfig:
 
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=ckpt._json_default))
+    tmp.write_text(json.dumps(obj, indent=1, default=json_default))
     os.replace(tmp, path)
 
 
