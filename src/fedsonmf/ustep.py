@@ -53,6 +53,7 @@ __all__ = [
 # columns after dividing by their largest entry, so they neither underflow nor
 # overflow at any scale (squares of 1e160 overflow, of 1e-170 underflow).
 _GAIN_REL = 1e-13  # a move must raise sum_j sqrt(S_j) (~ ||M||) by more than this fraction
+_BULK_MIN = 64  # batched moves only while more rows than this can improve (see _bulk)
 _GAP_REL = 1e-4  # relative duality gap below which a pattern is accepted as optimal (see PenaltyOptions)
 
 
@@ -308,6 +309,65 @@ def _reweighted(P: np.ndarray, a: np.ndarray, M: np.ndarray, iters: int = 30, pa
     return best
 
 
+def _bulk(P: np.ndarray, a: np.ndarray, max_sweeps: int, min_batch: int = _BULK_MIN) -> np.ndarray:
+    """Batched exact single-row moves on the support pattern (§3.5), monotone.
+
+    Runs only while more than ``min_batch`` rows have an improving move; the
+    greedy (:func:`_greedy`) then finishes.  Why [C]: from a poor start (r = 40,
+    d = 1e5, 5 % of the rows misplaced) the reweighting sweeps do not settle
+    and O(d) greedy moves remain, each O(d) (~50 s per call); batches make
+    hundreds of moves per O(d r) sweep.  With few improving rows (always the
+    case at the synthetic d_p = 20, and in federated steps after the first)
+    the result is exactly the greedy's, which keeps the previous solver's
+    trajectories.
+
+    P = [M]_+^2 (d x r), ``a`` (d,) a pattern in which every column owns a row.
+    One sweep costs O(d r): with S_j kept per column, the exact gain of moving
+    row i from a to b is
+        sqrt(S_b + P_ib) - sqrt(S_b) - (sqrt(S_a) - sqrt(S_a - P_ia)),
+    evaluated for all (i, b) at once.  Every row with a positive best gain
+    proposes its move; moves into / out of the same column interact (sqrt is
+    concave, so the joint gain is at most the sum of the single gains), hence
+    the batch is accepted only if the exact value sum_j sqrt(S_j) (O(d)) rises,
+    and otherwise halved (best gains first) down to the single best move,
+    which is always an improvement.  Stops when no single-row move gains more
+    than ``_GAIN_REL`` times the value: the same local optimality as the old
+    one-move-per-O(d r) greedy (§3.5).  Never empties a column.
+    """
+    d, r = P.shape
+    rows = np.arange(d)
+    a = a.copy()
+    S, counts, own = _column_sums(P, a, r)
+    for _ in range(max_sweeps):
+        sqS = np.sqrt(S)
+        value = float(sqS.sum())
+        tol = _GAIN_REL * value
+        asg = a >= 0
+        ai = np.maximum(a, 0)
+        out = np.where(asg, np.sqrt(np.maximum(S[ai] - own, 0.0)) - sqS[ai], 0.0)
+        gain = np.sqrt(S + P)
+        gain -= sqS
+        gain[rows[asg], a[asg]] = -np.inf  # staying is not a move
+        b = np.argmax(gain, axis=1)
+        g = gain[rows, b] + out
+        g[asg & (counts[ai] <= 1)] = -np.inf  # never empty a column
+        cand = np.flatnonzero(g > tol)
+        if cand.size <= min_batch:
+            break
+        order = cand[np.argsort(-g[cand], kind="stable")]
+        k = order.size
+        while True:
+            mv = order[:k]
+            a_new = a.copy()
+            a_new[mv] = b[mv]
+            S_new, counts_new, own_new = _column_sums(P, a_new, r)
+            if k == 1 or (np.all(counts_new > 0) and float(np.sqrt(S_new).sum()) > value + tol):
+                break
+            k //= 2
+        a, S, counts, own = a_new, S_new, counts_new, own_new
+    return a
+
+
 def _greedy(P: np.ndarray, a: np.ndarray, max_moves: int) -> np.ndarray:
     """Best-improvement single-row moves on the support pattern (§3.5), monotone.
 
@@ -385,7 +445,8 @@ def polish(M: np.ndarray, a: np.ndarray, max_moves: int | None = None) -> np.nda
 
     M (d x r), ``a`` (d,) a pattern (columns left empty are repaired first).
     Maximises sum_j ||[M_{J_j, j}]_+||: vectorised reweighting sweeps
-    (:func:`_reweighted`), then best-improvement single-row moves with
+    (:func:`_reweighted`), batched exact moves while many rows can improve
+    (:func:`_bulk`), then best-improvement single-row moves with
     incrementally updated gains (:func:`_greedy`, O(d) per move);
     ``max_moves`` caps the moves (default 4 d).  Returns the improved assignment.
     Scale-free: M is divided by a power of two first, and the move threshold
@@ -395,7 +456,8 @@ def polish(M: np.ndarray, a: np.ndarray, max_moves: int | None = None) -> np.nda
     a = _repair(a, M)
     Mn = M / _pow2_scale(M)
     P = np.square(np.maximum(Mn, 0.0))
-    return _greedy(P, _reweighted(P, a, Mn), 4 * d if max_moves is None else max_moves)
+    max_moves = 4 * d if max_moves is None else max_moves
+    return _greedy(P, _bulk(P, _reweighted(P, a, Mn), max_moves), max_moves)
 
 
 def stiefel_residual(U: np.ndarray) -> float:
@@ -533,7 +595,7 @@ def solve_u(
         if any(np.array_equal(a0, b) for b in seen):  # same start, same result
             return False
         seen.append(a0)
-        a = _greedy(P, _reweighted(P, a0, Mn), max_moves) if opts.polish else a0
+        a = _greedy(P, _bulk(P, _reweighted(P, a0, Mn), max_moves), max_moves) if opts.polish else a0
         U = u_from_assignment(Mn, a)
         score = float(np.vdot(U, Mn))
         if score > best_score + 1e-14 * abs(best_score):
