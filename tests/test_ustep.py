@@ -116,3 +116,98 @@ def test_without_penalty_option_still_feasible():
     X, V, Uk = _instance(rng, 20, 5, 30)
     U, info = solve_u(2 * X @ V.T, 2 * V @ V.T, Uk, 1.0, PenaltyOptions(use_penalty=False))
     assert info.inner_iterations == 0 and stiefel_residual(U) < 1e-10 and np.all(U >= 0)
+
+
+# ----------------------------------------------------------------------------- scale invariance
+# Issue "Nothing silently wrong at any scale": solve_u normalises by a power of
+# two and uses only relative tolerances, so scaling the data must not change
+# the answer (nor the work done).
+
+
+@pytest.mark.parametrize("c", [1e-6, 1e-3, 0.37, 1.0, 3.0, 1e3, 1e6, 2.0**-40, 2.0**40])
+@pytest.mark.parametrize("rho1", [0.0, 0.7])
+@pytest.mark.parametrize("seed", range(4))
+def test_u_step_is_scale_free(c, rho1, seed):
+    rng = np.random.default_rng(100 + seed)
+    X, V, Uk = _instance(rng, 30, 5, 40, consistent=seed % 2 == 0)
+    B, A = 2 * X @ V.T, 2 * V @ V.T
+    U1, i1 = solve_u(B, A, Uk, rho1)
+    Uc, ic = solve_u(c * B, c * A, Uk, c * rho1)
+    assert np.array_equal(assignment_from_u(U1), assignment_from_u(Uc))
+    assert np.max(np.abs(U1 - Uc)) <= 1e-12
+    assert ic.source == i1.source and abs(ic.inner_iterations - i1.inner_iterations) <= 2
+    assert np.isclose(ic.gain, c * i1.gain, rtol=1e-9, atol=1e-12 * c * np.linalg.norm(B))
+
+
+@pytest.mark.parametrize("c", [1e-150, 1e150, 1e200, 1e-200])
+def test_u_step_extreme_scales_are_finite(c):
+    rng = np.random.default_rng(3)
+    X, V, Uk = _instance(rng, 20, 4, 30)
+    B, A = 2 * X @ V.T, 2 * V @ V.T
+    U1, _ = solve_u(B, A, Uk, 0.5)
+    Uc, info = solve_u(c * B, c * A, Uk, c * 0.5)
+    assert np.all(np.isfinite(Uc)) and np.isfinite(info.gain)
+    assert np.max(np.abs(U1 - Uc)) <= 1e-12
+
+
+def test_penalty_stage_is_scale_free():
+    """The penalty stage alone (certificate off) does the same iterations at any scale."""
+    rng = np.random.default_rng(11)
+    X, V, Uk = _instance(rng, 25, 4, 30)
+    B, A = 2 * X @ V.T, 2 * V @ V.T
+    opts = PenaltyOptions(certify=False, argmax_start=False)
+    U1, i1 = solve_u(B, A, Uk, 1.0, opts)
+    for c in (1e-6, 1e6):
+        Uc, ic = solve_u(c * B, c * A, Uk, c * 1.0, opts)
+        assert i1.inner_iterations > 0
+        assert abs(ic.inner_iterations - i1.inner_iterations) <= 2 and ic.outer_iterations == i1.outer_iterations
+        assert np.max(np.abs(U1 - Uc)) <= 1e-12
+
+
+def test_duality_gap_certifies_brute_force_optimum():
+    """A pattern with zero duality gap is a global optimum (ALGORITHM.md §3.2 relaxation)."""
+    rng = np.random.default_rng(4)
+    from fedsonmf.ustep import duality_gap
+    n_cert = 0
+    for _ in range(20):
+        X, V, Uk = _instance(rng, 7, 3, 10, consistent=True)
+        U, info = solve_u(2 * X @ V.T, 2 * V @ V.T, Uk, 1.0)
+        M = 2 * X @ V.T + Uk
+        value, gap = duality_gap(np.square(np.maximum(M, 0)), assignment_from_u(U))
+        if gap <= 1e-12 * value:
+            n_cert += 1
+            assert np.vdot(U, M) >= _brute_force_score(M) - 1e-9
+        assert value + gap >= _brute_force_score(M) - 1e-9  # always an upper bound
+    assert n_cert >= 5
+
+
+# ----------------------------------------------------------------------------- property test
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    d=st.integers(1, 25), r=st.integers(1, 6), seed=st.integers(0, 2**32 - 1),
+    log_c=st.floats(-12, 12), rho1=st.sampled_from([0.0, 1e-3, 1.0, 10.0]),
+    sparse=st.booleans(),
+)
+def test_u_step_property_feasible_and_never_worse(d, r, seed, log_c, rho1, sparse):
+    r = min(r, d)
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 30))
+    V = np.abs(rng.standard_normal((r, n)))
+    X = rng.standard_normal((d, n))
+    if sparse:
+        X *= rng.random((d, n)) < 0.2
+        V *= rng.random((r, n)) < 0.5
+    Uk = random_feasible(d, r, rng)
+    c = 10.0**log_c
+    B, A = c * 2 * X @ V.T, c * 2 * V @ V.T
+    U, info = solve_u(B, A, Uk, c * rho1)
+    assert U.shape == (d, r) and np.all(U >= 0) and np.all(np.isfinite(U))
+    assert stiefel_residual(U) <= 1e-10
+    M = B + c * rho1 * Uk
+    assert np.vdot(U, M) >= np.vdot(Uk, M) - 1e-12 * np.abs(M).sum()
+    assert info.gain >= 0
