@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-import fedsonmf.ustep as new
+import fedsonmf.core.ustep as new
 
 OLD_COMMIT = "24dd862"
 
@@ -140,11 +140,11 @@ def bench_ustep(old, cap):
 
 def bench_bbcsport(old):
     """BBCSport fit seconds and U-step share, old vs new solver patched into the local steps."""
-    import fedsonmf.vstep as vstep
-    from fedsonmf.clustering import FedMultiViewClustering
-    from fedsonmf.datasets import load_mat
+    import fedsonmf.core.vstep as vstep
+    from fedsonmf.estimators import FedMultiViewClustering
+    from fedsonmf.datasets import default_data_dir, load_mat
 
-    ds = load_mat("/work/shared/data/BBCSport/zskong/BBCSport.mat")
+    ds = load_mat(default_data_dir() / "BBCSport" / "zskong" / "BBCSport.mat")
     out = []
     for k in (5, 10):
         for name, mod in (("old", old), ("new", new)):

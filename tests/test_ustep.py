@@ -167,7 +167,7 @@ def test_penalty_stage_is_scale_free():
 def test_duality_gap_certifies_brute_force_optimum():
     """A pattern with zero duality gap is a global optimum (ALGORITHM.md §3.2 relaxation)."""
     rng = np.random.default_rng(4)
-    from fedsonmf.ustep import duality_gap
+    from fedsonmf.core.ustep import duality_gap
     n_cert = 0
     for _ in range(20):
         X, V, Uk = _instance(rng, 7, 3, 10, consistent=True)
