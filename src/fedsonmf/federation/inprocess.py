@@ -10,6 +10,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+from fedsonmf._validation import check_n_jobs, check_seed
+from fedsonmf.exceptions import ParameterError
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
@@ -25,10 +27,10 @@ class InProcessTransport:
     large products); results do not depend on it.
     """
 
-    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int = 1):
+    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int | None = 1):
         self.clients = list(clients)
         self.n_clients = len(self.clients)
-        self.n_jobs = n_jobs
+        self.n_jobs = min(check_n_jobs(n_jobs), max(self.n_clients, 1))
         self.log: list[tuple[str, int, Message]] | None = None  # set to [] to record traffic
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
@@ -71,8 +73,10 @@ def run_inprocess(
     uninterrupted run.
     """
     on_round_end, resume_from = None, None
+    n_jobs = check_n_jobs(n_jobs)
+    seed = check_seed(seed)
     if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir")
+        raise ParameterError("resume=True needs checkpoint_dir")
     if checkpoint_dir is not None:
         from fedsonmf.algorithms import get_algorithm
         from fedsonmf.federation import checkpoint as ckpt

@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from fedsonmf._validation import check_int, check_real, check_seed
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.residuals import effective_rank, round_metrics
@@ -124,12 +125,11 @@ def run_federation(
         Continue a saved run (the clients must hold their matching states).
     """
     alg = get_algorithm(algorithm)
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)) or max_rounds < 1:
-        raise ParameterError(f"max_rounds must be an integer >= 1, got {max_rounds!r}")
-    if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not (tol >= 0):
-        raise ParameterError(f"tol must be a real number >= 0, got {tol!r}")
+    max_rounds = check_int("max_rounds", max_rounds, min=1)
+    tol = check_real("tol", tol, min=0.0, desc="a real number >= 0")
     if tol > 0 and not cfg.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
+    seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(32)
     m = transport.n_clients

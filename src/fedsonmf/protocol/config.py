@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass, field
 
+from fedsonmf._validation import check_bool, check_choice, check_int, check_real
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
 
 __all__ = ["FedConfig", "ParameterError"]
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -80,29 +72,21 @@ class FedConfig:
         return dataclasses.replace(self, **changes)
 
     def __post_init__(self):
-        if not _is_int(self.n_components) or self.n_components < 1:
-            raise ParameterError(f"n_components must be a positive integer, got {self.n_components!r}")
-        checks = [
-            ("mu", self.mu, lambda v: v >= 0, ">= 0"),
-            ("alpha", self.alpha, lambda v: v > 0, "> 0"),
-            ("eta_g", self.eta_g, lambda v: v > 0, "> 0"),
-            ("rho1", self.rho1, lambda v: v >= 0, ">= 0"),
-        ]
-        for name, value, ok, what in checks:
-            if not _is_real(value) or value != value or value in (float("inf"), float("-inf")):
-                raise ParameterError(f"{name} must be a finite real number, got {value!r}")
-            if not ok(value):
-                raise ParameterError(f"{name} must be {what}, got {value!r}")
-        if not _is_int(self.tau) or self.tau < 1:
-            raise ParameterError(f"tau must be an integer >= 1, got {self.tau!r}")
-        if not isinstance(self.correction, bool):
-            raise ParameterError(f"correction must be True or False, got {self.correction!r}")
-        if self.init_u not in ("random", "svd", "kmeans"):
-            raise ParameterError(f"init_u must be 'random', 'svd' or 'kmeans', got {self.init_u!r}")
-        if self.init_v not in ("projection", "random"):
-            raise ParameterError(f"init_v must be 'projection' or 'random', got {self.init_v!r}")
+        # NumPy scalars (np.int64, np.float32, np.bool_) are accepted and stored as Python scalars,
+        # so the config's JSON (checkpoints, setup messages) is the same whatever the caller passed
+        set_ = object.__setattr__.__get__(self)
+        set_("n_components", check_int("n_components", self.n_components, min=1, desc="a positive integer"))
+        set_("mu", check_real("mu", self.mu, min=0.0))
+        set_("alpha", check_real("alpha", self.alpha, min=0.0, min_inclusive=False))
+        set_("eta_g", check_real("eta_g", self.eta_g, min=0.0, min_inclusive=False))
+        set_("rho1", check_real("rho1", self.rho1, min=0.0))
+        set_("tau", check_int("tau", self.tau, min=1))
+        set_("correction", check_bool("correction", self.correction))
+        set_("init_u", check_choice("init_u", self.init_u, ("random", "svd", "kmeans")))
+        set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
+        set_("diagnostics", check_bool("diagnostics", self.diagnostics))
         if not isinstance(self.ustep, PenaltyOptions):
-            raise ParameterError("ustep must be a PenaltyOptions instance")
+            raise ParameterError(f"ustep must be a PenaltyOptions instance, got {type(self.ustep).__name__}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
