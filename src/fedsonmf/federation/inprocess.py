@@ -88,10 +88,17 @@ def run_inprocess(
                 seed = saved.run.get("seed")
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
             ckpt.check_resume_matches(saved, run_info)
-            states = [ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)[0] for p in range(len(views_dn))]
+            # each client checks its own saved state against its own view (the fingerprint never leaves it)
+            fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
+            states = []
+            for p, X in enumerate(views_dn):
+                st, meta = ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)
+                ckpt.verify_client_resume(p, X, st, meta, cfg.n_components, fingerprints[p])
+                states.append(st)
             resume_from = (saved.state, saved.history)
         else:
             states = [None] * len(views_dn)
+            fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
             if seed is None:
                 import secrets
 
@@ -101,7 +108,8 @@ def run_inprocess(
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
-                ckpt.save_client_state(checkpoint_dir, p, c.state)
+                ckpt.save_client_state(checkpoint_dir, p, c.state,
+                                       {"fingerprint": fingerprints[p], "view_shape": list(c.X.shape)})
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
         clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]
