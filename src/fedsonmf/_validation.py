@@ -208,7 +208,7 @@ def _check_scale(values: np.ndarray, dtype, p: int) -> None:
         )
 
 
-def _as_matrix(X, p: int):
+def _as_matrix(X, p: int, check_scale: bool = True):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"view {p} must be 2-D, got {X.ndim}-D")
@@ -224,7 +224,8 @@ def _as_matrix(X, p: int):
             Xc = X.astype(dtype, copy=False)
         if not np.all(np.isfinite(Xc.data)):
             raise InputError(f"view {p} has values that overflow {np.dtype(dtype).name} (max |x| too large)")
-        _check_scale(Xc.data, dtype, p)
+        if check_scale:
+            _check_scale(Xc.data, dtype, p)
         return Xc
     if isinstance(X, (str, bytes, dict, set, numbers.Number)) or X is None:
         raise InputError(f"view {p} must be an array or a scipy.sparse matrix, got {type(X).__name__}")
@@ -242,7 +243,8 @@ def _as_matrix(X, p: int):
         A = A.astype(dtype, copy=False)
     if not np.all(np.isfinite(A)):
         raise InputError(f"view {p} has values that overflow {np.dtype(dtype).name} (max |x| too large)")
-    _check_scale(A, dtype, p)
+    if check_scale:
+        _check_scale(A, dtype, p)
     return A
 
 

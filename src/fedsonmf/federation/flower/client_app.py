@@ -90,8 +90,14 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        info = ConfigRecord({"kind": "hello", "round": 0, "client": p, "partition-id": p,
-                             "job-id": str(msg.content[codec.META]["job-id"])})
+        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p,
+                  "job-id": str(msg.content[codec.META]["job-id"])}
+        try:  # validate the view now: a bad view is reported at the handshake, before round 1
+            X = load_view(path)
+            fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+        except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
+            fields["error"] = f"{type(exc).__name__}: {exc}"
+        info = ConfigRecord(fields)
         return FlwrMessage(RecordDict({codec.META: info}), reply_to=msg)
 
     @client.train()
