@@ -236,6 +236,8 @@ def _read_variables(path: Path) -> dict:
         raise InputError(
             f"{path}: the file holds only the {size}-byte MAT header and no variables (truncated?)"
         )
+    if is_v5:
+        _verify_mat5_elements(path, size)  # before scipy: its reader can crash on damaged data
     try:
         variables, n_raw = _read_mat5(path)
     except Exception as exc:  # scipy raises ValueError, IndexError, OSError, zlib.error, TypeError, ...
@@ -249,6 +251,61 @@ def _read_variables(path: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- readers
+
+
+def _verify_mat5_elements(path: Path, size: int) -> None:
+    """Walk the top-level data elements of a MAT v5/v7 file and check them.
+
+    Every element must fit in the file; every compressed element (MAT v7) must
+    decompress completely with a valid zlib checksum and hold one matrix element.
+    scipy's reader does not check the checksum and can read damaged compressed
+    data into an invalid sparse matrix (a segmentation fault was observed on a
+    flipped bit); a damaged file is refused here first.
+    """
+    import mmap
+    import struct
+    import zlib
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        endian = {b"IM": "<", b"MI": ">"}.get(bytes(data[126:128]))
+        if endian is None:
+            return  # not a v5 header: let scipy report what it is
+        pos, k = 128, 0
+        while pos < size:
+            k += 1
+            if pos + 8 > size:
+                raise InputError(f"{path}: truncated MAT file: element {k} has an incomplete tag at byte {pos}")
+            mtype, nbytes = struct.unpack(endian + "II", data[pos:pos + 8])
+            if mtype >> 16:  # a small data element (type and size in 4 bytes)
+                pos += 8
+                continue
+            end = pos + 8 + nbytes
+            if mtype not in (14, 15):
+                raise InputError(f"{path}: corrupt MAT file: element {k} at byte {pos} has type {mtype} "
+                                 "(expected a matrix or a compressed matrix)")
+            if end > size:
+                raise InputError(f"{path}: truncated MAT file: element {k} needs {end} bytes, the file has {size}")
+            if mtype == 15:
+                dec = zlib.decompressobj()
+                try:
+                    head = dec.decompress(data[pos + 8:end], 8)
+                    inner_type, inner_n = struct.unpack(endian + "II", head) if len(head) == 8 else (0, 0)
+                    total = len(head)
+                    while not dec.eof:
+                        chunk = dec.decompress(dec.unconsumed_tail, 1 << 24)
+                        if not chunk and not dec.unconsumed_tail:
+                            break
+                        total += len(chunk)
+                    total += len(dec.flush())
+                except zlib.error as exc:
+                    raise InputError(f"{path}: corrupt MAT file: compressed element {k} at byte {pos} is damaged "
+                                     f"(zlib: {exc})") from None
+                if not dec.eof or inner_type != 14 or total < 8 + inner_n:
+                    raise InputError(f"{path}: corrupt or truncated MAT file: compressed element {k} at byte {pos} "
+                                     "does not hold a complete matrix")
+                pos = end
+            else:
+                pos = end + (-nbytes % 8)
 
 
 def _is_hdf5(path: Path) -> bool:

@@ -49,6 +49,8 @@ __all__ = [
     "client_state_path",
     "config_from_dict",
     "view_fingerprint",
+    "view_storage",
+    "client_resume_meta",
     "verify_client_resume",
 ]
 
@@ -304,6 +306,19 @@ def view_fingerprint(X) -> str:
     return h.hexdigest()
 
 
+def view_storage(X) -> str:
+    """``"dense float64"``, ``"sparse float32"``, ...: the storage the fingerprint covers."""
+    import scipy.sparse as sp
+
+    return f"{'sparse' if sp.issparse(X) else 'dense'} {np.dtype(X.dtype).name}"
+
+
+def client_resume_meta(X, fingerprint: str) -> dict:
+    """What a client stores with its state so that it can check a resume itself."""
+    return {"fingerprint": fingerprint, "view_shape": [int(X.shape[0]), int(X.shape[1])],
+            "view_storage": view_storage(X)}
+
+
 def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_components: int,
                          fingerprint: str | None = None) -> None:
     """Check, on the client, that a loaded state may be used with the view ``X``.
@@ -324,10 +339,14 @@ def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_compo
     if fingerprint is None:
         fingerprint = view_fingerprint(X)
     if saved_fp != fingerprint:
-        shape = meta.get("view_shape")
-        what = (f"the checkpoint was made on a view of shape {tuple(shape)}, this one is {(d, n)}"
-                if shape is not None and tuple(shape) != (d, n)
-                else "same shape, different values (other data, rescaled, or views swapped?)")
+        shape, storage = meta.get("view_shape"), meta.get("view_storage")
+        if shape is not None and tuple(shape) != (d, n):
+            what = f"the checkpoint was made on a view of shape {tuple(shape)}, this one is {(d, n)}"
+        elif storage is not None and storage != view_storage(X):
+            what = (f"the checkpoint was made on a {storage} view, this one is {view_storage(X)}; the fingerprint "
+                    "covers the storage: pass the view as it was stored then")
+        else:
+            what = "same shape, different values (other data, rescaled, or views swapped?)"
         raise CheckpointError(
             f"client {client}: refusing to resume on other data: this client's view does not match the "
             f"data its checkpoint was made with ({what})"

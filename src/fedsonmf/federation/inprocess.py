@@ -78,10 +78,10 @@ def run_inprocess(
     if resume and checkpoint_dir is None:
         raise ParameterError("resume=True needs checkpoint_dir")
     if checkpoint_dir is not None:
-        from fedsonmf.algorithms import get_algorithm
         from fedsonmf.federation import checkpoint as ckpt
+        from fedsonmf.federation.loop import _algorithm
 
-        alg_name = get_algorithm(algorithm).name
+        alg_name = _algorithm(algorithm).name
         if resume:
             saved = ckpt.load_server_checkpoint(checkpoint_dir)
             if seed is None:
@@ -108,8 +108,7 @@ def run_inprocess(
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
-                ckpt.save_client_state(checkpoint_dir, p, c.state,
-                                       {"fingerprint": fingerprints[p], "view_shape": list(c.X.shape)})
+                ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
         clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]

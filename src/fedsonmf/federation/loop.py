@@ -42,6 +42,14 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _algorithm(name) -> FederatedAlgorithm:
+    """``get_algorithm`` with the project's error: an unknown name is a ParameterError."""
+    try:
+        return get_algorithm(name)
+    except ValueError as exc:
+        raise ParameterError(f"algorithm: {exc}") from None
+
+
 class Transport(Protocol):
     n_clients: int
 
@@ -64,7 +72,7 @@ class ClientRuntime:
     def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None):
         self.X = X
         self.x_sqnorm = sqnorm(X)
-        self.algorithm = get_algorithm(algorithm)
+        self.algorithm = _algorithm(algorithm)
         self.cfg = cfg
         self.state = state
 
@@ -213,7 +221,7 @@ def run_federation(
     resume : (ServerState, History), optional
         Continue a saved run (the clients must hold their matching states).
     """
-    alg = get_algorithm(algorithm)
+    alg = _algorithm(algorithm)
     max_rounds = check_int("max_rounds", max_rounds, min=1)
     tol = check_real("tol", tol, min=0.0, desc="a real number >= 0")
     if tol > 0 and not cfg.diagnostics:

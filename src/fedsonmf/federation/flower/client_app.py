@@ -126,7 +126,7 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         reply = runtime.handle(fed_msg)
         # save before replying: the next round's process reads this file
         ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
-                                                         "fingerprint": fingerprint, "view_shape": list(X.shape)})
+                                                         **ckpt.client_resume_meta(X, fingerprint)})
         context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p,
                                                  "round": int(runtime.state.round)})
         return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
