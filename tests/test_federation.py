@@ -1,5 +1,7 @@
 """Properties of the federated method (ALGORITHM.md §6 invariants)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -224,6 +226,7 @@ def test_exploding_run_stops_with_a_divergence_warning(monkeypatch, diagnostics)
         return ServerState(new.round, {k: v * factor for k, v in new.arrays.items()})
 
     monkeypatch.setattr(type(alg), "server_round", exploding)
+    warnings.simplefilter("always", DivergenceWarning)  # also under -W error: the soft warning comes first
     with pytest.warns(DivergenceWarning, match=r"diverged at round \d+: .*(grew to|no longer finite).*server step"):
         res = run_inprocess(_div_views(), FedConfig(4, diagnostics=diagnostics), "fedmgs", max_rounds=20, seed=0)
     assert res.extra.get("diverged") is True and "diverged" in res.stopping_reason

@@ -387,3 +387,14 @@ def test_slow_node_start_up_has_its_own_timeout(tmp_path, problem):
     grid = SlowStartGrid(make_client_app(), _nodes(tmp_path / "b", views), delay=2.0)
     with pytest.raises(FederationError, match=r"did not answer setup within the start-up timeout of 0.5 s"):
         _server(grid, _run_config(tmp_path / "b", **{"round-timeout": 0.3, "startup-timeout": 0.5}))
+
+
+def test_run_flower_checks_the_view_files_before_starting_anything(tmp_path, problem):
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.federation.flower.launcher import run_flower
+
+    views, _ = problem
+    paths = write_views([views[0], views[1][:, :3]], tmp_path / "views")
+    with pytest.raises(InputError, match=r"n_components=4 is larger than view 1's number of features \(3"):
+        run_flower(paths, CFG, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing was started or written

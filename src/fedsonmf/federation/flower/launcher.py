@@ -347,7 +347,7 @@ def _view_file_shape(path) -> tuple[int, int]:
         else:
             shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
     except FileNotFoundError:
-        raise InputError(f"view file {path} does not exist") from None
+        raise FileNotFoundError(f"view file {path} does not exist") from None
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"view file {path} cannot be read: {type(exc).__name__}: {exc}") from None
     if len(shape) != 2:
