@@ -398,3 +398,14 @@ def test_run_flower_checks_the_view_files_before_starting_anything(tmp_path, pro
     with pytest.raises(InputError, match=r"n_components=4 is larger than view 1's number of features \(3"):
         run_flower(paths, CFG, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+def test_flower_client_refuses_to_resume_on_other_data(tmp_path, problem):
+    """The node checks its own view against the fingerprint in its own state file."""
+    views, _ = problem
+    rc = _run_config(tmp_path, **{"num-rounds": 2})
+    _server(FakeGrid(make_client_app(), _nodes(tmp_path, views)), rc)
+    scaled = [views[0], views[1] * 1.01, views[2]]  # view 1 rescaled by 1 % between the runs
+    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 3: .*CheckpointError.*"
+                                              r"client 1: refusing to resume on other data"):
+        _server(FakeGrid(make_client_app(), _nodes(tmp_path, scaled)), {**rc, "num-rounds": 3, "resume": True})
