@@ -208,6 +208,16 @@ def test_growing_objective_warns_naming_the_steps(algorithm, kw, names):
         run_inprocess(_div_views(), FedConfig(4, **kw), algorithm, max_rounds=12, seed=0)
 
 
+@pytest.mark.parametrize("alpha", [0.09, 0.2])
+def test_fedmgs_growth_is_seen_without_diagnostics(alpha):
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+
+    with pytest.warns(DivergenceWarning, match=r"fedmgs: the \|\|V\|\|_F\^2 grew to .*server step"):
+        run_inprocess(_div_views(), FedConfig(4, alpha=alpha, diagnostics=False), "fedmgs", max_rounds=12, seed=0)
+
+
 @pytest.mark.parametrize("diagnostics", [True, False])
 def test_exploding_run_stops_with_a_divergence_warning(monkeypatch, diagnostics):
     """A server whose V explodes (x100 per round, then NaN) stops the run with the last finite V."""
