@@ -114,3 +114,80 @@ def test_inprocess_resume_refuses_another_config(tmp_path, views):
         run_inprocess(views, CFG.replace(tau=4), max_rounds=2, checkpoint_dir=tmp_path, resume=True)
     with pytest.raises(ValueError, match="needs checkpoint_dir"):
         run_inprocess(views, CFG, max_rounds=2, resume=True)
+
+
+# ----------------------------------------------------------------------------- safe resume (issue 11)
+
+
+def _resume(views_dn, tmp_path, cfg=CFG):
+    return run_inprocess(views_dn, cfg, max_rounds=3, checkpoint_dir=tmp_path, resume=True)
+
+
+@pytest.fixture
+def saved_run(tmp_path, small_problem):
+    raw = [np.asarray(v.toarray() if hasattr(v, "toarray") else v) for v in small_problem.views]
+    run_inprocess(check_views(raw, 4), CFG, max_rounds=2, seed=5, checkpoint_dir=tmp_path)
+    return tmp_path, raw
+
+
+@pytest.mark.parametrize("change, client", [
+    (lambda raw: [np.random.default_rng(9).random(raw[0].shape), *raw[1:]], 0),   # other data, same shape
+    (lambda raw: [raw[0], raw[1] * 1.01, *raw[2:]], 1),                            # one view scaled by 1 %
+    (lambda raw: [raw[1], raw[0], *raw[2:]] if raw[0].shape == raw[1].shape else
+     [raw[1][:, :raw[0].shape[1]], raw[0][:, :raw[1].shape[1]], *raw[2:]], 0),    # two views swapped
+    (lambda raw: [v[:-3] for v in raw], 0),                                        # other n
+])
+def test_resume_on_other_data_is_refused_by_the_client(saved_run, change, client):
+    tmp_path, raw = saved_run
+    with pytest.raises(ckpt.CheckpointError, match=rf"client {client}: refusing to resume on other data"):
+        _resume(check_views(change(raw), 4), tmp_path)
+
+
+def test_resume_refuses_a_damaged_client_state(saved_run):
+    tmp_path, raw = saved_run
+    views_dn = check_views(raw, 4)
+    st, meta = ckpt.load_client_state(tmp_path, 1, 2)
+    good = st.arrays["U"].copy()
+    for bad, match in [(good * 1.01, "client 1: saved U is not orthonormal"),
+                       (-good, "client 1: saved U has negative entries"),
+                       (good[:-1], r"client 1: saved U has shape"),
+                       (np.full_like(good, np.nan), "client 1: saved U holds NaN")]:
+        st.arrays["U"] = bad
+        ckpt.save_client_state(tmp_path, 1, st, meta)
+        with pytest.raises(ckpt.CheckpointError, match=match):
+            _resume(views_dn, tmp_path)
+    st.arrays["U"] = good
+    st.arrays["UtX"] = st.arrays["UtX"][:, :-1]
+    ckpt.save_client_state(tmp_path, 1, st, meta)
+    with pytest.raises(ckpt.CheckpointError, match=r"client 1: saved UtX has shape"):
+        _resume(views_dn, tmp_path)
+
+
+def test_config_mismatch_names_the_field(saved_run):
+    tmp_path, raw = saved_run
+    with pytest.raises(ckpt.CheckpointError, match=r"config\.tau: 3 in the checkpoint, 5 now"):
+        _resume(check_views(raw, 4), tmp_path, CFG.replace(tau=5))
+    with pytest.raises(ckpt.CheckpointError, match=r"config\.mu: 'auto' in the checkpoint, 0\.5 now"):
+        _resume(check_views(raw, 4), tmp_path, CFG.replace(mu=0.5))
+
+
+def test_temp_files_of_a_killed_write_are_cleaned(saved_run):
+    tmp_path, raw = saved_run
+    for name in (".server.npz.k1ll3d.tmp", ".client-0-r2.npz.abc123.tmp", ".client-1-r3.npz.x_y.tmp"):
+        (tmp_path / name).write_bytes(b"half a file")
+    res = _resume(check_views(raw, 4), tmp_path)
+    assert res.n_rounds == 3
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_fingerprint_is_layout_independent_and_sensitive():
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    A = rng.random((6, 9))
+    assert ckpt.view_fingerprint(A) == ckpt.view_fingerprint(np.asfortranarray(A))
+    S = sp.random(6, 9, density=0.4, random_state=1, format="csc")
+    assert ckpt.view_fingerprint(S) == ckpt.view_fingerprint(S.tocsr())
+    B = A.copy()
+    B[3, 4] = np.nextafter(B[3, 4], 2)
+    assert ckpt.view_fingerprint(A) != ckpt.view_fingerprint(B)

@@ -48,7 +48,7 @@ def test_planted_problem_is_clustered_perfectly():
 
 def test_estimator_api():
     Xs, y = planted()
-    model = FedMultiViewClustering(3, random_state=1, **FAST)
+    model = FedMultiViewClustering(3, random_state=1, n_components="paper", **FAST)  # r = c
     labels = model.fit_predict(Xs)
     assert labels.shape == (y.size,)
     assert np.array_equal(labels, model.labels_)
@@ -144,3 +144,48 @@ def test_3sources_run_is_deterministic_under_a_seed():
     assert np.array_equal(a.labels_, b.labels_)
     assert a.labels_.shape == (169,)
     assert 0.0 < clustering_scores(ds.labels, a.labels_)["acc"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- issue 10 defaults
+
+
+def test_default_rank_is_two_c_and_narrow_views_are_padded():
+    Xs, y = planted(dims=(12, 4, 10))  # view 1 is narrower than r = 2c = 6
+    with pytest.warns(UserWarning, match=r"view\(s\) \[1\].*padded"):
+        model = FedMultiViewClustering(3, random_state=0, **FAST).fit(Xs)
+    assert model.n_components_ == 6 and model.padded_views_ == [1]
+    assert model.embedding_.shape == (y.size, 6) and model.labels_.max() <= 2
+    # more clusters than the narrowest view has features is never refused
+    Xs5, y5 = planted(c=5, dims=(12, 3))
+    with pytest.warns(UserWarning, match="padded"):
+        assert FedMultiViewClustering(5, random_state=0, **FAST).fit_predict(Xs5).shape == y5.shape
+    with pytest.warns(UserWarning, match="capped at 3"):
+        assert FedMultiViewClustering(5, n_components="auto-cap", random_state=0, **FAST).fit(Xs5).n_components_ == 3
+
+
+def test_dense_views_are_centred_by_their_own_statistic_and_predict_reuses_it():
+    rng = np.random.default_rng(0)
+    Xs, y = planted()
+    dense = [X + 5.0 for X in Xs]  # a large common part: the mean sample dominates each view
+    model = FedMultiViewClustering(3, random_state=0, max_rounds=60, tol=0.0).fit(dense)
+    assert all(info["centered"] and info["standardized"] for info in model.preprocessing_)
+    assert clustering_scores(y, model.labels_)["acc"] == pytest.approx(1.0)
+    assert np.mean(model.predict(dense) == model.labels_) >= 0.95
+    sparse_like = FedMultiViewClustering(3, random_state=0, **FAST).fit(Xs)
+    assert not any(info["centered"] for info in sparse_like.preprocessing_)
+    assert rng is not None
+
+
+def test_paper_preset_is_one_call_away():
+    m = FedMultiViewClustering.paper(3, random_state=0, **FAST)
+    assert (m.n_components, m.preprocess, m.normalize_embedding) == ("paper", "none", False)
+    Xs, y = planted()
+    assert m.fit(Xs).n_components_ == 3
+
+
+def test_restarts_are_combined_by_consensus():
+    Xs, y = planted()
+    model = FedMultiViewClustering(3, n_init=3, random_state=0, max_rounds=30, tol=0.0).fit(Xs)
+    assert len(model.seeds_) == 3 and len(set(model.seeds_)) == 3
+    assert clustering_scores(y, model.labels_)["acc"] == pytest.approx(1.0)
+    assert np.mean(model.predict(Xs) == model.labels_) >= 0.95

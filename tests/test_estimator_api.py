@@ -16,7 +16,12 @@ from sklearn.utils.validation import check_is_fitted
 from fedsonmf import FedSONMF, federated_sonmf
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.exceptions import ConvergenceWarning, FedSONMFError, InputError, ParameterError
+from fedsonmf.exceptions import (
+    ConvergenceWarning,
+    FedSONMFError,
+    InputError,
+    ParameterError,
+)
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.params import CLUSTER_PARAMS, FED_PARAMS, PARAMS, RUN_PARAMS
 
@@ -53,7 +58,7 @@ def test_signature_defaults_come_from_the_table(cls):
     assert set(names) == expected
     for n in names:
         if cls is FedMultiViewClustering and n == "n_components":
-            assert sig.parameters[n].default is None  # None: the clustering's own rank rule
+            assert sig.parameters[n].default == "auto"  # the clustering's own rank rule (r = 2c)
             continue
         assert sig.parameters[n].default == PARAMS[n].default, n
 

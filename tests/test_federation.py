@@ -1,5 +1,7 @@
 """Properties of the federated method (ALGORITHM.md §6 invariants)."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -198,3 +200,93 @@ def test_auto_mu_travels_as_one_scalar_and_is_scale_free(small_problem):
         runs.append(res)
     # the weight scales with the data, so the threshold means the same thing
     assert runs[1].config["mu_value"] == pytest.approx(1e3 * runs[0].config["mu_value"], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- divergence (issue 11)
+
+
+def _div_views():
+    from fedsonmf._validation import check_views
+    from fedsonmf.datasets.synthetic import make_synthetic
+
+    data = make_synthetic(n_clients=4, n_samples=60, n_features=12, rank=4, random_state=0)
+    return check_views(data.views, 4)
+
+
+@pytest.mark.parametrize("algorithm, kw, names", [
+    ("fedmgs", {"alpha": 0.09}, "server step"),
+    ("fedmgs", {"alpha": 0.5}, "server step"),
+    ("fedmgs_avg", {"alpha": 0.5}, "server step"),
+    ("fedsonmf", {"alpha": 0.5, "tau": 30, "eta_g": 3.0}, "alpha=0.5, tau=30, eta_g=3"),
+])
+def test_growing_objective_warns_naming_the_steps(algorithm, kw, names):
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+
+    with pytest.warns(DivergenceWarning, match=rf"{algorithm}: the objective F grew to .*x its round-1 value.*{names}"):
+        run_inprocess(_div_views(), FedConfig(4, **kw), algorithm, max_rounds=12, seed=0)
+
+
+@pytest.mark.parametrize("alpha", [0.09, 0.2])
+def test_fedmgs_growth_is_seen_without_diagnostics(alpha):
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+
+    with pytest.warns(DivergenceWarning, match=r"fedmgs: the \|\|V\|\|_F\^2 grew to .*server step"):
+        run_inprocess(_div_views(), FedConfig(4, alpha=alpha, diagnostics=False), "fedmgs", max_rounds=12, seed=0)
+
+
+@pytest.mark.parametrize("diagnostics", [True, False])
+def test_exploding_run_stops_with_a_divergence_warning(monkeypatch, diagnostics):
+    """A server whose V explodes (x100 per round, then NaN) stops the run with the last finite V."""
+    from fedsonmf.algorithms import get_algorithm
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+    from fedsonmf.protocol.messages import ServerState
+
+    alg = get_algorithm("fedmgs")
+    original = type(alg).server_round
+
+    def exploding(self, state, replies, cfg):
+        new = original(self, state, replies, cfg)
+        factor = np.nan if new.round > 6 else 100.0 ** (new.round - 1)
+        return ServerState(new.round, {k: v * factor for k, v in new.arrays.items()})
+
+    monkeypatch.setattr(type(alg), "server_round", exploding)
+    warnings.simplefilter("always", DivergenceWarning)  # also under -W error: the soft warning comes first
+    with pytest.warns(DivergenceWarning, match=r"diverged at round \d+: .*(grew to|no longer finite).*server step"):
+        res = run_inprocess(_div_views(), FedConfig(4, diagnostics=diagnostics), "fedmgs", max_rounds=20, seed=0)
+    assert res.extra.get("diverged") is True and "diverged" in res.stopping_reason
+    assert res.n_rounds < 20 and np.all(np.isfinite(res.V))
+
+
+def test_non_finite_v_stops_without_diagnostics():
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation import loop
+    from fedsonmf.protocol.config import FedConfig
+
+    monitor = loop.DivergenceMonitor(loop.get_algorithm("fedsonmf"), FedConfig(4))
+    assert monitor.check(1, np.ones((2, 3)), None) is None
+    with pytest.warns(DivergenceWarning, match=r"V is no longer finite"):
+        assert "diverged at round 2" in monitor.check(2, np.full((2, 3), np.nan), None)
+    with pytest.warns(DivergenceWarning, match=r"\|\|V\|\|_F\^2 grew to"):
+        assert monitor.check(3, np.full((2, 3), 1e4), None) is not None
+
+
+def test_default_runs_do_not_warn():
+    import warnings as _w
+
+    from fedsonmf.algorithms import ALGORITHMS
+    from fedsonmf.exceptions import DivergenceWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+
+    views = _div_views()
+    with _w.catch_warnings():
+        _w.simplefilter("error", DivergenceWarning)
+        for alg in sorted(ALGORITHMS):
+            for diag in (True, False):
+                run_inprocess(views, FedConfig(4, diagnostics=diag), alg, max_rounds=8, seed=1)

@@ -252,7 +252,7 @@ def test_hung_client_stops_the_server_within_the_round_timeout(tmp_path, problem
     transport = FlowerTransport(grid, [101, 202, 303], job_id="j", round_timeout=0.3, poll=0.01)
     grid.drop = {303}
     t0 = time.perf_counter()
-    with pytest.raises(FederationError, match=r"client 2 \(node 303\) did not answer setup within the round "
+    with pytest.raises(FederationError, match=r"client 2 \(node 303\) did not answer setup within the start-up "
                                               r"timeout of 0.3 s") as exc:
         transport.exchange([Message("setup", 0, {}, {"seed": 1, "client": p, "algorithm": "fedsonmf",
                                                       "config": json.dumps(CFG.to_dict())}) for p in range(3)])
@@ -330,3 +330,82 @@ def test_client_app_refuses_misrouted_message(tmp_path, problem):
     hello.metadata.__dict__["_message_id"] = "h"
     rep = app(message=hello, context=ctx)
     assert int(rep.content[codec.META]["partition-id"]) == 1
+
+
+# ----------------------------------------------------------------------------- issue 11: checks before round 1
+
+
+class SlowStartGrid(FakeGrid):
+    """Replies to setup messages become visible only ``delay`` seconds after the push
+    (nodes that start slowly: process spawn, imports, loading the view)."""
+
+    def __init__(self, *args, delay: float, **kw):
+        super().__init__(*args, **kw)
+        self.delay, self.ready_at = delay, {}
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages):
+            if msg.metadata.message_type == MessageType.TRAIN and codec.decode(msg.content)[0].kind == "setup":
+                self.ready_at[mid] = time.monotonic() + self.delay
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        return super().pull_messages([m for m in message_ids if self.ready_at.get(m, 0.0) <= now])
+
+
+def test_rank_larger_than_a_view_is_refused_at_the_handshake(tmp_path, problem):
+    views, _ = problem
+    narrow = [views[0], views[1][:, :3], views[2]]  # view 1 has 3 features < r = 4
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, narrow))
+    rc = _run_config(tmp_path)
+    with pytest.raises(FederationError, match=r"view 1 \(node 202\) has 3 features, fewer than the rank r = 4") as exc:
+        _server(grid, rc)
+    assert exc.value.client == 1 and exc.value.round == 0
+    assert grid.pushed == 3  # only the hello messages: no setup, no round
+    status = json.loads(open(f"{rc['out-dir']}/status.json").read())
+    assert status["status"] == "failed" and status["client"] == 1 and status["round"] == 0
+
+
+def test_unusable_view_is_reported_at_the_handshake(tmp_path, problem):
+    views, _ = problem
+    bad = [views[0], views[1], np.full(views[2].shape, np.nan)]
+    grid = FakeGrid(make_client_app(), _nodes(tmp_path, bad))
+    with pytest.raises(FederationError, match=r"view 2 \(node 303\) cannot be used: InputError: view 0 contains NaN"):
+        _server(grid, _run_config(tmp_path))
+    assert grid.pushed == 3
+
+
+def test_slow_node_start_up_has_its_own_timeout(tmp_path, problem):
+    views, views_dn = problem
+    # a 0.3 s round timeout, nodes that need 0.6 s to start: healthy, not hung
+    grid = SlowStartGrid(make_client_app(), _nodes(tmp_path, views), delay=0.6)
+    V, _ = _server(grid, _run_config(tmp_path, **{"round-timeout": 0.3, "startup-timeout": 5.0}))
+    assert np.array_equal(V, run_inprocess(views_dn, CFG, max_rounds=3, seed=9).V)
+    # without a start-up allowance the same nodes are reported at the start-up timeout, not the round timeout
+    grid = SlowStartGrid(make_client_app(), _nodes(tmp_path / "b", views), delay=2.0)
+    with pytest.raises(FederationError, match=r"did not answer setup within the start-up timeout of 0.5 s"):
+        _server(grid, _run_config(tmp_path / "b", **{"round-timeout": 0.3, "startup-timeout": 0.5}))
+
+
+def test_run_flower_checks_the_view_files_before_starting_anything(tmp_path, problem):
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.federation.flower.launcher import run_flower
+
+    views, _ = problem
+    paths = write_views([views[0], views[1][:, :3]], tmp_path / "views")
+    with pytest.raises(InputError, match=r"n_components=4 is larger than view 1's number of features \(3"):
+        run_flower(paths, CFG, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+def test_flower_client_refuses_to_resume_on_other_data(tmp_path, problem):
+    """The node checks its own view against the fingerprint in its own state file."""
+    views, _ = problem
+    rc = _run_config(tmp_path, **{"num-rounds": 2})
+    _server(FakeGrid(make_client_app(), _nodes(tmp_path, views)), rc)
+    scaled = [views[0], views[1] * 1.01, views[2]]  # view 1 rescaled by 1 % between the runs
+    with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 3: .*CheckpointError.*"
+                                              r"client 1: refusing to resume on other data"):
+        _server(FakeGrid(make_client_app(), _nodes(tmp_path, scaled)), {**rc, "num-rounds": 3, "resume": True})

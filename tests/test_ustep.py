@@ -184,7 +184,8 @@ def test_duality_gap_certifies_brute_force_optimum():
 # ----------------------------------------------------------------------------- property test
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=150, deadline=None)

@@ -87,3 +87,91 @@ def test_integer_and_bool_input_are_accepted(views):
     ints = [(v * 10).astype(np.int32) for v in views]
     m = FedSONMF(3, max_rounds=2, tol=0, random_state=0).fit(ints)
     assert m.embedding_.dtype == np.float64
+
+
+# ----------------------------------------------------------------------------- issue 11: one validation path
+
+
+def test_numpy_scalar_parameters_are_accepted(views):
+    res = federated_sonmf(views, np.int64(3), mu=np.float32(0.5), tau=np.int32(2), alpha=np.float64(0.01),
+                          eta_g=np.float32(1.5), rho1=np.float16(1.0), max_rounds=np.int64(2), tol=np.float32(0),
+                          correction=np.bool_(True), random_state=np.int64(4), n_jobs=np.int64(1))
+    assert res.n_rounds == 2 and res.V.shape == (3, 30)
+    assert type(res.config["n_components"]) is int and type(res.config["mu"]) is float
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dok", "lil", "bsr", "dia"])
+@pytest.mark.parametrize("kind", ["matrix", "array"])
+def test_every_sparse_format_is_accepted(views, fmt, kind):
+    S = sp.random(30, 10, density=0.4, random_state=1)
+    X = getattr(sp, f"{fmt}_{kind}")(S)
+    ref = federated_sonmf([views[0], S.toarray()], 3, max_rounds=2, tol=0, random_state=0)
+    res = federated_sonmf([views[0], X], 3, max_rounds=2, tol=0, random_state=0)
+    np.testing.assert_allclose(res.V, ref.V, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_jobs, expected", [(None, 1), (1, 1), (2, 2), (np.int64(3), 3), (-1, None)])
+def test_n_jobs_values(n_jobs, expected):
+    import os
+
+    from fedsonmf._validation import check_n_jobs
+
+    assert check_n_jobs(n_jobs) == (expected if expected is not None else (os.cpu_count() or 1))
+
+
+@pytest.mark.parametrize("n_jobs", ["2", 2.5, 0, -2, True, [2]])
+def test_bad_n_jobs_names_the_parameter(views, n_jobs):
+    with pytest.raises(ParameterError, match=r"n_jobs must be None, -1 \(all cores\) or a positive integer"):
+        federated_sonmf(views, 3, max_rounds=1, n_jobs=n_jobs)
+
+
+def test_seeds_from_generators_and_random_states():
+    from fedsonmf._validation import check_seed
+
+    assert check_seed(np.random.RandomState(0)) == check_seed(np.random.RandomState(0))
+    assert check_seed(np.random.default_rng(0)) == check_seed(np.random.default_rng(0))
+    assert check_seed(np.int64(7)) == 7 and check_seed(None) is None
+    with pytest.raises(ParameterError, match=r"random_state must be >= 0, got (np\.int64\()?-1"):
+        check_seed(np.int64(-1))
+
+
+def test_reusable_validators_return_python_scalars_and_name_the_parameter():
+    from fedsonmf._validation import check_bool, check_choice, check_int, check_real
+
+    assert type(check_int("k", np.int64(3), min=1)) is int
+    assert type(check_real("x", np.float32(0.5), min=0.0)) is float
+    assert check_bool("flag", np.bool_(False)) is False
+    assert check_choice("init", np.str_("svd"), ("svd", "random")) == "svd"
+    assert check_int("k", None, allow_none=True) is None
+    for call, msg in [
+        (lambda: check_int("k", 2.0, min=1), r"k must be an integer >= 1, got 2.0"),
+        (lambda: check_int("k", 0, min=1, max=5), r"k must be an integer >= 1 and <= 5, got 0"),
+        (lambda: check_int("k", "3", min=1, allow_none=True), r"k must be None or an integer >= 1, got '3'"),
+        (lambda: check_real("x", float("nan")), r"x must be a finite real number, got nan"),
+        (lambda: check_real("x", 0.0, min=0.0, min_inclusive=False), r"x must be > 0, got 0.0"),
+        (lambda: check_real("x", True), r"x must be a finite real number, got True"),
+        (lambda: check_bool("flag", 1), r"flag must be True or False, got 1"),
+        (lambda: check_choice("init", "pca", ("svd", "random")), r"init must be 'svd' or 'random', got 'pca'"),
+    ]:
+        with pytest.raises(ParameterError, match=msg):
+            call()
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e6])
+def test_moderately_scaled_views_are_accepted(views, scale):
+    res = federated_sonmf([v * scale for v in views], 3, max_rounds=1, tol=0, random_state=0)
+    assert np.all(np.isfinite(res.V))
+
+
+def test_overflowing_view_is_not_reported_as_all_zeros(views):
+    with pytest.raises(InputError, match=r"view 1 is too large for float64 arithmetic"):
+        federated_sonmf([views[0], views[1] * 1e200], 3, max_rounds=1)
+    with pytest.raises(InputError, match=r"view 0 is too small for float64 arithmetic"):
+        federated_sonmf([views[0] * 1e-200, views[1]], 3, max_rounds=1)
+
+
+def test_clustering_rescues_huge_views_by_normalising(views):
+    from fedsonmf.estimators.clustering import FedMultiViewClustering
+
+    m = FedMultiViewClustering(2, max_rounds=2, random_state=0, n_init=1).fit([views[0] * 1e200, views[1]])
+    assert np.all(np.isfinite(m.embedding_))

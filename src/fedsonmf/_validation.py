@@ -1,45 +1,250 @@
-"""Input checks with messages that name the problem (never a deep NumPy traceback)."""
+"""Input checks with messages that name the problem (never a deep NumPy traceback).
+
+One validation path for every public entry point:
+
+* :func:`check_views` -- the data (a list of views);
+* :func:`check_seed` -- ``random_state``;
+* :func:`check_n_jobs` -- ``n_jobs``;
+* :func:`check_int`, :func:`check_real`, :func:`check_bool`, :func:`check_choice` --
+  small reusable validators of hyper-parameters.  They accept Python and NumPy
+  scalars (``np.int64``, ``np.float32``, ``np.bool_``), return plain Python
+  scalars, and raise :class:`~fedsonmf.exceptions.ParameterError` with a message
+  of the form ``"<name> must be <what>, got <value!r>"``.
+"""
 
 from __future__ import annotations
 
+import math
 import numbers
+import os
+from typing import Iterable
 
 import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.exceptions import InputError, ParameterError
 
-__all__ = ["check_views", "InputError", "check_seed"]
+__all__ = [
+    "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
+    "check_choice", "is_int", "is_real",
+]
+
+_REAL_KINDS = ("b", "i", "u", "f")
 
 
-def _as_matrix(X, p: int):
+# ----------------------------------------------------------------------------- scalars
+
+
+def is_int(x) -> bool:
+    """True for Python/NumPy integers, False for bools (``True`` is not a count)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def is_real(x) -> bool:
+    """True for Python/NumPy real numbers (ints included), False for bools."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _bounds_text(min, max, min_inclusive: bool = True, max_inclusive: bool = True) -> str:
+    parts = []
+    if min is not None:
+        parts.append(f"{'>=' if min_inclusive else '>'} {min:g}" if isinstance(min, float) else
+                     f"{'>=' if min_inclusive else '>'} {min}")
+    if max is not None:
+        parts.append(f"{'<=' if max_inclusive else '<'} {max:g}" if isinstance(max, float) else
+                     f"{'<=' if max_inclusive else '<'} {max}")
+    return " and ".join(parts)
+
+
+def check_int(name: str, value, *, min: int | None = None, max: int | None = None,
+              allow_none: bool = False, desc: str | None = None) -> int | None:
+    """``value`` as a Python int in ``[min, max]``.
+
+    Accepts Python and NumPy integers; refuses bools, floats (even ``2.0``),
+    strings.  ``desc`` replaces the generated description in the message
+    (e.g. ``desc="a positive integer"``).
+
+    Raises
+    ------
+    ParameterError
+        ``"<name> must be an integer >= <min>, got <value!r>"``.
+    """
+    if value is None and allow_none:
+        return None
+    what = desc or ("an integer" + (f" {_bounds_text(min, max)}" if (min is not None or max is not None) else ""))
+    if allow_none and desc is None:
+        what = "None or " + what
+    if not is_int(value):
+        raise ParameterError(f"{name} must be {what}, got {value!r}")
+    v = int(value)
+    if (min is not None and v < min) or (max is not None and v > max):
+        raise ParameterError(f"{name} must be {what}, got {value!r}")
+    return v
+
+
+def check_real(name: str, value, *, min: float | None = None, max: float | None = None,
+               min_inclusive: bool = True, max_inclusive: bool = True, allow_none: bool = False,
+               desc: str | None = None) -> float | None:
+    """``value`` as a finite Python float within the bounds.
+
+    Accepts Python/NumPy ints and floats; refuses bools, NaN, +-inf, strings
+    and complex numbers.  Messages: ``"<name> must be a finite real number,
+    got ..."`` (type or finiteness) and ``"<name> must be >= 0, got ..."``
+    (bounds); ``desc`` replaces both descriptions.
+    """
+    if value is None and allow_none:
+        return None
+    if not is_real(value) or not math.isfinite(float(value)):
+        what = desc or ("None or a finite real number" if allow_none else "a finite real number")
+        raise ParameterError(f"{name} must be {what}, got {value!r}")
+    v = float(value)
+    bad = ((min is not None and (v < min if min_inclusive else v <= min))
+           or (max is not None and (v > max if max_inclusive else v >= max)))
+    if bad:
+        what = desc or _bounds_text(min, max, min_inclusive, max_inclusive)
+        raise ParameterError(f"{name} must be {what}, got {value!r}")
+    return v
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` as a Python bool (``True``/``False``/``np.bool_`` only; not 0/1, not strings)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ParameterError(f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value, choices: Iterable[str]) -> str:
+    """``value`` if it is one of the strings ``choices`` (exact match)."""
+    choices = tuple(choices)
+    if isinstance(value, (str, np.str_)) and str(value) in choices:
+        return str(value)
+    listed = ", ".join(repr(c) for c in choices[:-1]) + (f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0]))
+    raise ParameterError(f"{name} must be {listed}, got {value!r}")
+
+
+def check_n_jobs(n_jobs) -> int:
+    """The number of worker threads for ``n_jobs``.
+
+    ``None`` means 1, ``-1`` means all cores (``os.cpu_count()``), as in
+    scikit-learn; any other value must be a positive integer.  Other negative
+    values, 0, floats and strings raise :class:`ParameterError` naming ``n_jobs``.
+    """
+    if n_jobs is None:
+        return 1
+    if is_int(n_jobs) and (int(n_jobs) >= 1 or int(n_jobs) == -1):
+        return int(n_jobs) if int(n_jobs) >= 1 else (os.cpu_count() or 1)
+    raise ParameterError(f"n_jobs must be None, -1 (all cores) or a positive integer, got {n_jobs!r}")
+
+
+def check_seed(random_state) -> int | None:
+    """An int seed from ``random_state``.
+
+    Accepts None, an int >= 0 (Python or NumPy), a ``np.random.Generator`` or a
+    ``np.random.RandomState`` (one draw is taken from either).  Raises
+    :class:`ParameterError` naming ``random_state`` otherwise.
+    """
+    if random_state is None:
+        return None
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(2**32))
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**32 - 1, dtype=np.int64))
+    if is_int(random_state):
+        if random_state < 0:
+            raise ParameterError(f"random_state must be >= 0, got {random_state!r}")
+        if random_state >= 2**63:
+            raise ParameterError(f"random_state must be < 2**63, got {random_state!r}")
+        return int(random_state)
+    raise ParameterError(
+        "random_state must be None, a non-negative int, a np.random.Generator or a np.random.RandomState, "
+        f"got {random_state!r}"
+    )
+
+
+# ----------------------------------------------------------------------------- views
+
+
+def _check_dtype(dtype, p: int) -> None:
+    if dtype.kind == "c":
+        raise InputError(f"view {p} must hold real numbers, got complex dtype {dtype}")
+    if dtype.kind not in _REAL_KINDS:
+        raise InputError(f"view {p} must hold real numbers, got dtype {dtype}")
+
+
+def _check_scale(values: np.ndarray, dtype, p: int) -> None:
+    """Refuse a view whose squared norm is not representable (overflow/underflow).
+
+    The algorithm works with squared quantities (||X||_F^2, X V^T with V of
+    the scale of X, squared residuals), so ||X||_F^2 must lie in
+    [sqrt(tiny), sqrt(max)] of the working dtype: [1.5e-154, 1.3e154] for
+    float64, [1.1e-19, 1.8e19] for float32.
+    """
+    if values.size == 0:
+        return
+    fi = np.finfo(dtype)
+    amax = float(max(values.max(), -values.min()))
+    if amax == 0.0:
+        return  # an all-zero view: reported by the caller
+    sub = "i,i->" if values.ndim == 1 else "ij,ij->"
+    with np.errstate(over="ignore", under="ignore"):
+        sq = float(np.einsum(sub, values, values, dtype=np.float64))
+    if math.isfinite(sq) and sq > 1e-290:
+        log_sq = math.log10(sq)
+    else:  # overflowed or underflowed in float64: scale by the largest entry first
+        scaled = values.astype(np.float64) / amax
+        log_sq = 2.0 * math.log10(amax) + math.log10(float(np.einsum(sub, scaled, scaled)))
+    hi, lo = 0.5 * math.log10(float(fi.max)), 0.5 * math.log10(float(fi.tiny))
+    if log_sq > hi:
+        raise InputError(
+            f"view {p} is too large for {np.dtype(dtype).name} arithmetic: ||X||_F^2 = 1e{log_sq:.0f} "
+            f"(max |x| = {amax:.3g}) exceeds 1e{hi:.0f}; its squared terms would overflow -- rescale the view "
+            "(e.g. fedsonmf.preprocessing.normalize_views)"
+        )
+    if log_sq < lo:
+        raise InputError(
+            f"view {p} is too small for {np.dtype(dtype).name} arithmetic: ||X||_F^2 = 1e{log_sq:.0f} "
+            f"(max |x| = {amax:.3g}) is below 1e{lo:.0f}; its squared terms would underflow to 0 -- rescale "
+            "the view (e.g. fedsonmf.preprocessing.normalize_views)"
+        )
+
+
+def _as_matrix(X, p: int, check_scale: bool = True):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"view {p} must be 2-D, got {X.ndim}-D")
-        if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool) or np.iscomplexobj(X.data):
-            raise InputError(f"view {p} must hold real numbers, got dtype {X.dtype}")
+        _check_dtype(X.dtype, p)
         dtype = np.float32 if X.dtype == np.float32 else np.float64
-        if X.format not in ("csr", "csc"):
-            X = X.tocsr()
-        X = X.astype(dtype, copy=False)
+        try:
+            X = X.tocsr() if X.format not in ("csr", "csc") else X
+        except Exception as exc:  # pragma: no cover - broken sparse objects
+            raise InputError(f"view {p}: cannot convert the {X.format} sparse matrix: {exc}") from None
         if not np.all(np.isfinite(X.data)):
             raise InputError(f"view {p} contains NaN or Inf")
-        return X
-    if isinstance(X, (str, bytes, dict)) or X is None:
+        with np.errstate(over="ignore"):
+            Xc = X.astype(dtype, copy=False)
+        if not np.all(np.isfinite(Xc.data)):
+            raise InputError(f"view {p} has values that overflow {np.dtype(dtype).name} (max |x| too large)")
+        if check_scale:
+            _check_scale(Xc.data, dtype, p)
+        return Xc
+    if isinstance(X, (str, bytes, dict, set, numbers.Number)) or X is None:
         raise InputError(f"view {p} must be an array or a scipy.sparse matrix, got {type(X).__name__}")
     try:
         A = np.asarray(X)
     except Exception as exc:  # ragged lists and the like
         raise InputError(f"view {p} cannot be read as an array: {exc}") from None
-    if A.dtype == object or not (np.issubdtype(A.dtype, np.number) or A.dtype == bool):
-        raise InputError(f"view {p} must hold real numbers, got dtype {A.dtype}")
-    if np.iscomplexobj(A):
-        raise InputError(f"view {p} must hold real numbers, got complex dtype {A.dtype}")
+    _check_dtype(A.dtype, p)
     if A.ndim != 2:
         raise InputError(f"view {p} must be 2-D (n_samples, n_features), got shape {A.shape}")
-    A = A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False)
-    if not np.all(np.isfinite(A)):
+    if A.dtype.kind == "f" and not np.all(np.isfinite(A)):
         raise InputError(f"view {p} contains NaN or Inf")
+    dtype = np.float32 if A.dtype == np.float32 else np.float64
+    with np.errstate(over="ignore"):
+        A = A.astype(dtype, copy=False)
+    if not np.all(np.isfinite(A)):
+        raise InputError(f"view {p} has values that overflow {np.dtype(dtype).name} (max |x| too large)")
+    if check_scale:
+        _check_scale(A, dtype, p)
     return A
 
 
@@ -47,10 +252,13 @@ def check_views(Xs, n_components: int | None = None) -> list:
     """Validate views given as (n_samples, d_p) and return them as (d_p, n).
 
     Dense views become transposed ndarrays (no copy for float32/float64
-    input); sparse views become CSC matrices (no copy for CSR input).
-    float32 is kept, every other real dtype becomes float64 (see
-    ``fedsonmf.core._linalg``).  Negative entries are valid (only U and V are
-    constrained).
+    input); sparse views (every scipy.sparse format, matrices and arrays)
+    become CSC matrices (no copy for CSR input).  float32 is kept, every other
+    real dtype becomes float64 (see ``fedsonmf.core._linalg``).  Negative
+    entries are valid (only U and V are constrained).  Refused with an
+    :class:`InputError` naming the view: non-2-D, complex/object/string
+    dtypes, NaN/Inf, empty, all-zero, and views whose squared norm would
+    overflow or underflow (see :func:`_check_scale`).
     """
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
         raise InputError(
@@ -72,26 +280,10 @@ def check_views(Xs, n_components: int | None = None) -> list:
         nz = M.count_nonzero() if sp.issparse(M) else np.count_nonzero(M)
         if nz == 0:
             raise InputError(f"view {p} is all zeros")
-        if n_components is not None and n_components > d:
+        if n_components is not None and is_int(n_components) and n_components > d:
             raise InputError(
                 f"n_components={n_components} is larger than view {p}'s number of features ({d}); "
                 "a nonnegative orthonormal basis needs n_features >= n_components"
             )
         out.append(M.T.tocsc() if sp.issparse(M) else M.T)
     return out
-
-
-def check_seed(random_state) -> int | None:
-    """An int seed from ``random_state`` (None, int or np.random.Generator)."""
-    if random_state is None:
-        return None
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(2**32))
-    if isinstance(random_state, np.random.RandomState):  # as scikit-learn: draw the run's seed from it
-        return int(random_state.randint(np.iinfo(np.int32).max))
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
-        if random_state < 0:
-            raise ParameterError(f"random_state must be >= 0, got {random_state!r}")
-        return int(random_state)
-    raise ParameterError(
-        f"random_state must be None, a non-negative int, a RandomState or a Generator, got {random_state!r}")

@@ -12,37 +12,37 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf._validation import _as_matrix
+from fedsonmf.exceptions import InputError, ParameterError
+
 __all__ = ["normalize_views", "tfidf_views"]
 
 _METHODS = ("frobenius",)
 
 
 def _check_views(views: Sequence) -> list:
-    """Validate a list of 2-D views that share axis 0; return dense views as float ndarrays."""
+    """Validate a list of 2-D views that share axis 0 (the checks of
+    :func:`fedsonmf._validation.check_views`, without the scale check: normalising
+    is what rescues a view too large or too small for the algorithm's arithmetic).
+
+    Sparse views are returned as CSR/CSC, dense views as float ndarrays.  Bad views raise
+    :class:`~fedsonmf.exceptions.InputError` (a ValueError) naming the view.
+    """
     if isinstance(views, np.ndarray) or sp.issparse(views):
         raise TypeError("views must be a list of matrices, one per view, not a single matrix")
-    views = list(views)
+    try:
+        views = list(views)
+    except TypeError:
+        raise TypeError(f"views must be a list of matrices, one per view, got {type(views).__name__}") from None
     if not views:
-        raise ValueError("views is empty: need at least one view")
-    out = []
-    for p, X in enumerate(views):
-        if sp.issparse(X):
-            X = X if X.format in ("csr", "csc") else X.tocsr()
-        else:
-            X = np.asarray(X)
-            if not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
-                raise ValueError(f"view {p} has non-numeric dtype {X.dtype}")
-        if X.ndim != 2:
-            raise ValueError(f"view {p} must be 2-D (n_samples, n_features), got shape {X.shape}")
-        values = X.data if sp.issparse(X) else X
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"view {p} contains NaN or infinite values")
-        out.append(X)
-    n = {X.shape[0] for X in out}
-    if len(n) > 1:
-        raise ValueError(
-            f"views disagree on n_samples (axis 0): shapes {[X.shape for X in out]}"
-        )
+        raise InputError("views is empty: need at least one view")
+    out = [_as_matrix(X, p, check_scale=False) for p, X in enumerate(views)]
+    for p, X in enumerate(out):
+        if 0 in X.shape:
+            raise InputError(f"view {p} is empty (shape {X.shape})")
+    ns = [X.shape[0] for X in out]
+    if len(set(ns)) > 1:
+        raise InputError(f"views have different numbers of samples (rows): {ns} (n_samples must agree)")
     return out
 
 
@@ -83,18 +83,26 @@ def normalize_views(views: Sequence, method: str = "frobenius", *, scales: Seque
         NaN/inf, or the views disagree on n_samples.
     """
     if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+        raise ParameterError(f"method must be one of {_METHODS}, got {method!r}")
     views = _check_views(views)
     if scales is not None and len(scales) != len(views):
-        raise ValueError(f"{len(scales)} scales for {len(views)} views")
+        raise ParameterError(f"{len(scales)} scales for {len(views)} views")
     out, used = [], []
     for p, X in enumerate(views):
         X = _float(X)
         if sp.issparse(X):
             X.sum_duplicates()  # canonical form, so that ||X.data|| is the norm
-        norm = np.linalg.norm(X.data if sp.issparse(X) else X) if scales is None else float(scales[p])
-        if not norm > 0:
-            raise ValueError(f"view {p} is all zero: its Frobenius norm is 0")
+        values = X.data if sp.issparse(X) else X
+        if scales is not None:
+            norm = float(scales[p])
+            if not (np.isfinite(norm) and norm > 0):
+                raise ParameterError(f"scales[{p}] must be a positive finite number, got {scales[p]!r}")
+        else:
+            amax = float(np.max(np.abs(values))) if values.size else 0.0
+            if amax == 0:
+                raise InputError(f"view {p} is all zero: its Frobenius norm is 0")
+            # scale by the largest entry first: no overflow (1e200) or underflow (1e-200) in the norm
+            norm = amax * float(np.linalg.norm(values / amax))
         if sp.issparse(X):
             X.data /= norm  # X is a private copy
         else:
@@ -145,7 +153,7 @@ def tfidf_views(
     for p, X in enumerate(_check_views(views)):
         values = X.data if sp.issparse(X) else X
         if values.size and values.min() < 0:
-            raise ValueError(f"view {p} has negative entries; TF-IDF needs counts")
+            raise InputError(f"view {p} has negative entries; TF-IDF needs counts")
         transformer = TfidfTransformer(
             norm=norm, use_idf=use_idf, smooth_idf=smooth_idf, sublinear_tf=sublinear_tf
         )

@@ -43,6 +43,8 @@ def svd_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
     d = X.shape[0]
     Xs = X if sp.issparse(X) else np.asarray(X)
     W, _, _ = randomized_svd(Xs, n_components=r, random_state=int(rng.integers(2**31 - 1)))
+    if W.shape[1] < r:  # r > n: X has fewer than r singular vectors; never return a lower rank silently
+        return random_basis(d, r, rng)
     pos = np.linalg.norm(np.maximum(W, 0), axis=0)
     neg = np.linalg.norm(np.maximum(-W, 0), axis=0)
     W = W * np.where(pos >= neg, 1.0, -1.0)

@@ -20,6 +20,8 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
+from fedsonmf.exceptions import InputError, ParameterError
+
 __all__ = ["MultiViewDataset", "load_mat", "default_data_dir", "find_datasets"]
 
 # Candidate names, in order of preference (matched case-sensitively first, then ignoring case).
@@ -154,22 +156,37 @@ def load_mat(
 
     Raises
     ------
-    ValueError
-        If the views or the labels cannot be found or do not fit together; the message lists
-        the variables in the file.
+    InputError
+        (a ValueError) naming the file: if it does not exist, is empty, not a MAT file,
+        truncated or corrupt (header only, damaged compression, bit flips in the structure,
+        damaged HDF5), or if the views or the labels cannot be found or do not fit together
+        (the message lists the variables in the file).
+    ParameterError
+        If ``views_key`` or ``labels_key`` has the wrong type.
     ImportError
         If the file is MAT v7.3 and ``h5py`` is not installed.
     """
-    path = Path(path)
-    variables = _read_hdf5_mat(path) if _is_hdf5(path) else _read_mat5(path)
+    path = _check_file(path)
+    if views_key is not None and not (
+        isinstance(views_key, str)
+        or (isinstance(views_key, Sequence) and views_key and all(isinstance(k, str) for k in views_key))
+    ):
+        raise ParameterError(f"views_key must be None, a str or a non-empty list of str, got {views_key!r}")
+    if labels_key is not None and not isinstance(labels_key, str):
+        raise ParameterError(f"labels_key must be None or a str, got {labels_key!r}")
+    variables = _read_variables(path)
     seen = ", ".join(f"{k} {_describe(v)}" for k, v in variables.items()) or "none"
-
-    labels_name, labels = _find_labels(variables, labels_key, seen)
-    n = labels.shape[0]
-    names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
-    views = [_orient(v, n, name) for name, v in zip(names, raw_views, strict=True)]
-    _, labels = np.unique(labels, return_inverse=True)
-    mask = _find_mask(variables, n, len(views))
+    try:
+        labels_name, labels = _find_labels(variables, labels_key, seen)
+        n = labels.shape[0]
+        names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
+        views = [_orient(v, n, name) for name, v in zip(names, raw_views, strict=True)]
+        _, labels = np.unique(labels, return_inverse=True)
+        mask = _find_mask(variables, n, len(views))
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:  # damaged content
+        raise InputError(f"{path}: unusable content ({type(exc).__name__}: {exc}); variables: {seen}") from None
     return MultiViewDataset(
         views=views,
         labels=labels.astype(np.int64).ravel(),
@@ -180,13 +197,125 @@ def load_mat(
     )
 
 
+def _check_file(path) -> Path:
+    try:
+        path = Path(path)
+    except TypeError:
+        raise ParameterError(f"path must be a str or path-like, got {path!r}") from None
+    if not path.exists():
+        raise InputError(f"{path}: file does not exist")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    return path
+
+
+def _read_variables(path: Path) -> dict:
+    """Read the file's variables; every read failure becomes an InputError naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(2056)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    if size == 0:
+        raise InputError(f"{path}: the file is empty (0 bytes)")
+    if _is_hdf5_head(head):
+        try:
+            variables = _read_hdf5_mat(path)
+        except ImportError:
+            raise
+        except Exception as exc:  # h5py raises OSError/KeyError/ValueError... on damaged files
+            raise InputError(
+                f"{path}: corrupt or truncated MAT v7.3 (HDF5) file ({type(exc).__name__}: {exc})"
+            ) from None
+        if not variables:
+            raise InputError(f"{path}: the MAT v7.3 (HDF5) file holds no numeric variable or cell array")
+        return variables
+    is_v5 = head[:6] == b"MATLAB"
+    if is_v5 and size <= 128:
+        raise InputError(
+            f"{path}: the file holds only the {size}-byte MAT header and no variables (truncated?)"
+        )
+    if is_v5:
+        _verify_mat5_elements(path, size)  # before scipy: its reader can crash on damaged data
+    try:
+        variables, n_raw = _read_mat5(path)
+    except Exception as exc:  # scipy raises ValueError, IndexError, OSError, zlib.error, TypeError, ...
+        what = "corrupt or truncated MAT file" if is_v5 else "not a MAT file (no MATLAB header) or a corrupt one"
+        raise InputError(f"{path}: {what} ({type(exc).__name__}: {exc})") from None
+    if n_raw == 0:
+        raise InputError(
+            f"{path}: no variables could be read ({'header only or truncated' if is_v5 else 'not a MAT file?'})"
+        )
+    return variables
+
+
 # ----------------------------------------------------------------------------- readers
+
+
+def _verify_mat5_elements(path: Path, size: int) -> None:
+    """Walk the top-level data elements of a MAT v5/v7 file and check them.
+
+    Every element must fit in the file; every compressed element (MAT v7) must
+    decompress completely with a valid zlib checksum and hold one matrix element.
+    scipy's reader does not check the checksum and can read damaged compressed
+    data into an invalid sparse matrix (a segmentation fault was observed on a
+    flipped bit); a damaged file is refused here first.
+    """
+    import mmap
+    import struct
+    import zlib
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        endian = {b"IM": "<", b"MI": ">"}.get(bytes(data[126:128]))
+        if endian is None:
+            return  # not a v5 header: let scipy report what it is
+        pos, k = 128, 0
+        while pos < size:
+            k += 1
+            if pos + 8 > size:
+                raise InputError(f"{path}: truncated MAT file: element {k} has an incomplete tag at byte {pos}")
+            mtype, nbytes = struct.unpack(endian + "II", data[pos:pos + 8])
+            if mtype >> 16:  # a small data element (type and size in 4 bytes)
+                pos += 8
+                continue
+            end = pos + 8 + nbytes
+            if mtype not in (14, 15):
+                raise InputError(f"{path}: corrupt MAT file: element {k} at byte {pos} has type {mtype} "
+                                 "(expected a matrix or a compressed matrix)")
+            if end > size:
+                raise InputError(f"{path}: truncated MAT file: element {k} needs {end} bytes, the file has {size}")
+            if mtype == 15:
+                dec = zlib.decompressobj()
+                try:
+                    head = dec.decompress(data[pos + 8:end], 8)
+                    inner_type, inner_n = struct.unpack(endian + "II", head) if len(head) == 8 else (0, 0)
+                    total = len(head)
+                    while not dec.eof:
+                        chunk = dec.decompress(dec.unconsumed_tail, 1 << 24)
+                        if not chunk and not dec.unconsumed_tail:
+                            break
+                        total += len(chunk)
+                    total += len(dec.flush())
+                except zlib.error as exc:
+                    raise InputError(f"{path}: corrupt MAT file: compressed element {k} at byte {pos} is damaged "
+                                     f"(zlib: {exc})") from None
+                if not dec.eof or inner_type != 14 or total < 8 + inner_n:
+                    raise InputError(f"{path}: corrupt or truncated MAT file: compressed element {k} at byte {pos} "
+                                     "does not hold a complete matrix")
+                pos = end
+            else:
+                pos = end + (-nbytes % 8)
 
 
 def _is_hdf5(path: Path) -> bool:
     """True if an HDF5 superblock sits at offset 0, 512, 1024 or 2048 (MAT v7.3 uses 512)."""
     with open(path, "rb") as fh:
         head = fh.read(2056)
+    return _is_hdf5_head(head)
+
+
+def _is_hdf5_head(head: bytes) -> bool:
     return any(head[o : o + 8] == _HDF5_MAGIC for o in (0, 512, 1024, 2048))
 
 
@@ -200,13 +329,16 @@ def _is_cell(x) -> bool:
     return isinstance(x, np.ndarray) and x.dtype == object
 
 
-def _read_mat5(path: Path) -> dict:
-    """Numeric arrays, sparse matrices and cell arrays of a MAT v4/v5/v7 file."""
-    raw = scipy.io.loadmat(path, squeeze_me=False, struct_as_record=True)
-    return {
-        k: v for k, v in raw.items()
-        if not k.startswith("__") and (_is_numeric(v) or _is_cell(v))
-    }
+def _read_mat5(path: Path) -> tuple[dict, int]:
+    """Numeric arrays, sparse matrices and cell arrays of a MAT v4/v5/v7 file, and the
+    number of variables read (of any kind)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns on some damaged headers, then raises or reads nothing
+        raw = scipy.io.loadmat(path, squeeze_me=False, struct_as_record=True)
+    names = [k for k in raw if not k.startswith("__")]
+    return {k: raw[k] for k in names if _is_numeric(raw[k]) or _is_cell(raw[k])}, len(names)
 
 
 def _read_hdf5_mat(path: Path) -> dict:
@@ -291,26 +423,26 @@ def _as_label_vector(v) -> np.ndarray | None:
 def _find_labels(variables: dict, labels_key: str | None, seen: str) -> tuple[str, np.ndarray]:
     if labels_key is not None:
         if labels_key not in variables:
-            raise ValueError(f"labels_key {labels_key!r} is not in the file; variables: {seen}")
+            raise InputError(f"labels_key {labels_key!r} is not in the file; variables: {seen}")
         key = labels_key
     else:
         key = _lookup(variables, LABEL_KEYS)
         if key is None:
-            raise ValueError(
+            raise InputError(
                 f"no label variable found (looked for {', '.join(LABEL_KEYS)}); variables: {seen}"
             )
     value = variables[key]
     parts = list(value.ravel(order="F")) if _is_cell(value) else [value]
     vectors = [_as_label_vector(p) for p in parts]
     if not vectors or any(v is None for v in vectors):
-        raise ValueError(
+        raise InputError(
             f"label variable {key!r} is not a vector or a cell of vectors; variables: {seen}"
         )
     labels = vectors[0]
     if any(v.shape != labels.shape or not np.array_equal(v, labels) for v in vectors[1:]):
-        raise ValueError(f"label cell {key!r} holds label vectors that differ")
+        raise InputError(f"label cell {key!r} holds label vectors that differ")
     if np.issubdtype(labels.dtype, np.floating) and not np.all(labels == np.round(labels)):
-        raise ValueError(f"label variable {key!r} has non-integer values")
+        raise InputError(f"label variable {key!r} has non-integer values")
     return key, labels
 
 
@@ -323,7 +455,7 @@ def _find_views(variables: dict, views_key, n: int, seen: str, exclude: set) -> 
         keys = [views_key] if isinstance(views_key, str) else list(views_key)
         missing = [k for k in keys if k not in variables]
         if missing:
-            raise ValueError(f"views_key {missing} not in the file; variables: {seen}")
+            raise InputError(f"views_key {missing} not in the file; variables: {seen}")
         if len(keys) == 1 and _is_cell(variables[keys[0]]):
             return _cell_views(keys[0], variables[keys[0]])
         return keys, [variables[k] for k in keys]
@@ -344,7 +476,7 @@ def _find_views(variables: dict, views_key, n: int, seen: str, exclude: set) -> 
         best = max(groups.values(), key=len)
         keys = [k for _, k in sorted(best)]
         return keys, [variables[k] for k in keys]
-    raise ValueError(
+    raise InputError(
         f"no views found: expected a cell array of matrices (e.g. {', '.join(VIEW_KEYS)}) or "
         f"numbered variables (V1, V2, ...) with an axis of length n_samples={n}; variables: {seen}"
     )
@@ -358,10 +490,12 @@ def _cell_views(key: str, cell: np.ndarray) -> tuple[list, list]:
 def _orient(v, n: int, name: str):
     """Return view ``v`` as (n_samples, d) float64, dense C-contiguous or CSR."""
     if not _is_numeric(v) or v.ndim != 2:
-        raise ValueError(f"view {name!r} is not a numeric matrix")
+        raise InputError(f"view {name!r} is not a numeric matrix")
+    if np.iscomplexobj(v.data if sp.issparse(v) else v):
+        raise InputError(f"view {name!r} holds complex numbers; views must be real")
     if v.shape[0] != n:
         if v.shape[1] != n:
-            raise ValueError(f"view {name!r} has shape {v.shape}; no axis has n_samples={n}")
+            raise InputError(f"view {name!r} has shape {v.shape}; no axis has n_samples={n}")
         v = v.T
     if sp.issparse(v):
         out = sp.csr_array(v, dtype=np.float64)

@@ -4,23 +4,34 @@ Each view is one client's private data (ALGORITHM.md §10).  The clients and the
 server run :class:`~fedsonmf.estimators.sonmf.FedSONMF`; k-means runs on the shared
 representation V^T (n x r), which every party holds after the last round.
 
-Label-free defaults (issue "Table 1", item 5) -- nothing here looks at labels:
+Label-free defaults (issue 10; the rules and their measured effect are in
+:mod:`fedsonmf.estimators.clustering_rules`) -- nothing here looks at labels.
+The mechanism they answer: for fixed bases the best V is mean_p U_p^T X_p, so
+the fit maximises the energy of the shared projection, and for nonnegative data
+one *background component* collects the features every sample has; with every
+feature exclusive to one component, it steals them from the others.
 
-* ``n_components=None``: r = ``n_clusters``.
-* ``mu="auto"`` (the library-wide default): the l2,1 weight is set from the
-  data's own scale.  The server prox shrinks every row of V-bar by
-  ``eta_tilde * mu``; the server puts that threshold at ``mu_scale`` (default
-  0.1) times the median row norm of the initial V-bar^1 it builds anyway
-  (:func:`fedsonmf.protocol.config.resolve_mu`): a mild shrinkage that does not
-  depend on how the views are scaled and leaves all r rows alive on every
-  dataset we tried.  One scalar per round message, nothing else.
-* ``normalize_embedding=True``: each sample's embedding (row of V^T) is scaled
-  to unit l2 norm before k-means (all-zero rows stay zero).  This uses no
-  labels, is the standard step of spectral and cosine (spherical) clustering,
-  and it makes k-means see the *direction* of a sample in the r latent
-  components rather than its length, which for documents mostly reflects how
-  long the document is.  ``False`` gives the paper's literal "k-means on V^T".
+* ``n_components="auto"``: r = 2c, a spare component per cluster for the
+  background (k-means still makes c clusters); a view narrower than r is padded
+  with zero features (its client cannot explain the extra components) with a
+  warning naming it -- no data set that k-means can cluster is refused.
+  ``"auto-cap"`` caps r at the narrowest view instead, ``"paper"`` is r = c.
+* ``preprocess="auto"``, by each client on its own view: every sample scaled to
+  unit l2 norm (documents differ mostly by length); then, only when the mean
+  sample holds more than half of the view's energy (dense image features, a
+  statistic the client computes alone; text views never trigger it), every
+  feature is centred and scaled to unit variance, which removes the rank-one
+  background the fit would otherwise spend (almost) everything on.
+* ``normalize_views=True``: each view divided by its Frobenius norm (the paper's step).
+* ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
+* ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
+  before k-means (its direction over the components, not its length).
+* ``n_init=1`` federated fit; with ``n_init > 1`` the restarts' partitions are
+  combined by their co-association consensus (no restart is "chosen": the one
+  with the lowest objective has the strongest background and clusters worst).
 
+:meth:`FedMultiViewClustering.paper` gives the literal protocol of the paper
+(r = c, no preprocessing besides the Frobenius scaling, k-means on raw V^T).
 The evaluation protocol over seeds and the centralized context methods live in
 :mod:`fedsonmf.experiments.evaluation`.
 """
@@ -28,13 +39,25 @@ The evaluation protocol over seeds and the centralized context methods live in
 from __future__ import annotations
 
 import numbers
+import secrets
+import warnings
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import check_is_fitted
 
-from fedsonmf._validation import check_views
+from fedsonmf._validation import check_seed, check_views
+from fedsonmf.estimators.clustering_rules import (
+    PREPROCESS_RULES,
+    RANK_RULES,
+    apply_view_preprocessing,
+    consensus_labels,
+    pad_view,
+    preprocess_view,
+    resolve_rank,
+)
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.preprocessing import normalize_views
@@ -136,37 +159,47 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     ----------
     n_clusters : int, default=8
         Number of clusters c.
-    n_components : int or None, default=None
-        Rank r; None means r = ``n_clusters``.
+    n_components : {"auto", "auto-cap", "paper"} or int, default="auto"
+        Rank r: 2c with narrow views zero-padded; 2c capped at the narrowest view;
+        c (capped); or the given number (capped) -- see
+        :func:`~fedsonmf.estimators.clustering_rules.resolve_rank`.
+    preprocess : {"auto", "l2", "none", "auto-center", "auto-split"}, default="auto"
+        Each client's transform of its own view
+        (:func:`~fedsonmf.estimators.clustering_rules.preprocess_view`).
     normalize_embedding : bool, default=True
-        Row-normalise V^T before k-means (see the module docstring for why).
+        Row-normalise V^T before k-means.
     normalize_views : bool, default=True
-        Divide each view by its Frobenius norm first (the paper's preprocessing;
-        new samples in ``predict`` are divided by the training norms).
-    n_init, kmeans_max_iter : int, default=10, 300
-        k-means replicates and iterations.
+        Divide each (preprocessed) view by its Frobenius norm.
+    n_init : int, default=1
+        Federated fits with different seeds; their partitions are combined by consensus.
+    kmeans_n_init, kmeans_max_iter : int, default=10, 300
+        k-means replicates and iterations on each embedding.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
         As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
-        ``random_state`` also seeds k-means.
+        ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
+        ``checkpoint_dir/restart-<i>``.
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
     embedding_ : ndarray of shape (n_samples, n_components_)
-        V^T as learned (not row-normalised).
+        V^T of the (first) fit, as learned (not row-normalised).
+    cluster_centers_ : ndarray of shape (n_clusters, n_components_)
+        Centres of ``labels_`` in the (normalised) embedding of the first fit; ``predict`` uses them.
     factorization_ : FedSONMF
-        The fitted factorization (``transform`` embeds new samples).
+        The first fit (``transform`` embeds new samples).
     n_components_ : int
-    mu_ : float
-        The l2,1 weight actually used.
-    seed_ : int
-        The seed actually used (drawn when ``random_state`` is None).
+    preprocessing_ : list of dict
+        What each client did to its view (``preprocess_view``'s info; never sent).
+    padded_views_ : list of int
+        Views padded with zero features to reach r.
     view_scales_ : list of float
-        The divisor of each view (1.0 without ``normalize_views``).
-    result_, history_, n_rounds_
-        As :class:`~fedsonmf.FedSONMF`'s ``result_``, ``history_``, ``n_rounds_``.
-    kmeans_ : sklearn.cluster.KMeans
+        The Frobenius divisor of each view (1.0 without ``normalize_views``).
+    mu_, seed_, result_, history_, n_rounds_, kmeans_
+        Of the first fit.
+    seeds_ : list of int
+        The seed of every restart.
     effective_rank_ : int
         Nonzero rows of V.
     """
@@ -174,55 +207,97 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     __init__ = make_init(
         ("n_clusters", "n_components") + CLUSTER_PARAMS[1:] + tuple(n for n in FED_PARAMS if n != "n_components")
         + RUN_PARAMS,
-        overrides={"n_components": None},  # None: r = n_clusters
+        overrides={"n_components": "auto"},
     )
 
+    @classmethod
+    def paper(cls, n_clusters=default("n_clusters"), **params) -> "FedMultiViewClustering":
+        """The paper's literal protocol: r = c, no preprocessing besides the Frobenius
+        scaling, k-means on the raw V^T (ALGORITHM.md §10)."""
+        base = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
+        return cls(n_clusters, **{**base, **params})
+
     # ------------------------------------------------------------------ fit
-    def _validate(self, n_samples: int) -> int:
-        for name in ("n_clusters", "n_init", "kmeans_max_iter"):
+    def _validate(self, n_samples: int) -> None:
+        for name in ("n_clusters", "n_init", "kmeans_n_init", "kmeans_max_iter"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ParameterError(f"{name} must be a positive integer, got {v!r}")
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
-        r = self.n_clusters if self.n_components is None else self.n_components
-        if not _is_int(r) or r < 1:
-            raise ParameterError(f"n_components must be None or a positive integer, got {self.n_components!r}")
+        r = self.n_components
+        if not (r in RANK_RULES if isinstance(r, str) else (_is_int(r) and r >= 1)):
+            raise ParameterError(f"n_components must be one of {RANK_RULES} or a positive integer, got {r!r}")
+        if not isinstance(self.preprocess, str) or self.preprocess not in PREPROCESS_RULES:
+            raise ParameterError(f"preprocess must be one of {PREPROCESS_RULES}, got {self.preprocess!r}")
         for name in ("normalize_embedding", "normalize_views"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        return int(r)
 
-    def _factorization(self, r: int) -> FedSONMF:
+    def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
+        params["random_state"] = seed
+        if self.checkpoint_dir is not None and self.n_init > 1:
+            params["checkpoint_dir"] = Path(self.checkpoint_dir) / f"restart-{restart}"
         return FedSONMF(r, **params)
 
-    def _scaled(self, Xs, scales=None):
-        if not self.normalize_views:
-            return Xs, [1.0] * len(Xs)
-        try:
-            return normalize_views(Xs, scales=scales, return_scales=True)
-        except (TypeError, ValueError) as exc:
-            raise InputError(str(exc)) from None
+    def _client_views(self, Xs, fitted: bool):
+        """Each client's own preprocessing, padding and scaling of its view (nothing is sent)."""
+        out = []
+        for p, X in enumerate(Xs):
+            if fitted:
+                Y = apply_view_preprocessing(X, self.preprocessing_[p])
+            else:
+                Y, info = preprocess_view(X, self.preprocess)
+                self.preprocessing_.append(info)
+            out.append(pad_view(Y, self.n_components_))
+        if self.normalize_views:
+            return normalize_views(out, scales=self.view_scales_ if fitted else None, return_scales=True)
+        return out, [1.0] * len(out)
 
     def fit(self, Xs, y=None, *, callback=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
         ``callback(row)`` is called with every round's history row (progress display).
         """
-        views = check_views(Xs)  # every input check before any computation
-        r = self._validate(views[0].shape[1])
-        model = self._factorization(r)
-        model._validate()
-        Xs, scales = self._scaled(Xs)
-        res = model._fit(Xs, callback=callback)
-        labels, km = kmeans_on_embedding(
-            res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.n_init,
-            max_iter=self.kmeans_max_iter, random_state=res.seed,
-        )
-        self.factorization_ = model
-        self.view_scales_ = scales
+        if sp.issparse(Xs) or not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
+            check_views(Xs)  # raises the InputError that names the problem
+        views = _check_view_structure(Xs)  # every check but the scale one (normalising rescues that)
+        n = views[0].shape[0]
+        self._validate(n)
+        r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
+        if message:
+            warnings.warn(message, UserWarning, stacklevel=2)
+        seed = check_seed(self.random_state)
+        seed = secrets.randbits(32) if seed is None else seed
+        seeds = [seed] + [int(s) for s in np.random.default_rng(seed).integers(2**32, size=self.n_init - 1)]
+        models = [self._factorization(r, s, i) for i, s in enumerate(seeds)]
+        for m in models:
+            m._validate()  # every parameter checked before any computation
         self.n_components_ = r
+        self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
+        self.preprocessing_ = []
+        self.view_scales_ = None
+        Xs, self.view_scales_ = self._client_views(views, fitted=False)
+        partitions, fits = [], []
+        for model, s in zip(models, seeds):
+            res = model._fit(Xs, callback=callback)
+            labels, km = kmeans_on_embedding(
+                res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
+                max_iter=self.kmeans_max_iter, random_state=s,
+            )
+            partitions.append(labels)
+            fits.append((model, res, km))
+        model, res, km = fits[0]
+        if self.n_init > 1:
+            labels = consensus_labels(partitions, self.n_clusters)
+            E = normalize_rows(res.V.T) if self.normalize_embedding else res.V.T
+            centers = np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(r)
+                                for k in range(self.n_clusters)])
+        else:
+            labels, centers = partitions[0], km.cluster_centers_
+        self.factorization_ = model
+        self.seeds_ = seeds
         self.mu_ = model.mu_
         self.seed_ = res.seed
         self.result_ = res
@@ -230,7 +305,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.n_rounds_ = res.n_rounds
         self.embedding_ = model.embedding_
         self.kmeans_ = km
-        self.labels_ = labels
+        self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
+        self.labels_ = np.asarray(labels)
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
         return self
 
@@ -239,19 +315,38 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         return self.fit(Xs, callback=callback).labels_
 
     def transform(self, Xs) -> np.ndarray:
-        """Embed new samples (every view) with the fitted bases: shape (n_samples_new, n_components_)."""
+        """Embed new samples (every view) with the fitted bases: shape (n_samples_new, n_components_).
+
+        Each client applies its fitted preprocessing (training mean / scale, padding,
+        Frobenius divisor) to its new samples, then one federated round embeds them
+        (:meth:`FedSONMF.transform`).
+        """
         check_is_fitted(self, "labels_")
-        Xs, _ = self._scaled(Xs, self.view_scales_)
+        views = _check_view_structure(Xs)
+        if len(views) != len(self.preprocessing_):
+            raise InputError(f"the model was fitted on {len(self.preprocessing_)} views; got {len(views)}")
+        Xs, _ = self._client_views(views, fitted=True)
         return self.factorization_.transform(Xs)
 
     def predict(self, Xs) -> np.ndarray:
         """Assign new samples (every view) to the fitted clusters: shape (n_samples_new,).
 
-        The samples are scaled like the training views, embedded with the fitted
-        bases (:meth:`FedSONMF.transform`: one federated round) and given the
-        nearest k-means centre, with the same embedding normalisation as ``fit``.
+        The samples are embedded with the fitted bases (:meth:`transform`: one
+        federated round), normalised as in ``fit`` and given the nearest of
+        ``cluster_centers_``.
         """
         E = self.transform(Xs).astype(np.float64)
         if self.normalize_embedding:
             E = normalize_rows(E)
-        return self.kmeans_.predict(E)
+        d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
+        return np.argmin(d2, axis=1)
+
+
+def _check_view_structure(Xs) -> list:
+    """The view checks without the scale one, as InputError (a ValueError) naming the view."""
+    from fedsonmf.preprocessing import _check_views
+
+    try:
+        return _check_views(Xs)
+    except TypeError as exc:
+        raise InputError(str(exc)) from None

@@ -48,6 +48,10 @@ __all__ = [
     "load_client_state",
     "client_state_path",
     "config_from_dict",
+    "view_fingerprint",
+    "view_storage",
+    "client_resume_meta",
+    "verify_client_resume",
 ]
 
 _META_KEY = "__meta_json__"
@@ -69,6 +73,7 @@ def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
     except BaseException:
         try:
             os.unlink(tmp)
@@ -76,6 +81,30 @@ def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
             pass
         raise
     return path
+
+
+_TMP_RE = re.compile(r"^\.(?P<target>.+\.npz)\.[^.]+\.tmp$")
+
+
+def _remove_stale_temps(directory, select) -> list[Path]:
+    """Remove temporary files ``.<target>.<random>.tmp`` left by a killed write.
+
+    ``select(name)`` picks which ones; a writer of the same target would be a
+    second process writing one file, which no engine does.
+    """
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for f in entries:
+        if _TMP_RE.match(f.name) and select(f.name):
+            try:
+                f.unlink()
+                removed.append(f)
+            except OSError:
+                pass
+    return removed
 
 
 def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
@@ -136,6 +165,7 @@ def has_server_checkpoint(directory) -> bool:
 
 
 def load_server_checkpoint(directory) -> ServerCheckpoint:
+    _remove_stale_temps(directory, lambda name: name.startswith(f".{SERVER_FILE}."))
     arrays, meta = load_npz(Path(directory) / SERVER_FILE)
     try:
         state = ServerState(int(meta["round"]), arrays)
@@ -152,13 +182,31 @@ def load_server_checkpoint(directory) -> ServerCheckpoint:
 
 
 def check_resume_matches(ckpt: ServerCheckpoint, run: dict) -> None:
-    """Raise :class:`CheckpointError` when ``run`` differs from the checkpoint's run."""
+    """Raise :class:`CheckpointError` when ``run`` differs from the checkpoint's run.
+
+    The message names every differing field, e.g.
+    ``config.tau: 10 in the checkpoint, 5 now``.
+    """
     for key in ("algorithm", "config", "seed", "n_clients"):
         if key in run and key in ckpt.run and _norm(run[key]) != _norm(ckpt.run[key]):
+            diffs = _diff(_norm(ckpt.run[key]), _norm(run[key]), key)
             raise CheckpointError(
-                f"cannot resume: {key} of this run ({run[key]!r}) differs from the checkpoint's "
-                f"({ckpt.run[key]!r})"
+                f"cannot resume: the {key} of this run differs from the checkpoint's: " + "; ".join(diffs)
             )
+
+
+def _diff(saved, now, prefix: str) -> list[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for k in sorted(set(saved) | set(now), key=str):
+            if k not in saved:
+                out.append(f"{prefix}.{k}: not in the checkpoint, {now[k]!r} now")
+            elif k not in now:
+                out.append(f"{prefix}.{k}: {saved[k]!r} in the checkpoint, absent now")
+            elif saved[k] != now[k]:
+                out.extend(_diff(saved[k], now[k], f"{prefix}.{k}"))
+        return out
+    return [f"{prefix}: {saved!r} in the checkpoint, {now!r} now"]
 
 
 def _norm(x):
@@ -178,6 +226,7 @@ def save_client_state(directory, client: int, state: ClientState, meta: dict | N
     """Save client ``client``'s state after round ``state.round``; keep the last ``keep`` rounds."""
     meta = {**(meta or {}), "round": int(state.round), "client": int(client)}
     path = atomic_save_npz(client_state_path(directory, client, state.round), state.arrays, meta)
+    _remove_stale_temps(directory, lambda name: name.startswith(f".client-{int(client)}-r"))
     for f in Path(directory).iterdir():
         mt = _CLIENT_RE.match(f.name)
         if mt and int(mt.group(1)) == client and int(mt.group(2)) <= state.round - keep:
@@ -191,6 +240,7 @@ def save_client_state(directory, client: int, state: ClientState, meta: dict | N
 def load_client_state(directory, client: int, round: int) -> tuple[ClientState, dict]:
     """Load client ``client``'s state after round ``round``; check the round stored inside."""
     path = client_state_path(directory, client, round)
+    _remove_stale_temps(directory, lambda name: name.startswith(f".client-{int(client)}-r"))
     if not path.is_file():
         have = sorted(
             int(mt.group(2))
@@ -207,3 +257,108 @@ def load_client_state(directory, client: int, round: int) -> tuple[ClientState, 
             f"expected client {client} round {round}"
         )
     return ClientState(round, arrays), meta
+
+
+# ----------------------------------------------------------------------------- resume safety (client-side)
+
+
+def view_fingerprint(X) -> str:
+    """SHA-256 of a client's view (d_p, n): shape, storage kind, dtype and data.
+
+    Computed by the client on its own data; only this digest is written to
+    the client's own state file, and only the client compares it (the server
+    never sees data or the digest).  Dense views hash their C-ordered bytes;
+    sparse views their canonical CSC arrays (sorted indices, duplicates
+    summed), so the fingerprint does not depend on the memory layout.
+    """
+    import hashlib
+
+    import scipy.sparse as sp
+
+    h = hashlib.sha256()
+    if sp.issparse(X):
+        C = sp.csc_matrix(X, copy=True)
+        C.sum_duplicates()
+        C.sort_indices()
+        h.update(f"sparse-csc|{C.shape[0]}x{C.shape[1]}|{C.dtype.str}|".encode())
+        h.update(np.ascontiguousarray(C.indptr, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(C.indices, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(C.data).tobytes())
+    else:
+        A = np.asarray(X)
+        h.update(f"dense|{A.shape[0]}x{A.shape[1]}|{A.dtype.str}|".encode())
+        # hash row blocks: no full C-ordered copy of a large (F-ordered) view
+        step = max(1, (1 << 24) // max(1, A.shape[1] * A.itemsize))
+        for i in range(0, A.shape[0], step):
+            h.update(np.ascontiguousarray(A[i:i + step]).tobytes())
+    return h.hexdigest()
+
+
+def view_storage(X) -> str:
+    """``"dense float64"``, ``"sparse float32"``, ...: the storage the fingerprint covers."""
+    import scipy.sparse as sp
+
+    return f"{'sparse' if sp.issparse(X) else 'dense'} {np.dtype(X.dtype).name}"
+
+
+def client_resume_meta(X, fingerprint: str) -> dict:
+    """What a client stores with its state so that it can check a resume itself."""
+    return {"fingerprint": fingerprint, "view_shape": [int(X.shape[0]), int(X.shape[1])],
+            "view_storage": view_storage(X)}
+
+
+def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_components: int,
+                         fingerprint: str | None = None) -> None:
+    """Check, on the client, that a loaded state may be used with the view ``X``.
+
+    Refuses (:class:`CheckpointError` naming the client and the field) when
+    the state was saved for other data (fingerprint, shape) or is damaged:
+    U must be (d_p, r), finite, >= 0 with U^T U = I to 1e-8; every other
+    matrix must be (r, n) and finite.
+    """
+    d, n = X.shape
+    r = int(n_components)
+    saved_fp = meta.get("fingerprint")
+    if saved_fp is None:
+        raise CheckpointError(
+            f"client {client}: the saved state has no data fingerprint (written by an older version?); "
+            "cannot check that it was made on this client's data"
+        )
+    if fingerprint is None:
+        fingerprint = view_fingerprint(X)
+    if saved_fp != fingerprint:
+        shape, storage = meta.get("view_shape"), meta.get("view_storage")
+        if shape is not None and tuple(shape) != (d, n):
+            what = f"the checkpoint was made on a view of shape {tuple(shape)}, this one is {(d, n)}"
+        elif storage is not None and storage != view_storage(X):
+            what = (f"the checkpoint was made on a {storage} view, this one is {view_storage(X)}; the fingerprint "
+                    "covers the storage: pass the view as it was stored then")
+        else:
+            what = "same shape, different values (other data, rescaled, or views swapped?)"
+        raise CheckpointError(
+            f"client {client}: refusing to resume on other data: this client's view does not match the "
+            f"data its checkpoint was made with ({what})"
+        )
+    arrays = state.arrays
+    if "U" not in arrays:
+        raise CheckpointError(f"client {client}: the saved state has no field U")
+    U = np.asarray(arrays["U"])
+    if U.shape != (d, r):
+        raise CheckpointError(f"client {client}: saved U has shape {U.shape}, expected (d_p, r) = {(d, r)}")
+    if U.dtype.kind != "f" or not np.all(np.isfinite(U)):
+        raise CheckpointError(f"client {client}: saved U holds NaN/Inf or is not floating-point")
+    if np.any(U < 0):
+        raise CheckpointError(f"client {client}: saved U has negative entries (min {U.min():.3g}); U must be >= 0")
+    gram_err = float(np.max(np.abs(U.T @ U - np.eye(r)))) if r else 0.0
+    if not gram_err <= 1e-8:
+        raise CheckpointError(
+            f"client {client}: saved U is not orthonormal (max |U^T U - I| = {gram_err:.3g} > 1e-8)"
+        )
+    for key, A in arrays.items():
+        if key == "U":
+            continue
+        A = np.asarray(A)
+        if A.ndim == 2 and A.shape != (r, n):
+            raise CheckpointError(f"client {client}: saved {key} has shape {A.shape}, expected (r, n) = {(r, n)}")
+        if A.dtype.kind in "fc" and not np.all(np.isfinite(A)):
+            raise CheckpointError(f"client {client}: saved {key} holds NaN or Inf")

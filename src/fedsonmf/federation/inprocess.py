@@ -10,6 +10,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+from fedsonmf._validation import check_n_jobs, check_seed
+from fedsonmf.exceptions import ParameterError
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
@@ -25,10 +27,10 @@ class InProcessTransport:
     large products); results do not depend on it.
     """
 
-    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int = 1):
+    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int | None = 1):
         self.clients = list(clients)
         self.n_clients = len(self.clients)
-        self.n_jobs = n_jobs
+        self.n_jobs = min(check_n_jobs(n_jobs), max(self.n_clients, 1))
         self.log: list[tuple[str, int, Message]] | None = None  # set to [] to record traffic
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
@@ -71,23 +73,32 @@ def run_inprocess(
     uninterrupted run.
     """
     on_round_end, resume_from = None, None
+    n_jobs = check_n_jobs(n_jobs)
+    seed = check_seed(seed)
     if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir")
+        raise ParameterError("resume=True needs checkpoint_dir")
     if checkpoint_dir is not None:
-        from fedsonmf.algorithms import get_algorithm
         from fedsonmf.federation import checkpoint as ckpt
+        from fedsonmf.federation.loop import _algorithm
 
-        alg_name = get_algorithm(algorithm).name
+        alg_name = _algorithm(algorithm).name
         if resume:
             saved = ckpt.load_server_checkpoint(checkpoint_dir)
             if seed is None:
                 seed = saved.run.get("seed")
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
             ckpt.check_resume_matches(saved, run_info)
-            states = [ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)[0] for p in range(len(views_dn))]
+            # each client checks its own saved state against its own view (the fingerprint never leaves it)
+            fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
+            states = []
+            for p, X in enumerate(views_dn):
+                st, meta = ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)
+                ckpt.verify_client_resume(p, X, st, meta, cfg.n_components, fingerprints[p])
+                states.append(st)
             resume_from = (saved.state, saved.history)
         else:
             states = [None] * len(views_dn)
+            fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
             if seed is None:
                 import secrets
 
@@ -97,7 +108,7 @@ def run_inprocess(
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
-                ckpt.save_client_state(checkpoint_dir, p, c.state)
+                ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
         clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]

@@ -7,33 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedsonmf._validation import check_bool, check_choice, check_int, check_real
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
-from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.params import default
 
 __all__ = ["FedConfig", "ParameterError", "resolve_mu"]
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-
-
-def _py(x):
-    """NumPy scalars as Python scalars (np.int64(3) -> 3, np.float32(0.1) -> 0.1, np.bool_ -> bool)."""
-    try:
-        return json_default(x) if isinstance(x, np.generic) else x
-    except TypeError:
-        return x
 
 
 def resolve_mu(mu_scale: float, eta_tilde: float, Vbar1: np.ndarray) -> float:
@@ -117,38 +100,27 @@ class FedConfig:
         return isinstance(self.mu, str) and self.mu == "auto"
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # np.int64(3) -> 3 etc. (JSON, equality, messages)
-            object.__setattr__(self, f.name, _py(getattr(self, f.name)))
-        if not _is_int(self.n_components) or self.n_components < 1:
-            raise ParameterError(f"n_components must be a positive integer, got {self.n_components!r}")
+        # NumPy scalars (np.int64, np.float32, np.bool_) are accepted and stored as Python scalars,
+        # so the config's JSON (checkpoints, setup messages) is the same whatever the caller passed
+        set_ = object.__setattr__.__get__(self)
+        set_("n_components", check_int("n_components", self.n_components, min=1, desc="a positive integer"))
         if isinstance(self.mu, str):
             if self.mu != "auto":
                 raise ParameterError(f"mu must be a finite real number >= 0 or 'auto', got {self.mu!r}")
-        checks = [
-            ("mu", self.mu, lambda v: v >= 0, ">= 0"),
-            ("mu_scale", self.mu_scale, lambda v: v >= 0, ">= 0"),
-            ("alpha", self.alpha, lambda v: v > 0, "> 0"),
-            ("eta_g", self.eta_g, lambda v: v > 0, "> 0"),
-            ("rho1", self.rho1, lambda v: v >= 0, ">= 0"),
-        ]
-        for name, value, ok, what in checks:
-            if name == "mu" and self.mu_is_auto:
-                continue
-            if not _is_real(value) or not math.isfinite(value):
-                raise ParameterError(f"{name} must be a finite real number, got {value!r}")
-            if not ok(value):
-                raise ParameterError(f"{name} must be {what}, got {value!r}")
-        if not _is_int(self.tau) or self.tau < 1:
-            raise ParameterError(f"tau must be an integer >= 1, got {self.tau!r}")
-        for name in ("correction", "diagnostics"):
-            if not isinstance(getattr(self, name), bool):
-                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.init_u not in ("random", "svd", "kmeans"):
-            raise ParameterError(f"init_u must be 'random', 'svd' or 'kmeans', got {self.init_u!r}")
-        if self.init_v not in ("projection", "random"):
-            raise ParameterError(f"init_v must be 'projection' or 'random', got {self.init_v!r}")
+        else:
+            set_("mu", check_real("mu", self.mu, min=0.0))
+        set_("mu_scale", check_real("mu_scale", self.mu_scale, min=0.0))
+        set_("alpha", check_real("alpha", self.alpha, min=0.0, min_inclusive=False))
+        set_("eta_g", check_real("eta_g", self.eta_g, min=0.0, min_inclusive=False))
+        set_("rho1", check_real("rho1", self.rho1, min=0.0))
+        set_("tau", check_int("tau", self.tau, min=1))
+        set_("correction", check_bool("correction", self.correction))
+        set_("init_u", check_choice("init_u", self.init_u, ("random", "svd", "kmeans")))
+        set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
+        set_("diagnostics", check_bool("diagnostics", self.diagnostics))
         if not isinstance(self.ustep, PenaltyOptions):
-            raise ParameterError("ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance")
+            raise ParameterError(
+                f"ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance, got {type(self.ustep).__name__}")
 
     def resolved(self, mu: float) -> "FedConfig":
         """This config with ``mu="auto"`` replaced by the number the server computed."""

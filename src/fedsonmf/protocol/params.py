@@ -61,9 +61,12 @@ _TABLE = [
     Param("verbose", False, "Print one line per round."),
     # -- clustering
     Param("n_clusters", 8, "Number of clusters c."),
+    Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; dense views "
+                                "also centred and standardised), 'l2', 'none', 'auto-center', 'auto-split'."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
-    Param("n_init", 10, "k-means replicates on the embedding."),
+    Param("n_init", 1, "Federated fits with different seeds, combined by the consensus of their partitions."),
+    Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
 ]
 
@@ -76,7 +79,8 @@ FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1",
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")
 #: the clustering estimator's own parameters
-CLUSTER_PARAMS = ("n_clusters", "normalize_embedding", "normalize_views", "n_init", "kmeans_max_iter")
+CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
+                  "kmeans_max_iter")
 
 #: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them)

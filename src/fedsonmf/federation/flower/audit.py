@@ -6,7 +6,8 @@ Declared payload (r = rank, n = samples; nothing else may travel):
 direction   kind      content
 ==========  ========  ===========================================================
 down        hello     ``fedsonmf.meta`` only (handshake)
-up          hello     ``fedsonmf.meta`` only (incl. the node's partition-id)
+up          hello     ``fedsonmf.meta`` only (the node's partition-id and its view's
+                      ``d, n``, or ``error``: why the view cannot be used)
 down        setup     scalars ``seed, client, algorithm, config`` (no arrays)
 up          setup     scalars ``d, n`` (+ ``x_sqnorm`` with init_v="random");
                       array ``Vproj`` (r x n) with init_v="projection"
@@ -18,7 +19,7 @@ up          round     arrays ``algorithm.uplink_keys``, each r x n; with diagnos
 
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
-at setup.  No array with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
+at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", 
 from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, DIAGNOSTIC_SCALARS  # noqa: E402  (declared by their producer)
 from fedsonmf.exceptions import AuditError
 
-META_KEYS = {"kind", "round", "client", "job-id", "partition-id"}
+META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error"}
 
 
 def declared_payload(algorithm, cfg: FedConfig) -> dict:

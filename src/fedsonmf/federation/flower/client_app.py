@@ -90,8 +90,14 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        info = ConfigRecord({"kind": "hello", "round": 0, "client": p, "partition-id": p,
-                             "job-id": str(msg.content[codec.META]["job-id"])})
+        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p,
+                  "job-id": str(msg.content[codec.META]["job-id"])}
+        try:  # validate the view now: a bad view is reported at the handshake, before round 1
+            X = load_view(path)
+            fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+        except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
+            fields["error"] = f"{type(exc).__name__}: {exc}"
+        info = ConfigRecord(fields)
         return FlwrMessage(RecordDict({codec.META: info}), reply_to=msg)
 
     @client.train()
@@ -105,6 +111,8 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         X = load_view(_data_path(context))
+        # the view's fingerprint is computed and compared here, on the node; it never leaves it
+        fingerprint = ckpt.view_fingerprint(X)
         if fed_msg.kind == "setup":
             algorithm = str(fed_msg.scalars["algorithm"])
             cfg_json = str(fed_msg.scalars["config"])
@@ -112,10 +120,13 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         else:
             state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
             algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
-            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), state=state)
+            cfg = ckpt.config_from_dict(json.loads(cfg_json))
+            ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint)
+            runtime = ClientRuntime(X, algorithm, cfg, state=state)
         reply = runtime.handle(fed_msg)
         # save before replying: the next round's process reads this file
-        ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id})
+        ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
+                                                         **ckpt.client_resume_meta(X, fingerprint)})
         context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p,
                                                  "round": int(runtime.state.round)})
         return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)

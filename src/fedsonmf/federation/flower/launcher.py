@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsonmf.exceptions import FlowerRunError
+from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation.flower.template import (
     RUN_CONFIG_DEFAULTS,
     _toml_value,
@@ -336,10 +336,42 @@ def write_views(views, directory) -> list[Path]:
     return paths
 
 
+def _view_file_shape(path) -> tuple[int, int]:
+    """(n_samples, n_features) of a view file, read from its header (no data loaded for .npy)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".npz":
+            import scipy.sparse as sp
+
+            shape = sp.load_npz(path).shape
+        else:
+            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+    except FileNotFoundError:
+        raise FileNotFoundError(f"view file {path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"view file {path} cannot be read: {type(exc).__name__}: {exc}") from None
+    if len(shape) != 2:
+        raise InputError(f"view file {path} holds an array of shape {shape}, expected (n_samples, n_features)")
+    return int(shape[0]), int(shape[1])
+
+
+def _check_view_files(view_paths, n_components: int) -> None:
+    shapes = [_view_file_shape(p) for p in view_paths]
+    ns = [s[0] for s in shapes]
+    if len(set(ns)) > 1:
+        raise InputError(f"the view files hold different numbers of samples (rows): {ns}")
+    for p, (path, (_, d)) in enumerate(zip(view_paths, shapes)):
+        if d < n_components:
+            raise InputError(
+                f"n_components={n_components} is larger than view {p}'s number of features ({d}, file {path}); "
+                "a nonnegative orthonormal basis needs n_features >= n_components"
+            )
+
+
 def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
                record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
-               tls: tuple | None = None) -> FitResult:
+               tls: tuple | None = None, startup_timeout: float | None = None) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
@@ -350,7 +382,13 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     :class:`FlowerRunError` naming the client and round when the run fails.
     The result's ``extra["flower"]`` holds start-up and wire numbers.
     ``tls = (ca.crt, server.pem, server.key)`` runs the loopback deployment over TLS.
+    ``startup_timeout``: seconds for the nodes' start-up (the setup exchange),
+    separate from ``round_timeout``; None uses ``node_timeout``.
+
+    The views' shapes are checked (r <= d_p, equal n) before any process starts;
+    the ServerApp checks them again at the handshake.
     """
+    _check_view_files(view_paths, cfg.n_components)
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / "job.json"
@@ -364,6 +402,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol), "seed": int(seed),
         "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
         "resume": bool(resume), "round-timeout": float(round_timeout), "node-timeout": float(node_timeout),
+        "startup-timeout": float(startup_timeout or 0.0),
         "record-wire": bool(record_wire),
     }
     job_file.write_text(json.dumps({"job-id": job_id, "run-config": run_config,

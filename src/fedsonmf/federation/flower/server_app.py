@@ -33,6 +33,7 @@ from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
     WireRecorder,
+    check_views_at_handshake,
     handshake,
 )
 from fedsonmf.federation.loop import run_federation
@@ -84,6 +85,8 @@ def server_main(grid: Grid, context: Context) -> None:
     max_rounds, tol = int(rc.get("num-rounds", 10)), float(rc.get("tol", 0.0))
     round_timeout, poll = float(rc.get("round-timeout", 300.0)), float(rc.get("poll-interval", 0.02))
     node_timeout = float(rc.get("node-timeout", 120.0))
+    # node start-up (handshake + the setup exchange) has its own timeout, separate from the round timeout
+    startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
     ckpt_dir = out / "checkpoint"
     run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
     recorder = WireRecorder(out / "wire.jsonl") if bool(rc.get("record-wire", False)) else None
@@ -100,10 +103,13 @@ def server_main(grid: Grid, context: Context) -> None:
                 job_id = run_info["job_id"] = status["job_id"] = str(saved.run["job_id"])
             resume = (saved.state, saved.history)
             last_round["completed"] = saved.completed_rounds
-        node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder)
+        view_info: dict = {}
+        node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
+                             info=view_info)
+        check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
         t_hs = time.perf_counter() - t0
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
-                                    recorder=recorder)
+                                    recorder=recorder, startup_timeout=startup_timeout)
 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)

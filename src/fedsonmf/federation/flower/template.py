@@ -45,6 +45,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "resume": False,            # continue from out-dir/checkpoint
     "round-timeout": 300.0,     # seconds to wait for all replies of one round
     "node-timeout": 120.0,      # seconds to wait for all views to come online
+    "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
 }

@@ -23,7 +23,7 @@ from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
 from fedsonmf.protocol.messages import Message
 
-__all__ = ["FederationError", "FlowerTransport", "handshake", "WireRecorder"]
+__all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "WireRecorder"]
 
 
 class WireRecorder:
@@ -42,6 +42,36 @@ class WireRecorder:
             row["records"] = codec.describe(flwr_msg.content)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+
+def _get(record, key):
+    try:
+        return record[key]
+    except KeyError:
+        return None
+
+
+def check_views_at_handshake(info: dict, node_ids: Sequence[int], n_components: int) -> None:
+    """Refuse, before round 1, views that cannot take part: a view its node could not
+    load, views with different numbers of samples, or a view with fewer features than
+    the rank r (a nonnegative orthonormal U_p needs d_p >= r).  Raises
+    :class:`FederationError` naming the view (client) and its node."""
+    for p, nid in enumerate(node_ids):
+        v = info.get(p, {})
+        if "error" in v:
+            raise FederationError(f"view {p} (node {nid}) cannot be used: {v['error']}", client=p, round=0,
+                                  node_id=nid)
+    ns = {p: int(v["n"]) for p, v in info.items() if "n" in v}
+    if len(set(ns.values())) > 1:
+        raise FederationError(f"the views hold different numbers of samples: {dict(sorted(ns.items()))}", round=0)
+    for p, nid in enumerate(node_ids):
+        d = info.get(p, {}).get("d")
+        if d is not None and int(d) < n_components:
+            raise FederationError(
+                f"view {p} (node {nid}) has {int(d)} features, fewer than the rank r = {n_components}: a nonnegative "
+                f"orthonormal basis U_p needs n_features >= r; lower the rank to at most "
+                f"{min(int(v['d']) for v in info.values() if 'd' in v)}",
+                client=p, round=0, node_id=nid)
 
 
 def _error_text(rep: FlwrMessage) -> str:
@@ -71,7 +101,7 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float):
 
 
 def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
-              recorder: WireRecorder | None = None) -> list[int]:
+              recorder: WireRecorder | None = None, info: dict | None = None) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
     Asks every online node for its ``partition-id`` (a QUERY message); nodes
@@ -79,6 +109,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     dead node the SuperLink still lists) are ignored.  Raises
     :class:`FederationError` when two nodes claim one view, a node claims a
     view outside 0..n_clients-1, or not every view has answered in ``timeout``.
+    ``info``, when given, is filled with ``{view: {"d": d_p, "n": n}}`` (or
+    ``{"error": ...}`` for a view its node cannot use) from the replies.
     """
     deadline = time.monotonic() + timeout
     asked: dict[str, int] = {}  # message id -> node id
@@ -104,8 +136,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                 recorder.record("up", None, nid, rep)
             if rep.has_error():
                 continue  # e.g. a node that went away: another node may hold its view
-            info = rep.content[codec.META]
-            pid = int(info["partition-id"])
+            meta_rec = rep.content[codec.META]
+            pid = int(meta_rec["partition-id"])
             if not 0 <= pid < n_clients:
                 raise FederationError(
                     f"node {nid} holds view (partition-id) {pid}, but the run has {n_clients} views 0..{n_clients - 1}",
@@ -115,6 +147,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                     f"nodes {owner[pid]} and {nid} both hold view {pid}: give each SuperNode a distinct partition-id",
                     client=pid, round=0, node_id=nid)
             owner[pid] = nid
+            if info is not None:
+                info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
         if len(owner) == n_clients:
             return [owner[p] for p in range(n_clients)]
         if time.monotonic() >= deadline:
@@ -137,7 +171,11 @@ class FlowerTransport:
     job_id : str
         Names the clients' state files; sent in every message.
     round_timeout : float
-        Seconds to wait for all replies of one exchange.
+        Seconds to wait for all replies of one round.
+    startup_timeout : float, optional
+        Seconds to wait for all replies of the setup exchange (node start-up:
+        process spawn, imports, loading the view, initial bases); at least
+        ``round_timeout``; None means ``round_timeout``.
     poll : float
         Seconds between pulls.
     recorder : WireRecorder, optional
@@ -145,12 +183,16 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
-                 recorder: WireRecorder | None = None):
+                 recorder: WireRecorder | None = None, startup_timeout: float | None = None):
         self.grid = grid
         self.node_ids = list(node_ids)
         self.n_clients = len(self.node_ids)
         self.job_id = job_id
         self.round_timeout = float(round_timeout)
+        # the setup exchange includes the nodes' start-up (process spawn, imports, loading the view,
+        # the initial bases): it has its own timeout, never shorter than a round's
+        self.startup_timeout = max(self.round_timeout, float(startup_timeout if startup_timeout is not None
+                                                             else self.round_timeout))
         self.poll = float(poll)
         self.recorder = recorder
         self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
@@ -160,12 +202,14 @@ class FlowerTransport:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         s, kind = messages[0].round, messages[0].kind
         what = "setup" if kind == "setup" else f"round {s}"
+        timeout = self.startup_timeout if kind == "setup" else self.round_timeout
+        timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
         flw = [
             FlwrMessage(codec.encode(msg, client=p, job_id=self.job_id), dst_node_id=nid,
-                        message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
+                        message_type=MessageType.TRAIN, group_id=str(s), ttl=timeout + 60.0)
             for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
         ]
-        by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll)
+        by_id, got, pending = _push_pull(self.grid, flw, timeout, self.poll)
         client_of = {mid: p for p, mid in enumerate(by_id)}
         if self.recorder:
             for mid, msg in by_id.items():
@@ -183,7 +227,7 @@ class FlowerTransport:
             late = sorted(client_of[mid] for mid in pending)
             names = ", ".join(f"client {p} (node {self.node_ids[p]})" for p in late)
             raise FederationError(
-                f"{names} did not answer {what} within the round timeout of {self.round_timeout:g} s "
+                f"{names} did not answer {what} within the {timeout_name} of {timeout:g} s "
                 "(hung or disconnected)",
                 client=late[0], round=s, node_id=self.node_ids[late[0]])
         replies, down, up = [], 0, 0

@@ -1,0 +1,196 @@
+"""Properties of the label-free clustering rules (fedsonmf.clustering_rules)."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from fedsonmf.estimators.clustering_rules import (
+    co_association,
+    consensus_labels,
+    embed,
+    mean_energy_share,
+    pad_view,
+    preprocess_view,
+    resolve_rank,
+)
+
+# ----------------------------------------------------------------------------- rank
+
+
+@pytest.mark.parametrize("c,widths", [(5, [3183, 3203]), (7, [24, 576]), (10, [216, 6, 64]), (3, [2, 2])])
+def test_capping_rules_never_exceed_narrowest_view(c, widths):
+    for rule in ("auto-cap", "paper", 4, 100):
+        r, msg = resolve_rank(c, widths, rule)
+        assert 1 <= r <= min(widths)
+        want = {"auto-cap": 2 * c, "paper": c}.get(rule, rule)
+        assert r == min(want, min(widths))
+        assert (msg is None) == (want <= min(widths))
+
+
+def test_auto_is_two_c_and_names_the_views_to_pad():
+    assert resolve_rank(5, [3183, 3203]) == (10, None)
+    r, msg = resolve_rank(10, [216, 76, 64, 6, 240, 47])
+    assert r == 20
+    assert msg is not None and "[3]" in msg and "padded" in msg
+
+
+def test_resolve_rank_rejects_bad_input():
+    with pytest.raises(ValueError):
+        resolve_rank(0, [10])
+    with pytest.raises(ValueError):
+        resolve_rank(3, [])
+    with pytest.raises(ValueError):
+        resolve_rank(3, [10], "bogus")
+
+
+def test_pad_view_adds_zero_features_only():
+    rng = np.random.default_rng(0)
+    X = rng.random((7, 3))
+    P = pad_view(X, 5)
+    assert P.shape == (7, 5)
+    np.testing.assert_array_equal(P[:, :3], X)
+    assert not P[:, 3:].any()
+    assert pad_view(X, 3) is X
+    S = pad_view(sp.csr_matrix(X), 6)
+    assert sp.issparse(S) and S.shape == (7, 6)
+    np.testing.assert_array_equal(S.toarray()[:, :3], X)
+
+
+# ----------------------------------------------------------------------------- preprocessing
+
+
+def _text_like(rng, n=60, d=400):
+    X = sp.random(n, d, density=0.03, random_state=np.random.RandomState(1), format="csr")
+    X.data = np.ceil(X.data * 5)
+    return X
+
+
+def _image_like(rng, n=60, d=30):
+    return 5.0 + rng.random((n, d))  # every feature on in every sample
+
+
+def test_statistic_separates_sparse_text_from_dense_features():
+    rng = np.random.default_rng(0)
+    assert mean_energy_share(preprocess_view(_text_like(rng), "l2")[0]) < 0.5
+    assert mean_energy_share(preprocess_view(_image_like(rng), "l2")[0]) > 0.5
+    assert mean_energy_share(np.zeros((3, 4))) == 0.0
+
+
+def test_auto_centres_dense_only_and_keeps_text_sparse():
+    rng = np.random.default_rng(0)
+    T, info_t = preprocess_view(_text_like(rng))
+    assert sp.issparse(T) and not info_t["centered"] and info_t["sample_l2"]
+    I, info_i = preprocess_view(_image_like(rng))
+    assert info_i["centered"] and info_i["standardized"]
+    np.testing.assert_allclose(I.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(I.std(axis=0), 1.0)
+    C, info_c = preprocess_view(_image_like(rng), "auto-center")
+    assert info_c["centered"] and not info_c["standardized"]
+    np.testing.assert_allclose(C.mean(axis=0), 0.0, atol=1e-12)
+
+
+def test_constant_features_of_a_dense_view_become_zero_not_nan():
+    rng = np.random.default_rng(1)
+    X = _image_like(rng)
+    X[:, 0] = 0.0  # a feature no sample has: zero variance
+    Y, info = preprocess_view(X)
+    assert info["centered"] and np.all(np.isfinite(Y))
+    np.testing.assert_allclose(Y[:, 0], 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["auto", "auto-center", "auto-split", "l2"])
+@pytest.mark.parametrize("kind", ["text", "image"])
+def test_preprocessing_is_scale_invariant(rule, kind):
+    rng = np.random.default_rng(3)
+    X = _text_like(rng) if kind == "text" else _image_like(rng)
+    A, ia = preprocess_view(X, rule)
+    B, ib = preprocess_view(X * 37.5, rule)
+    to = (lambda M: M.toarray() if sp.issparse(M) else M)
+    np.testing.assert_allclose(to(A), to(B), atol=1e-12)
+    assert ia["centered"] == ib["centered"]
+
+
+def test_preprocessing_is_per_view_local():
+    """The function sees one view only (no cross-view input exists in its signature), and
+    its output is a function of that view: deterministic and unaffected by other calls."""
+    import inspect
+
+    assert list(inspect.signature(preprocess_view).parameters) == ["X", "rule", "threshold"]
+    rng = np.random.default_rng(4)
+    X, T = _image_like(rng), _text_like(rng)
+    out1, _ = preprocess_view(X)
+    preprocess_view(T)
+    out2, _ = preprocess_view(X.copy())
+    np.testing.assert_array_equal(out1, out2)
+
+
+def test_preprocessing_is_per_sample_scale_invariant():
+    rng = np.random.default_rng(6)
+    X = _image_like(rng)
+    s = rng.uniform(0.1, 10.0, size=(X.shape[0], 1))
+    np.testing.assert_allclose(preprocess_view(X)[0], preprocess_view(X * s)[0], atol=1e-9)
+
+
+def test_preprocessing_handles_zero_samples_and_negatives():
+    X = np.array([[0.0, 0.0, 0.0], [1.0, -2.0, 3.0], [2.0, 1.0, 0.0]])
+    Y, info = preprocess_view(X, "l2")
+    assert np.all(np.isfinite(Y)) and not Y[0].any()
+    np.testing.assert_allclose(np.linalg.norm(Y[1:], axis=1), 1.0)
+    Y, _ = preprocess_view(X)
+    assert np.all(np.isfinite(Y))
+    Z, _info = preprocess_view(sp.csr_matrix(X), "l2")
+    np.testing.assert_allclose(Z.toarray(), preprocess_view(X, "l2")[0])
+
+
+def test_split_is_nonnegative_and_doubles_width():
+    rng = np.random.default_rng(5)
+    Y, info = preprocess_view(_image_like(rng), "auto-split")
+    assert Y.shape[1] == 60 and Y.min() >= 0 and info["centered"]
+
+
+def test_none_leaves_the_view_alone():
+    X = np.arange(12.0).reshape(4, 3)
+    Y, _info = preprocess_view(X, "none")
+    np.testing.assert_array_equal(X, Y)
+    assert Y is not X
+
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def test_embed_rules():
+    V = np.array([[3.0, 0.0, 1.0], [4.0, 0.0, 0.0]])
+    np.testing.assert_allclose(embed(V, "raw"), V.T)
+    E = embed(V, "row")
+    np.testing.assert_allclose(E[0], [0.6, 0.8])
+    assert not E[1].any()
+    C = embed(V, "component")
+    assert np.all(np.isfinite(C))
+    with pytest.raises(ValueError):
+        embed(V, "bogus")
+
+
+# ----------------------------------------------------------------------------- consensus
+
+
+def test_consensus_of_identical_partitions_is_that_partition():
+    p = np.array([2, 2, 0, 0, 1, 1, 1, 2])
+    out = consensus_labels([p, p, p], 3, random_state=0)
+    # same partition, canonical names by first appearance
+    np.testing.assert_array_equal(out, [0, 0, 1, 1, 2, 2, 2, 0])
+
+
+def test_consensus_is_invariant_to_renaming_and_follows_the_majority():
+    base = np.repeat([0, 1, 2], 5)
+    renamed = np.array([2, 0, 1])[base]
+    noisy = base.copy()
+    noisy[0] = 1
+    out = consensus_labels([base, renamed, noisy], 3)
+    np.testing.assert_array_equal(out, np.repeat([0, 1, 2], 5))
+
+
+def test_co_association_properties():
+    A = co_association([np.array([0, 0, 1]), np.array([0, 1, 1])])
+    np.testing.assert_allclose(np.diag(A), 1.0)
+    np.testing.assert_allclose(A, A.T)
+    assert A[0, 1] == 0.5 and A[0, 2] == 0.0
