@@ -32,6 +32,9 @@ class FederatedAlgorithm:
     #: keys of the uplink ``arrays`` this algorithm sends each round (for audits)
     uplink_keys: tuple[str, ...] = ()
     downlink_keys: tuple[str, ...] = ()
+    #: incomplete views (§15.1) and partial participation (§15.2) are implemented
+    supports_masks: bool = False
+    supports_partial: bool = False
 
     def setup_uplink(self, cfg: FedConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(array keys, scalar keys)`` of a client's setup reply (declared for audits)."""
@@ -83,3 +86,7 @@ class FederatedAlgorithm:
 
     def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
         raise NotImplementedError
+
+    def reply_columns(self, state: ServerState, clients):
+        """Sample indices of each reply's blocks (None: complete data)."""
+        return None
