@@ -41,6 +41,7 @@ def federated_sonmf(
     n_jobs: int = 1,
     blas_threads: int | None = None,
     callback=None,
+    masks=None,
 ) -> FitResult:
     """Federated sparse ONMF of the views ``Xs`` (one client per view), in process.
 
@@ -67,6 +68,9 @@ def federated_sonmf(
         them as they are.  1 is fastest for small problems (thread start-up
         dominates tiny products) and makes runs bit-reproducible across
         machines with different core counts.
+    masks : list of (None, bool array of length n_samples, or int array of sample ids), optional
+        Incomplete views (ALGORITHM.md §15.1): the samples each view holds;
+        rows of a view outside its mask are never read.  None: complete views.
 
     Returns
     -------
@@ -85,7 +89,8 @@ def federated_sonmf(
         raise ParameterError(f"blas_threads must be None or an integer >= 1, got {blas_threads!r}")
     with threadpool_limits(limits=blas_threads):
         return run_inprocess(
-            views, cfg, algorithm, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback, n_jobs=n_jobs
+            views, cfg, algorithm, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback, n_jobs=n_jobs,
+            masks=masks,
         )
 
 

@@ -121,7 +121,14 @@ def run_inprocess(
                 seed = saved.run.get("seed")
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
             ckpt.check_resume_matches(saved, run_info)
-            states = [ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)[0] for p in range(len(views_dn))]
+            if participation is None:
+                states = [ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)[0]
+                          for p in range(len(views_dn))]
+            else:  # a client that missed the last rounds resumes from its newest state (§15.2)
+                from fedsonmf.federation.rejoin import load_latest_client_state
+
+                states = [load_latest_client_state(checkpoint_dir, p, saved.completed_rounds)[0]
+                          for p in range(len(views_dn))]
             resume_from = (saved.state, saved.history)
         else:
             states = [None] * len(views_dn)
