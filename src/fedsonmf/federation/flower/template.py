@@ -44,6 +44,9 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "node-timeout": 120.0,      # seconds to wait for all views to come online
     "poll-interval": 0.02,      # seconds between pulls
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
+    "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
+    "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
+    "rejoin": "refresh",        # correction of a returning client: refresh | server | drop | stale
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
