@@ -287,10 +287,12 @@ class FedMultiViewClustering:
                 raise ParameterError(f"{name} must be a positive integer, got {v!r}")
         return r
 
-    def fit(self, Xs, y=None, *, callback=None) -> "FedMultiViewClustering":
+    def fit(self, Xs, y=None, *, callback=None, masks=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
         ``callback(row)`` is called with every round's history row (progress display).
+        ``masks`` (incomplete views, ALGORITHM.md §15.1): per view None, a boolean array of
+        length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
         if not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
             raise ParameterError("Xs must be a non-empty list of views of shape (n_samples, n_features_p)")
@@ -311,7 +313,7 @@ class FedMultiViewClustering:
         if callback is None and self.verbose:
             def callback(row):
                 print(f"round {row['round']:4d}  rank={row['effective_rank']}")
-        res = federated_sonmf(Xs, r, mu=mu, random_state=seed, callback=callback, **fed_kwargs)
+        res = federated_sonmf(Xs, r, mu=mu, random_state=seed, callback=callback, masks=masks, **fed_kwargs)
         E = res.V.T.copy()
         labels, km = kmeans_on_embedding(
             E, self.n_clusters, normalize=self.normalize_embedding, n_init=self.n_init,

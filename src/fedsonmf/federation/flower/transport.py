@@ -163,28 +163,45 @@ class FlowerTransport:
         self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
         self.dropped: list[dict] = []  # partial rounds: {"round", "client", "node_id", "reason"}
         self._seen = set(self.node_ids)  # node ids already asked for their view
+        self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
 
     def adopt_new_nodes(self, timeout: float = 5.0) -> dict[int, int]:
-        """Ask nodes that came online since the handshake which view they hold, and route
-        that view to them (a SuperNode restarted after a failure).  Returns {view: node id}."""
+        """Route a view to a node that came online since the handshake (a SuperNode restarted
+        after a failure has a new node id).  Returns {view: node id} adopted now.
+
+        Each new node is asked once (a QUERY "hello"; starting its ClientApp process can take
+        seconds); its answer is collected here in this or a later round, waiting at most
+        ``timeout`` seconds when new nodes were just asked.
+        """
         new = sorted(set(self.grid.get_node_ids()) - self._seen)
-        if not new:
-            return {}
-        content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
-                                                        "job-id": self.job_id})})
-        msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
-                            ttl=max(timeout, 60.0)) for nid in new]
-        by_id, got, _ = _push_pull(self.grid, msgs, timeout, self.poll, stop_on_error=False)
-        adopted = {}
-        for mid, rep in got.items():
-            nid = by_id[mid].metadata.dst_node_id
-            self._seen.add(nid)
-            if rep.has_error():
-                continue
-            pid = int(rep.content[codec.META]["partition-id"])
-            if 0 <= pid < self.n_clients:
-                self.node_ids[pid] = nid
-                adopted[pid] = nid
+        if new:
+            content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
+                                                            "job-id": self.job_id})})
+            msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
+                                ttl=3600.0) for nid in new]
+            for nid, mid, msg in zip(new, self.grid.push_messages(msgs), msgs):
+                self._hello[mid] = nid
+                self._seen.add(nid)
+                if self.recorder:
+                    self.recorder.record("down", None, nid, msg)
+        adopted: dict[int, int] = {}
+        deadline = time.monotonic() + (timeout if new else 0.0)
+        while self._hello:
+            for rep in self.grid.pull_messages(list(self._hello)):
+                nid = self._hello.pop(rep.metadata.reply_to_message_id, None)
+                if nid is None:
+                    continue
+                if self.recorder:
+                    self.recorder.record("up", None, nid, rep)
+                if rep.has_error():
+                    continue
+                pid = int(rep.content[codec.META]["partition-id"])
+                if 0 <= pid < self.n_clients:
+                    self.node_ids[pid] = nid
+                    adopted[pid] = nid
+            if not self._hello or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
         return adopted
 
     def exchange_some(self, messages: dict) -> dict:
