@@ -67,7 +67,7 @@ def participation_from_run_config(rc) -> Participation | None:
     mc, sc = num("min-clients"), num("sample-clients")
     if mc is None and sc is None:
         return None
-    return Participation(min_clients=mc, sample=sc, rejoin=str(rc.get("rejoin", "refresh")))
+    return Participation(min_clients=mc, sample=sc, rejoin=str(rc.get("rejoin", "server")))
 
 
 def _write_json(path: Path, obj) -> None:

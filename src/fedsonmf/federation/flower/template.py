@@ -46,7 +46,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
-    "rejoin": "refresh",        # correction of a returning client: refresh | server | drop | stale
+    "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
