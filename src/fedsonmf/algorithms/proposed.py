@@ -23,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 from fedsonmf.algorithms.base import FederatedAlgorithm
-from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.masks import check_coverage, column_counts, column_mean
 from fedsonmf.core.objective import grad_v_orth
 from fedsonmf.core.prox import prox_l21_nonneg
@@ -36,8 +35,8 @@ from fedsonmf.protocol.messages import ClientState, Message, ServerState
 __all__ = ["FedSONMFAlgorithm", "REJOIN_RULES"]
 
 #: correction of a client returning after missed rounds (§15.2); the measured choice ("server",
-#: the default of Participation) is in docs/incomplete-and-partial.md.  "refresh" (a): local term from one gradient at V^s with the
-#: client's current U (free: U^T X is in its state); "server" (b): SCAFFOLD-style, the server keeps
+#: the default of Participation) is in docs/incomplete-and-partial.md.  "refresh" (a): local term
+#: from one gradient at V^s with the client's current U (free: U^T X is in its state); "server" (b): SCAFFOLD-style, the server keeps
 #: every client's last G_p and broadcasts their mean after a partial round; "drop" (c): C = 0 for
 #: the returning round; "stale": the client's old G_p (no special handling).
 REJOIN_RULES = ("refresh", "server", "drop", "stale")

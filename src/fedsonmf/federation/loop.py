@@ -19,8 +19,8 @@ import numpy as np
 
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
-from fedsonmf.core.residuals import effective_rank, round_metrics
 from fedsonmf.core.masks import held_columns
+from fedsonmf.core.residuals import effective_rank, round_metrics
 from fedsonmf.exceptions import ConvergenceWarning, FederationError, ParameterError, ProtocolError
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult, History
