@@ -50,7 +50,7 @@ def save(results: dict, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- 3Sources
-def bench_threesources(seeds: int, max_rounds: int) -> dict:
+def bench_threesources(seeds: int, max_rounds: int, on_seed=None) -> dict:
     from fedsonmf.datasets.mat import default_data_dir, load_mat
     from fedsonmf.estimators.clustering import FedMultiViewClustering
     from fedsonmf.experiments.evaluation import concat_nmf
@@ -72,6 +72,9 @@ def bench_threesources(seeds: int, max_rounds: int) -> dict:
         sc = clustering_scores(ds.labels, concat_nmf(ds.views, 6, random_state=seed))
         runs["concat_nmf"].append({"seed": seed, **sc, "seconds": time.perf_counter() - t0})
         print(f"3Sources seed {seed} concat_nmf: {sc}", flush=True)
+        if on_seed is not None:  # keep what is measured if the run is stopped
+            on_seed({"file": str(path), "n_samples": int(ds.n_samples), "views_present": ds.mask.sum(axis=0).tolist(),
+                     "seeds": seed + 1, "max_rounds": max_rounds, "tol": 1e-4, "runs": runs, "partial": True})
     summary = {k: {m: [float(np.mean([r[m] for r in v])), float(np.std([r[m] for r in v]))]
                    for m in ("acc", "nmi", "purity")} for k, v in runs.items() if v}
     return {"file": str(path), "n_samples": int(ds.n_samples), "views_present": ds.mask.sum(axis=0).tolist(),
@@ -198,7 +201,11 @@ def main() -> None:
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         if part == "threesources":
-            results[part] = bench_threesources(args.sources_seeds, args.sources_rounds)
+            def on_seed(d):
+                results[part] = d
+                save(results, args.out)
+
+            results[part] = bench_threesources(args.sources_seeds, args.sources_rounds, on_seed)
         elif part == "synthetic":
             results[part] = bench_synthetic(args.seeds, args.rounds)
         elif part == "partial":
