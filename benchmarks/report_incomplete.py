@@ -69,6 +69,16 @@ def main(path="benchmarks/results/incomplete.json"):
                 cells.append(fmt_rounds([r["rounds_to_1e-4"] for r in rows]) if rows else "—")
             print(f"| {int(frac * 100)} % | " + " | ".join(cells) + " |")
         print()
+        print(f"R/R¹ at the end (median over seeds; the run stops at 1e-4 or after {p['max_rounds']} rounds):\n")
+        print("| clients per round | " + " | ".join(rules) + " |")
+        print("|---" * (len(rules) + 1) + "|")
+        for frac in sorted({k[0] for k in g}, reverse=True):
+            cells = []
+            for rule in rules:
+                rows = g.get((frac, rule)) or (g.get((frac, "refresh")) if frac == 1.0 and rule != "none" else None)
+                cells.append(f"{np.median([r['final_R_rel'] for r in rows]):.2g}" if rows else "—")
+            print(f"| {int(frac * 100)} % | " + " | ".join(cells) + " |")
+        print()
 
 
 if __name__ == "__main__":
