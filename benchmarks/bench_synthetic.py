@@ -20,9 +20,9 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from fedsonmf import federated_sonmf
-from fedsonmf.protocol.params import SYNTHETIC_STUDY
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.datasets import make_synthetic
+from fedsonmf.protocol.params import SYNTHETIC_STUDY
 
 METRICS = ("R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0")
 

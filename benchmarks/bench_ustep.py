@@ -141,8 +141,8 @@ def bench_ustep(old, cap):
 def bench_bbcsport(old):
     """BBCSport fit seconds and U-step share, old vs new solver patched into the local steps."""
     import fedsonmf.core.vstep as vstep
-    from fedsonmf.estimators import FedMultiViewClustering
     from fedsonmf.datasets import default_data_dir, load_mat
+    from fedsonmf.estimators import FedMultiViewClustering
 
     ds = load_mat(default_data_dir() / "BBCSport" / "zskong" / "BBCSport.mat")
     out = []

@@ -409,3 +409,73 @@ def test_flower_client_refuses_to_resume_on_other_data(tmp_path, problem):
     with pytest.raises(FederationError, match=r"client 1 \(node 202\) failed in round 3: .*CheckpointError.*"
                                               r"client 1: refusing to resume on other data"):
         _server(FakeGrid(make_client_app(), _nodes(tmp_path, scaled)), {**rc, "num-rounds": 3, "resume": True})
+
+
+# ----------------------------------------------------------------------------- §15: masks, partial rounds
+
+
+def test_apps_with_masks_give_the_inprocess_result(tmp_path, problem):
+    from fedsonmf.federation.flower import write_masks
+
+    views, views_dn = problem
+    n = views_dn[0].shape[1]
+    mk = np.random.default_rng(4).random((3, n)) > 0.3
+    mk[0] |= ~mk.any(axis=0)
+    nodes = _nodes(tmp_path, views)
+    for (nid, nc), path in zip(nodes.items(), write_masks(list(mk), tmp_path / "views")):
+        nc["mask-path"] = str(path)
+    rc = _run_config(tmp_path)
+    V, result = _server(FakeGrid(make_client_app(), nodes), rc)
+    ref = run_inprocess(views_dn, CFG, max_rounds=3, seed=9, masks=list(mk))
+    assert np.array_equal(V, ref.V)
+    assert _strip(result["history"]) == _strip(ref.history.to_records())
+
+
+class FlakyGrid(FakeGrid):
+    """Node ``dead`` stops answering from round ``k`` on; from round ``back`` a new node id
+    ``new`` serves the same view with the same node-local state (a restarted SuperNode)."""
+
+    def __init__(self, *a, dead, new, k, back, **kw):
+        super().__init__(*a, **kw)
+        self.dead, self.new, self.k, self.back = dead, new, k, back
+        self.new_config = dict(self.contexts[dead].node_config)
+        self.last = 0
+
+    def get_node_ids(self):
+        if self.last >= self.back - 1 and self.new not in self.contexts:  # restarted during round back-1
+            self.contexts[self.new] = Context(run_id=1, node_id=self.new, node_config=self.new_config,
+                                              state=RecordDict(), run_config={})
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        rounds = [int(m.metadata.group_id) for m in messages if m.metadata.group_id.isdigit()]
+        self.last = max([self.last, *rounds])
+        if rounds and max(rounds) >= self.k:
+            self.drop.add(self.dead)
+        return super().push_messages(messages)
+
+
+@pytest.mark.parametrize("rule", ["refresh", "server"])
+def test_dropped_node_rejoins_under_a_new_node_id(tmp_path, problem, rule):
+    views, views_dn = problem
+    grid = FlakyGrid(make_client_app(), _nodes(tmp_path, views), dead=303, new=404, k=2, back=5)
+    rc = _run_config(tmp_path, **{"num-rounds": 7, "round-timeout": 0.3, "min-clients": 2.0, "rejoin": rule})
+    V, result = _server(grid, rc)
+    parts = [r["participants"] for r in result["history"]]
+    assert parts == [[0, 1, 2], [0, 1], [0, 1], [0, 1], [0, 1, 2], [0, 1, 2], [0, 1, 2]]
+    ref = run_inprocess(views_dn, CFG, max_rounds=7, seed=9, available=lambda s: [0, 1] if 2 <= s <= 4 else [0, 1, 2],
+                        participation=__import__("fedsonmf.protocol.participation", fromlist=["P"]).Participation(
+                            min_clients=2, rejoin=rule))
+    assert np.array_equal(V, ref.V)
+    dropped = result["flower"]["dropped"]
+    assert [d["round"] for d in dropped] == [2, 3, 4] and all(d["client"] == 2 for d in dropped)
+
+
+def test_quorum_failure_in_the_apps_is_a_federation_error(tmp_path, problem):
+    views, _ = problem
+    grid = FlakyGrid(make_client_app(), _nodes(tmp_path, views), dead=303, new=404, k=2, back=99)
+    rc = _run_config(tmp_path, **{"num-rounds": 3, "round-timeout": 0.3, "min-clients": 3.0})
+    with pytest.raises(FederationError, match="quorum"):
+        _server(grid, rc)
+    st = json.loads(open(f"{rc['out-dir']}/status.json").read())
+    assert st["status"] == "failed" and st["round"] == 2 and "quorum" in st["error"]

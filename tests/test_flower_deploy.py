@@ -168,3 +168,56 @@ def test_killed_client_stops_the_run_and_resume_gives_the_same_v(deployment, ref
     assert res.extra["flower"]["resumed_from_round"] == 2
     assert np.array_equal(res.V, reference.V)
     assert [r["round"] for r in res.history.rows] == [1, 2, 3]
+
+
+def test_supernode_killed_in_round_k_restarted_in_round_k_plus_3_rejoins(deployment, data):
+    """Partial participation (§15.2) in a real deployment: SIGKILL SuperNode 2 in round k, restart it
+    (a new node id, the same view and node-local state) in round k + 3; the run goes on with the
+    quorum, finishes, records who took part in each round, and equals the in-process run with the
+    same participation."""
+    from fedsonmf.federation import checkpoint as ckpt
+    from fedsonmf.protocol.participation import Participation
+
+    out = deployment.run_dir / "rejoin"
+    k, rounds, timeout = 2, 8, 30.0  # a cold ClientApp start on a loaded 2-core machine can take > 8 s
+    outcome = {}
+    rc = _config("rejoin", **{"num-rounds": rounds, "round-timeout": timeout, "min-clients": 2.0,
+                              "rejoin": "refresh"})
+
+    def go():
+        outcome["o"] = deployment.run(rc, out_dir=out)
+
+    def completed():
+        try:
+            return ckpt.load_server_checkpoint(out / "checkpoint").completed_rounds
+        except Exception:
+            return 0
+
+    th = threading.Thread(target=go)
+    th.start()
+    deadline = time.monotonic() + 300
+    while completed() < k - 1 and th.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    deployment.kill_node(2, signal.SIGKILL)  # during round k
+    while completed() < k + 2 and th.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert completed() >= k + 2, "rounds k..k+2 never completed without the killed node"
+    deployment.start_node(2)  # in round k + 3
+    th.join(timeout=400)
+    assert not th.is_alive()
+    st = outcome["o"].status
+    assert st["status"] == "completed", st
+    res = load_result(out)
+    parts = [r["participants"] for r in res.history.rows]
+    assert res.n_rounds == rounds and [r["round"] for r in res.history.rows] == list(range(1, rounds + 1))
+    assert parts[: k - 1] == [[0, 1, 2]] * (k - 1)
+    assert parts[k] == parts[k + 1] == [0, 1]  # rounds k+1, k+2 without it (round k: killed mid-round)
+    assert parts[-1] == [0, 1, 2]  # it took part again
+    assert [r["n_participants"] for r in res.history.rows] == [len(p) for p in parts]
+    dropped = res.extra["flower"]["dropped"]
+    assert {d["client"] for d in dropped} == {2}
+    with threadpool_limits(1):
+        ref = run_inprocess(check_views(data, R), CFG, max_rounds=rounds, seed=SEED,
+                            participation=Participation(min_clients=2, rejoin="refresh"),
+                            available=lambda s: parts[s - 1])
+    assert np.array_equal(res.V, ref.V)

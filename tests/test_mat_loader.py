@@ -284,3 +284,19 @@ def test_find_datasets(tmp_path):
         "a/x.mat", "a/y.MAT", "b/z.mat"]
     with pytest.raises(NotADirectoryError):
         list(find_datasets(tmp_path / "missing"))
+
+
+def test_missing_rule_for_incomplete_files(data_root, tmp_path):
+    """``missing=``: the file's ``ind`` (auto, mask), derived from all-zero rows when the file has no
+    availability variable (mask), or no mask at all (zeros, zero-filling)."""
+    path = data_root / "3Sources" / "zskong" / "Data_3Sources.mat"
+    auto = load_mat(path)
+    assert auto.mask.shape == (416, 3) and auto.mask.sum(axis=0).tolist() == [352, 302, 294]
+    assert load_mat(path, missing="zeros").mask is None
+    raw = {k: v for k, v in scipy.io.loadmat(path).items() if not k.startswith("__") and k != "ind"}
+    stripped = tmp_path / "noind.mat"
+    scipy.io.savemat(stripped, raw)
+    assert load_mat(stripped).mask is None
+    assert np.array_equal(load_mat(stripped, missing="mask").mask, auto.mask)
+    with pytest.raises(ValueError, match="missing"):
+        load_mat(path, missing="nope")

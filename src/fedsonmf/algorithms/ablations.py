@@ -77,8 +77,8 @@ class LocalCopy(FedSONMFAlgorithm):
     def server_init(self, Vbar1, cfg: FedConfig) -> ServerState:
         return super().server_init(Vbar1, self.inner_config(cfg))
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig):
-        return super().client_round(X, x_sqnorm, state, msg, self.inner_config(cfg))
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, **kw):
+        return super().client_round(X, x_sqnorm, state, msg, self.inner_config(cfg), **kw)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
-        return super().server_round(state, replies, self.inner_config(cfg))
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, **kw) -> ServerState:
+        return super().server_round(state, replies, self.inner_config(cfg), **kw)

@@ -32,6 +32,9 @@ class FederatedAlgorithm:
     #: keys of the uplink ``arrays`` this algorithm sends each round (for audits)
     uplink_keys: tuple[str, ...] = ()
     downlink_keys: tuple[str, ...] = ()
+    #: incomplete views (§15.1) and partial participation (§15.2) are implemented
+    supports_masks: bool = False
+    supports_partial: bool = False
 
     def setup_uplink(self, cfg: FedConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(array keys, scalar keys)`` of a client's setup reply (declared for audits)."""
@@ -72,6 +75,10 @@ class FederatedAlgorithm:
             Vbar1 = server_rng(seed).uniform(size=(r, n))
             target = float(np.mean([rep.scalars["x_sqnorm"] for rep in replies]))
             Vbar1 *= np.sqrt(target) / max(np.linalg.norm(Vbar1), 1e-300)
+        return self.state_from_vbar1(Vbar1, cfg)
+
+    def state_from_vbar1(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
+        """Round 1's state from Vbar^1; resolves ``mu="auto"`` and keeps the number as ``"mu"``."""
         if cfg.mu_is_auto:
             cfg = cfg.resolved(resolve_mu(cfg.mu_scale, cfg.eta_tilde, Vbar1))
         state = self.server_init(Vbar1, cfg)
@@ -91,3 +98,7 @@ class FederatedAlgorithm:
 
     def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
         raise NotImplementedError
+
+    def reply_columns(self, state: ServerState, clients):
+        """Sample indices of each reply's blocks (None: complete data)."""
+        return None

@@ -5,11 +5,26 @@ Downlink: Vbar^s (r x n, pre-proximal).  Uplink: Vhat_p^{s,tau} (r x n).
 Each client recomputes V^s = P_{eta_tilde mu}(Vbar^s) and its correction C_p^s
 itself; C_p^1 = 0 [C].  ``FedConfig.correction = False`` gives the
 "no correction" ablation (C_p^s = 0 in every round).
+
+Incomplete views (§15.1, [C]): a client holding only the samples ``cols``
+sends its sample indices once (setup: the server learns membership, never
+content), receives the weights m/c_j with every broadcast, and uploads the
+r x |Omega_p| block of its held columns; the server averages column j over
+the clients holding it.  Complete data takes exactly the code of §4–§6.
+
+Partial participation (§15.2, [C]): ``server_round(..., clients=...)``
+averages over the clients that replied; a client that missed round s-1
+gets ``V_prev`` = V^{s-1} and the scalar ``rejoin`` (its correction rule,
+:data:`REJOIN_RULES`) with its next message.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.core.masks import check_coverage, column_counts, column_mean
+from fedsonmf.core.objective import grad_v_orth
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.core.residuals import client_diagnostics
 from fedsonmf.core.server import server_step
@@ -17,7 +32,14 @@ from fedsonmf.core.vstep import drift_correction, local_round
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
-__all__ = ["FedSONMFAlgorithm"]
+__all__ = ["FedSONMFAlgorithm", "REJOIN_RULES"]
+
+#: correction of a client returning after missed rounds (§15.2); the measured choice ("server",
+#: the default of Participation) is in docs/incomplete-and-partial.md.  "refresh" (a): local term
+#: from one gradient at V^s with the client's current U (free: U^T X is in its state); "server" (b): SCAFFOLD-style, the server keeps
+#: every client's last G_p and broadcasts their mean after a partial round; "drop" (c): C = 0 for
+#: the returning round; "stale": the client's old G_p (no special handling).
+REJOIN_RULES = ("refresh", "server", "drop", "stale")
 
 
 class FedSONMFAlgorithm(FederatedAlgorithm):
@@ -25,25 +47,171 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     uplink_keys = ("Vhat",)
     downlink_keys = ("Vbar",)
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig):
+    supports_masks = True
+    supports_partial = True
+
+    def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None, n=None):
+        if cols is None:
+            return super().client_setup(X, x_sqnorm, msg, cfg)
+        state, reply = super().client_setup(X, x_sqnorm, msg, cfg)
+        # membership (sample indices, not content) is what the server learns (§15.1)
+        arrays = {**reply.arrays, "cols": np.asarray(cols, dtype=np.int64)}
+        return state, Message("setup", 0, arrays, {**reply.scalars, "n": int(n)})
+
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         eta = cfg.eta_tilde
         Vbar = msg.arrays["Vbar"]
         V = prox_l21_nonneg(Vbar, eta * cfg.mu)
         st = state.arrays
+        rejoin = msg.scalars.get("rejoin")
+        sel = (lambda A: A) if cols is None else (lambda A: A[:, cols])
         C = None
         if cfg.correction and "G_prev" in st:
-            C = drift_correction(st["V_prev"], Vbar, eta, st["G_prev"])
-        res = local_round(
-            X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep
-        )
+            if "Gk" in msg.arrays:  # (b): the server's mean of the kept G_q over all clients
+                C = sel(msg.arrays["Gk"]) - st["G_prev"]
+            elif not rejoin:
+                C = drift_correction(st["V_prev"], sel(Vbar), eta, st["G_prev"])
+            elif rejoin in ("refresh", "stale", "server") and "V_prev" in msg.arrays:
+                local = grad_v_orth(st["UtX"], sel(V)) if rejoin == "refresh" else st["G_prev"]
+                C = drift_correction(sel(msg.arrays["V_prev"]), sel(Vbar), eta, local)
+            # "drop" (c): no correction in the returning round
+        if cols is None:
+            res = local_round(
+                X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep
+            )
+        else:
+            w = np.asarray(msg.arrays["w"], dtype=np.float64)[cols]
+            res = local_round(X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu, tau=cfg.tau, rho1=cfg.rho1,
+                              ustep=cfg.ustep, cols=cols, weights=w)
         diag = {}
         if cfg.diagnostics:
-            diag = client_diagnostics(x_sqnorm, st["U"], st["UtX"], V, res.U, res.XVt0, res.VVt0)
-        new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": V})
+            if cols is None:
+                diag = client_diagnostics(x_sqnorm, st["U"], st["UtX"], V, res.U, res.XVt0, res.VVt0)
+            else:
+                xsq_w = float(np.dot(_col_sqnorms(X), w))
+                Vc = V[:, cols]
+                diag = client_diagnostics(xsq_w, st["U"], st["UtX"] * w, Vc, res.U, res.XVt0, res.VVt0)
+                diag["grad0"] = grad_v_orth(st["UtX"], Vc)  # unweighted; the server divides by c_j
+        new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": sel(V)})
         return new_state, Message("round", msg.round, {"Vhat": res.Vhat}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
-        Vbar, V = server_step(
-            state.arrays["V"], [rep.arrays["Vhat"] for rep in replies], cfg.eta_g, cfg.eta_tilde, cfg.mu
-        )
-        return ServerState(state.round + 1, {"Vbar": Vbar, "V": V})
+    # ------------------------------------------------------------------ server side
+    def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int) -> ServerState:
+        cols_list = [rep.arrays.get("cols") for rep in replies]
+        if all(c is None for c in cols_list):
+            return super().server_setup(replies, cfg, seed)
+        r, n = cfg.n_components, int(replies[0].scalars["n"])
+        counts = column_counts(cols_list, n)
+        check_coverage(counts)
+        if cfg.init_v == "projection":
+            Vbar1, _ = column_mean([rep.arrays["Vproj"] for rep in replies], cols_list, (r, n),
+                                   fill=np.zeros((r, n)))
+            state = self.state_from_vbar1(Vbar1, cfg)
+        else:
+            state = super().server_setup(replies, cfg, seed)
+        member = np.zeros((len(replies), n), dtype=bool)
+        for p, c in enumerate(cols_list):
+            member[p, slice(None) if c is None else c] = True
+        state.arrays["membership"] = member
+        return state
+
+    def broadcast(self, state: ServerState) -> Message:
+        msg = super().broadcast(state)
+        if bool(state.arrays.get("partial_prev", False)):  # rule (b) after a partial round
+            msg = Message(msg.kind, msg.round, {**msg.arrays, "Gk": self.kept_mean(state)}, msg.scalars)
+        member = state.arrays.get("membership")
+        if member is None:
+            return msg
+        # weights m / c_j of the weighted objective (§15.1); clients learn the holder counts c_j
+        w = member.shape[0] / member.sum(axis=0)
+        return Message(msg.kind, msg.round, {**msg.arrays, "w": w.astype(np.float64)}, msg.scalars)
+
+    def reply_columns(self, state: ServerState, clients):
+        """Sample indices of each replying client's blocks (None: all samples)."""
+        member = state.arrays.get("membership")
+        if member is None:
+            return None
+        return [None if member[p].all() else np.flatnonzero(member[p]) for p in clients]
+
+    def rejoin_message(self, state: ServerState, base: Message, rule: str, has_rounds: bool) -> Message:
+        """The round message of a client that missed round s-1 (§15.2)."""
+        arrays = dict(base.arrays)
+        if has_rounds and rule != "drop" and "V_prev" in state.arrays:
+            arrays["V_prev"] = state.arrays["V_prev"]
+        return Message(base.kind, base.round, arrays, {**base.scalars, "rejoin": rule})
+
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, clients=None,
+                     keep_g: bool = False, n_clients: int | None = None) -> ServerState:
+        """Server step; ``clients`` (indices of the replies, None = every client in order)
+        for a partial round; ``keep_g`` maintains the server-kept G_p of rule (b)."""
+        member = state.arrays.get("membership")
+        V = state.arrays["V"]
+        vhats = [rep.arrays["Vhat"] for rep in replies]
+        if member is None and clients is None and not keep_g:
+            Vbar, Vn = server_step(V, vhats, cfg.eta_g, cfg.eta_tilde, cfg.mu)
+            return ServerState(state.round + 1, {"Vbar": Vbar, "V": Vn})
+        idx = list(range(len(replies))) if clients is None else list(clients)
+        if member is None:
+            Vbar, Vn = server_step(V, vhats, cfg.eta_g, cfg.eta_tilde, cfg.mu)
+        else:
+            # column j: mean over the (replying) clients holding j; a column no one sent keeps V_j
+            mean, _ = column_mean(vhats, self.reply_columns(state, idx), V.shape, fill=V)
+            Vbar = V + cfg.eta_g * (mean - V)
+            Vn = prox_l21_nonneg(Vbar, cfg.eta_tilde * cfg.mu)
+        arrays = {"Vbar": Vbar, "V": Vn}
+        if member is not None:
+            arrays["membership"] = member
+        if clients is not None or keep_g:
+            arrays["V_prev"] = V  # V^{s}: for clients returning later, and rule (b)'s bookkeeping
+        if keep_g:
+            arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
+            arrays["partial_prev"] = np.array(clients is not None)
+        return ServerState(state.round + 1, arrays)
+
+    def _kept_g(self, state: ServerState, replies, idx, cfg: FedConfig, n_clients: int) -> dict:
+        """Rule (b): every client's last G_p, reconstructed from its upload (no extra message).
+
+        Client p moved by alpha tau (G_p + C_p) = V^s - Vhat_p, and the server
+        knows the C_p it used (T^s - G_p^old with T^s the broadcast mean of
+        kept G's after a partial round, else (V^{s-1} - Vbar^s)/eta_tilde), so
+        G_p = (V^s - Vhat_p)/(alpha tau) - C_p, bit for bit the client's value.
+        """
+        V = state.arrays["V"]
+        r, n = V.shape
+        member = state.arrays.get("membership")
+        m = int(state.arrays["G_have"].shape[0]) if "G_have" in state.arrays else n_clients
+        Gk = np.array(state.arrays["G_kept"]) if "G_kept" in state.arrays else np.zeros((m, r, n))
+        have = np.array(state.arrays["G_have"]) if "G_have" in state.arrays else np.zeros(m, dtype=bool)
+        T = self.kept_mean(state) if bool(state.arrays.get("partial_prev", False)) else None
+        if T is None and "V_prev" in state.arrays:
+            T = (state.arrays["V_prev"] - state.arrays["Vbar"]) / cfg.eta_tilde
+        for p, rep in zip(idx, replies):
+            sel = slice(None) if member is None or member[p].all() else np.flatnonzero(member[p])
+            G = (V[:, sel] - rep.arrays["Vhat"]) * (1.0 / (cfg.alpha * cfg.tau))
+            if cfg.correction and have[p] and T is not None:
+                G -= T[:, sel] - Gk[p][:, sel]
+            Gk[p][:, sel] = G
+            have[p] = True
+        return {"G_kept": Gk, "G_have": have}
+
+    def kept_mean(self, state: ServerState) -> np.ndarray | None:
+        """Rule (b): mean over every client with a kept G_p (per column over holders)."""
+        if "G_kept" not in state.arrays:
+            return None
+        Gk, have = state.arrays["G_kept"], state.arrays["G_have"]
+        member = state.arrays.get("membership")
+        ps = np.flatnonzero(have)
+        blocks = [Gk[p] if member is None else Gk[p][:, member[p]] for p in ps]
+        cols = [None if member is None or member[p].all() else np.flatnonzero(member[p]) for p in ps]
+        mean, _ = column_mean(blocks, cols, Gk.shape[1:], fill=np.zeros(Gk.shape[1:]))
+        return mean
+
+
+def _col_sqnorms(X) -> np.ndarray:
+    """||X[:, j]||^2 for every column (dense or sparse)."""
+    import scipy.sparse as sp
+
+    if sp.issparse(X):
+        return np.asarray(X.multiply(X).sum(axis=0), dtype=np.float64).ravel()
+    X = np.asarray(X)
+    return np.einsum("ij,ij->j", X, X, dtype=np.float64)

@@ -52,10 +52,22 @@ def effective_rank(V: np.ndarray, tol: float = 0.0) -> int:
     return int(np.count_nonzero(np.sqrt(np.einsum("ij,ij->i", V, V)) > tol))
 
 
-def round_metrics(V: np.ndarray, diagnostics: Sequence[dict], eta: float, mu: float) -> dict:
-    """Objective and residuals of round s from the clients' diagnostics."""
+def round_metrics(V: np.ndarray, diagnostics: Sequence[dict], eta: float, mu: float, cols=None) -> dict:
+    """Objective and residuals of round s from the clients' diagnostics.
+
+    ``cols`` (incomplete views, §15.1): each client's sample indices (None =
+    all); ``grad0`` is then its r x |Omega_p| block and the gradient of the
+    weighted objective is the per-column mean over the holders.  With partial
+    participation the diagnostics are those of the clients that took part.
+    """
     m = len(diagnostics)
-    grad = sum(d["grad0"] for d in diagnostics) / m
+    if cols is not None and any(c is not None for c in cols):
+        from fedsonmf.core.masks import scatter_columns
+
+        S, c = scatter_columns([d["grad0"] for d in diagnostics], cols, V.shape)
+        grad = S / np.maximum(c, 1)
+    else:
+        grad = sum(d["grad0"] for d in diagnostics) / m
     V_check = prox_l21_nonneg(V - eta * grad, eta * mu)
     D = (V - V_check) / eta
     R_V = float(np.vdot(D, D))

@@ -64,6 +64,8 @@ def local_round(
     tau: int,
     rho1: float,
     ustep: PenaltyOptions,
+    cols: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> LocalResult:
     """Run the tau local steps of the proposed method (§4.1) from V^s.
 
@@ -76,7 +78,21 @@ def local_round(
         Drift correction C_p^s (None means zero).
 
     Two passes over X per step (X V^T for the U-step, U^T X for the gradient).
+
+    Incomplete views (§15.1): ``cols`` (sorted sample indices) are the
+    columns Omega_p the client holds, ``X`` is then (d_p, |Omega_p|) and
+    ``weights`` (|Omega_p|,) are m/c_j.  The U-step uses the weighted
+    B = 2 X W V_Omega^T, A = 2 V_Omega W V_Omega^T; the V-step moves only the
+    held columns with the client's own unscaled gradient 2(V - U^T X) and the
+    per-column correction C (r, |Omega_p|).  The local prox is applied to the
+    whole r x n copy [C]: its row norms (the l2,1 groups) span every sample,
+    the columns the client does not hold stay at V^s.  ``Vhat``, ``G_avg``
+    and ``UtX`` of the result are the r x |Omega_p| blocks (the upload).
+    ``cols=None`` is exactly the complete-data code below.
     """
+    if cols is not None:
+        return _local_round_cols(X, U, V_start, C, alpha=alpha, mu=mu, tau=tau, rho1=rho1, ustep=ustep,
+                                 cols=cols, weights=weights)
     Vhat = V_start.copy(order="K")  # keep the layout (see _linalg.ut_x)
     V = V_start
     inner = 0
@@ -105,3 +121,33 @@ def local_round(
     if C is not None:
         G_avg -= C
     return LocalResult(U, UtX, Vhat, G_avg, XVt0, VVt0, inner)
+
+
+def _local_round_cols(X, U, V_start, C, *, alpha, mu, tau, rho1, ustep, cols, weights) -> LocalResult:
+    """:func:`local_round` for a client holding the columns ``cols`` only (§15.1)."""
+    Vhat = V_start.copy()
+    V = V_start
+    inner = 0
+    XVt0 = VVt0 = None
+    UtX = None
+    w = np.ones(len(cols)) if weights is None else np.asarray(weights, dtype=np.float64)
+    for k in range(tau):
+        Vc = V[:, cols]
+        Vw = Vc * w
+        XVt = x_vt(X, Vw)  # X W V_Omega^T
+        VVt = Vw @ Vc.T
+        if k == 0:
+            XVt0, VVt0 = XVt, VVt
+        U, info = solve_u(2.0 * XVt, 2.0 * VVt, U, rho1, ustep)
+        inner += info.inner_iterations
+        UtX = ut_x(U, X)
+        step = 2.0 * alpha * (UtX - Vc)
+        if C is not None:
+            step -= alpha * C
+        Vhat[:, cols] += step
+        V = prox_l21_nonneg(Vhat, (k + 1) * alpha * mu)
+    Vhat_c = Vhat[:, cols]
+    G_avg = (V_start[:, cols] - Vhat_c) * (1.0 / (alpha * tau))
+    if C is not None:
+        G_avg -= C
+    return LocalResult(U, UtX, Vhat_c, G_avg, XVt0, VVt0, inner)

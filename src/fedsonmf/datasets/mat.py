@@ -125,6 +125,7 @@ def load_mat(
     *,
     views_key: str | Sequence[str] | None = None,
     labels_key: str | None = None,
+    missing: str = "auto",
 ) -> MultiViewDataset:
     """Read a multi-view dataset from a MATLAB ``.mat`` file.
 
@@ -147,6 +148,18 @@ def load_mat(
         Name of the cell array holding the views, or the names of one variable per view.
     labels_key : str, optional
         Name of the label variable.
+    missing : {"auto", "mask", "zeros"}
+        How missing views are found (incomplete views, ALGORITHM.md §15.1) [C]:
+
+        * ``"auto"`` (default): the file's availability variable (``ind``/``mask``) when it
+          has one; otherwise every sample is present, and an all-zero row is a sample with
+          no features (kept as data).
+        * ``"mask"``: the file's availability variable when it has one; otherwise an all-zero
+          row of a view marks the sample as missing from that view.
+        * ``"zeros"``: no mask (``mask=None``) even if the file has one: missing views stay
+          all-zero rows and are fitted as data (zero-filling, the behaviour before §15).
+
+        Pass ``[dataset.mask[:, p] for p in ...]`` as the ``masks`` of a fit.
 
     Returns
     -------
@@ -176,13 +189,19 @@ def load_mat(
         raise ParameterError(f"labels_key must be None or a str, got {labels_key!r}")
     variables = _read_variables(path)
     seen = ", ".join(f"{k} {_describe(v)}" for k, v in variables.items()) or "none"
+    if missing not in ("auto", "mask", "zeros"):
+        raise ParameterError(f"missing must be 'auto', 'mask' or 'zeros', got {missing!r}")
     try:
         labels_name, labels = _find_labels(variables, labels_key, seen)
         n = labels.shape[0]
         names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
         views = [_orient(v, n, name) for name, v in zip(names, raw_views, strict=True)]
         _, labels = np.unique(labels, return_inverse=True)
-        mask = _find_mask(variables, n, len(views))
+        mask = None if missing == "zeros" else _find_mask(variables, n, len(views))
+        if mask is None and missing == "mask":
+            mask = np.column_stack([_nonzero_rows(v) for v in views])
+            if mask.all():
+                mask = None
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
     except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:  # damaged content
@@ -502,6 +521,13 @@ def _orient(v, n: int, name: str):
         out.sort_indices()
         return out
     return np.ascontiguousarray(v, dtype=np.float64)
+
+
+def _nonzero_rows(v) -> np.ndarray:
+    """True for the rows (samples) of ``v`` with at least one nonzero entry."""
+    if sp.issparse(v):
+        return np.diff(sp.csr_array(v).indptr) > 0  # stored zeros are eliminated by the loader's tocsr()
+    return np.asarray(v != 0).any(axis=1)
 
 
 def _find_mask(variables: dict, n: int, n_views: int) -> np.ndarray | None:

@@ -49,6 +49,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import check_is_fitted
 
 from fedsonmf._validation import check_seed, check_views
+from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
     PREPROCESS_RULES,
     RANK_RULES,
@@ -241,24 +242,36 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
             params["checkpoint_dir"] = Path(self.checkpoint_dir) / f"restart-{restart}"
         return FedSONMF(r, **params)
 
-    def _client_views(self, Xs, fitted: bool):
-        """Each client's own preprocessing, padding and scaling of its view (nothing is sent)."""
+    def _client_views(self, Xs, fitted: bool, masks=None):
+        """Each client's own preprocessing, padding and scaling of its view (nothing is sent).
+
+        With ``masks`` a client's statistics come from the samples it holds only.
+        """
         out = []
         for p, X in enumerate(Xs):
             if fitted:
                 Y = apply_view_preprocessing(X, self.preprocessing_[p])
             else:
-                Y, info = preprocess_view(X, self.preprocess)
+                held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
+                if held is None:
+                    Y, info = preprocess_view(X, self.preprocess)
+                else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
+                    Yh, info = preprocess_view(X[held], self.preprocess)
+                    Y = np.zeros((X.shape[0], Yh.shape[1]))
+                    Y[held] = Yh.toarray() if sp.issparse(Yh) else Yh
+                    Y = sp.csr_matrix(Y) if sp.issparse(Yh) else Y
                 self.preprocessing_.append(info)
             out.append(pad_view(Y, self.n_components_))
         if self.normalize_views:
             return normalize_views(out, scales=self.view_scales_ if fitted else None, return_scales=True)
         return out, [1.0] * len(out)
 
-    def fit(self, Xs, y=None, *, callback=None) -> "FedMultiViewClustering":
+    def fit(self, Xs, y=None, *, callback=None, masks=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
         ``callback(row)`` is called with every round's history row (progress display).
+        ``masks`` (incomplete views, ALGORITHM.md §15.1): per view None, a boolean array of
+        length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
         if sp.issparse(Xs) or not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
             check_views(Xs)  # raises the InputError that names the problem
@@ -278,10 +291,12 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
         self.preprocessing_ = []
         self.view_scales_ = None
-        Xs, self.view_scales_ = self._client_views(views, fitted=False)
+        if masks is not None and len(masks) != len(views):
+            raise InputError(f"{len(masks)} masks for {len(views)} views")
+        Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
-            res = model._fit(Xs, callback=callback)
+            res = model._fit(Xs, callback=callback, masks=masks)
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,
@@ -310,9 +325,9 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
         return self
 
-    def fit_predict(self, Xs, y=None, *, callback=None) -> np.ndarray:
+    def fit_predict(self, Xs, y=None, *, callback=None, masks=None) -> np.ndarray:
         """Fit and return the cluster labels, shape (n_samples,)."""
-        return self.fit(Xs, callback=callback).labels_
+        return self.fit(Xs, callback=callback, masks=masks).labels_
 
     def transform(self, Xs) -> np.ndarray:
         """Embed new samples (every view) with the fitted bases: shape (n_samples_new, n_components_).

@@ -159,7 +159,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None) -> FitResult:
         cfg, run, seed = self._validate()
         views = check_views(Xs, cfg.n_components)
         if callback is None and self.verbose:
@@ -177,7 +177,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         with threadpool_limits(limits=run["blas_threads"]):
             res = run_inprocess(
                 views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
-                callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume,
+                callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume, masks=masks,
             )
         dtype = _out_dtype(Xs)
         self.result_ = res
@@ -191,14 +191,21 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.reconstruction_err_ = float(np.mean([loss(X, U, res.V) for X, U in zip(views, res.bases)]))
         return res
 
-    def fit(self, Xs, y=None) -> "FedSONMF":
-        """Fit on the list of views ``Xs``; ``y`` is ignored."""
-        self._fit(Xs)
+    def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
+        """Fit on the list of views ``Xs``; ``y`` is ignored.
+
+        ``masks`` (incomplete views, ALGORITHM.md §15.1): one entry per view, None
+        (the view holds every sample), a boolean array of length n_samples or an
+        array of sample ids; rows of a view outside its mask are never read, and a
+        client uploads only its held columns.  The server learns which samples each
+        client holds (membership), never their content.
+        """
+        self._fit(Xs, masks=masks)
         return self
 
-    def fit_transform(self, Xs, y=None) -> np.ndarray:
+    def fit_transform(self, Xs, y=None, *, masks=None) -> np.ndarray:
         """Fit and return the embedding V^T of shape (n_samples, n_components)."""
-        self._fit(Xs)
+        self._fit(Xs, masks=masks)
         return self.embedding_
 
     # ------------------------------------------------------------------ out of sample
@@ -247,7 +254,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         return -self.reconstruction_error(Xs)
 
 
-def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, **params) -> FitResult:
+def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, masks=None, **params) -> FitResult:
     """Federated sparse ONMF of the views ``Xs`` (one client per view), in process.
 
     The function twin of :class:`FedSONMF` (one code path): the same parameters
@@ -259,6 +266,8 @@ def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, 
     n_components : int
     callback : callable(row), optional
         Called with each round's history row (progress display).
+    masks : list, optional
+        Incomplete views: see :meth:`FedSONMF.fit`.
     **params
         Any parameter of :class:`FedSONMF`.
 
@@ -268,5 +277,5 @@ def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, 
         ``V`` (r, n), ``bases`` [(d_p, r)], ``history``, ``n_rounds``, ``seed``,
         ``config`` (every parameter, with ``mu_value`` the l2,1 weight used).
     """
-    return FedSONMF(n_components, **params)._fit(Xs, callback=callback)
+    return FedSONMF(n_components, **params)._fit(Xs, callback=callback, masks=masks)
 

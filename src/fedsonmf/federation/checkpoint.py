@@ -308,7 +308,7 @@ def client_resume_meta(X, fingerprint: str) -> dict:
 
 
 def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_components: int,
-                         fingerprint: str | None = None) -> None:
+                         fingerprint: str | None = None, n_cols: int | None = None) -> None:
     """Check, on the client, that a loaded state may be used with the view ``X``.
 
     Refuses (:class:`CheckpointError` naming the client and the field) when
@@ -358,7 +358,8 @@ def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_compo
         if key == "U":
             continue
         A = np.asarray(A)
-        if A.ndim == 2 and A.shape != (r, n):
+        # r x n matrices; a client holding only some samples (§15.1) keeps r x |held| ones
+        if A.ndim == 2 and A.shape != (r, n) and (n_cols is None or A.shape != (r, n_cols)):
             raise CheckpointError(f"client {client}: saved {key} has shape {A.shape}, expected (r, n) = {(r, n)}")
         if A.dtype.kind in "fc" and not np.all(np.isfinite(A)):
             raise CheckpointError(f"client {client}: saved {key} holds NaN or Inf")

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from fedsonmf._validation import check_n_jobs, check_seed
+from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.protocol.config import FedConfig
@@ -25,13 +26,34 @@ class InProcessTransport:
 
     ``n_jobs > 1`` runs clients in threads (NumPy/BLAS release the GIL in the
     large products); results do not depend on it.
+
+    ``available(round) -> iterable of client indices`` simulates clients that
+    are down in a round (partial participation, §15.2): they get no message
+    and keep their state, like a node that is off and restarts later from its
+    saved state.  None: every client is up.
     """
 
-    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int | None = 1):
+    def __init__(self, clients: Sequence[ClientRuntime], n_jobs: int | None = 1, available=None):
         self.clients = list(clients)
         self.n_clients = len(self.clients)
         self.n_jobs = min(check_n_jobs(n_jobs), max(self.n_clients, 1))
+        self.available = available
         self.log: list[tuple[str, int, Message]] | None = None  # set to [] to record traffic
+
+    def exchange_some(self, messages: dict) -> dict:
+        """Deliver ``{client: message}`` to the clients that are up; ``{client: reply}``."""
+        up = set(range(self.n_clients))
+        if self.available is not None:
+            s = next(iter(messages.values())).round if messages else 0
+            up = {int(p) for p in self.available(s)}
+        out = {}
+        for p in sorted(messages):
+            if p in up:
+                out[p] = self.clients[p].handle(messages[p])
+                if self.log is not None:
+                    self.log.append(("down", p, messages[p]))
+                    self.log.append(("up", p, out[p]))
+        return out
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
         if len(messages) != self.n_clients:
@@ -60,6 +82,9 @@ def run_inprocess(
     n_jobs: int = 1,
     checkpoint_dir=None,
     resume: bool = False,
+    masks=None,
+    participation=None,
+    available=None,
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
@@ -71,7 +96,20 @@ def run_inprocess(
     continues the run saved in ``checkpoint_dir`` (same views, config,
     algorithm; the saved seed is used) and ends with the same V as an
     uninterrupted run.
+
+    ``masks`` (§15.1): one entry per view, each None, a boolean array of
+    length n (True = the client holds the sample) or an int array of sample
+    ids; a sample no view holds raises :class:`~fedsonmf.exceptions.InputError`.
+    All-True masks run the complete-data code (bit-identical to ``masks=None``).
+    ``participation`` (:class:`~fedsonmf.protocol.participation.Participation`)
+    and ``available(round) -> clients up`` simulate partial participation (§15.2).
     """
+    if masks is None:
+        masks = [None] * len(views_dn)
+    if len(masks) != len(views_dn):
+        raise ValueError(f"{len(masks)} masks for {len(views_dn)} views")
+    if participation is None and available is not None:
+        raise ValueError("available= simulates dropouts and needs participation=Participation(...)")
     on_round_end, resume_from = None, None
     n_jobs = check_n_jobs(n_jobs)
     seed = check_seed(seed)
@@ -88,12 +126,19 @@ def run_inprocess(
                 seed = saved.run.get("seed")
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
             ckpt.check_resume_matches(saved, run_info)
-            # each client checks its own saved state against its own view (the fingerprint never leaves it)
+            # each client checks its own saved state against its own view (the fingerprint never leaves it);
+            # with partial participation a client that missed the last rounds resumes from its newest state (§15.2)
+            if participation is None:
+                load = ckpt.load_client_state
+            else:
+                from fedsonmf.federation.rejoin import load_latest_client_state as load
             fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
             states = []
-            for p, X in enumerate(views_dn):
-                st, meta = ckpt.load_client_state(checkpoint_dir, p, saved.completed_rounds)
-                ckpt.verify_client_resume(p, X, st, meta, cfg.n_components, fingerprints[p])
+            for p, (X, mk) in enumerate(zip(views_dn, masks)):
+                st, meta = load(checkpoint_dir, p, saved.completed_rounds)
+                held = held_columns(mk, X.shape[1], client=p)
+                ckpt.verify_client_resume(p, X, st, meta, cfg.n_components, fingerprints[p],
+                                          n_cols=None if held is None else held.size)
                 states.append(st)
             resume_from = (saved.state, saved.history)
         else:
@@ -104,18 +149,28 @@ def run_inprocess(
 
                 seed = secrets.randbits(32)
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
-        clients = [ClientRuntime(X, algorithm, cfg, state=st) for X, st in zip(views_dn, states)]
+        clients = [ClientRuntime(X, algorithm, cfg, state=st, mask=mk) for X, st, mk in zip(views_dn, states, masks)]
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
                 ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
-        clients = [ClientRuntime(X, algorithm, cfg) for X in views_dn]
-    transport = InProcessTransport(clients, n_jobs=n_jobs)
+        clients = [ClientRuntime(X, algorithm, cfg, mask=mk) for X, mk in zip(views_dn, masks)]
+    _check_masks(clients)
+    transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
-        on_round_end=on_round_end, resume=resume_from,
+        on_round_end=on_round_end, resume=resume_from, participation=participation,
     )
     result.bases = [c.state.arrays["U"].copy() for c in clients]
     return result
+
+
+def _check_masks(clients) -> None:
+    """Every sample held by some client (the server checks it again at setup)."""
+    if all(c.cols is None for c in clients):
+        return
+    from fedsonmf.core.masks import check_coverage, column_counts
+
+    check_coverage(column_counts([c.cols for c in clients], clients[0].n))

@@ -21,16 +21,19 @@ import numpy as np
 from fedsonmf._validation import check_int, check_real, check_seed
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
+from fedsonmf.core.masks import held_columns
 from fedsonmf.core.residuals import effective_rank, round_metrics
 from fedsonmf.exceptions import (
     ConvergenceWarning,
     DivergenceWarning,
+    FederationError,
     ParameterError,
     ProtocolError,
 )
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult, History
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
+from fedsonmf.protocol.participation import Participation
 
 __all__ = ["ClientRuntime", "Transport", "run_federation", "ConvergenceWarning", "DivergenceWarning", "ProtocolError",
            "DivergenceMonitor"]
@@ -73,24 +76,41 @@ class ClientRuntime:
     cfg : FedConfig
     state : ClientState, optional
         A saved state to resume from.
+    mask : bool array of length n, int array of sample ids, or None
+        The samples this client holds (§15.1); None or all-True: every sample
+        (the complete-data code path).  Only the held columns of ``X`` are
+        used (a missing sample's column may hold anything, e.g. zeros).
     """
 
-    def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None):
+    def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None):
+        self.n = X.shape[1]
+        self.cols = held_columns(mask, self.n)
+        self.algorithm = _algorithm(algorithm)
+        if self.cols is not None:
+            if not self.algorithm.supports_masks:
+                raise ParameterError(f"algorithm {self.algorithm.name!r} does not support incomplete views (masks)")
+            X = X[:, self.cols]
         self.X = X
         self.x_sqnorm = sqnorm(X)
-        self.algorithm = _algorithm(algorithm)
         self.cfg = cfg
         self.state = state
 
+    def _kw(self, setup: bool = False) -> dict:
+        if self.cols is None:
+            return {}
+        return {"cols": self.cols, "n": self.n} if setup else {"cols": self.cols}
+
     def handle(self, msg: Message) -> Message:
         if msg.kind == "setup":
-            self.state, reply = self.algorithm.client_setup(self.X, self.x_sqnorm, msg, self.cfg)
+            self.state, reply = self.algorithm.client_setup(self.X, self.x_sqnorm, msg, self.cfg, **self._kw(True))
             return reply
         if msg.kind != "round":
             raise ProtocolError(f"unknown message kind {msg.kind!r}")
         if self.state is None:
             raise ProtocolError(f"round {msg.round} message before setup")
-        if msg.round != self.state.round + 1:
+        # a client returning after missed rounds (§15.2) is told so by the server
+        gap_ok = bool(msg.scalars.get("rejoin")) and msg.round > self.state.round
+        if msg.round != self.state.round + 1 and not gap_ok:
             # a stale or replayed state would silently corrupt the run: refuse it
             raise ProtocolError(
                 f"round {msg.round} message but the client state has completed round {self.state.round}"
@@ -100,7 +120,7 @@ class ClientRuntime:
             if "mu" not in msg.scalars:
                 raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
             cfg = cfg.resolved(msg.scalars["mu"])
-        self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg)
+        self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
         return reply
 
 
@@ -223,6 +243,7 @@ def run_federation(
     callback: Callable[[dict], None] | None = None,
     on_round_end: Callable[[ServerState, History], None] | None = None,
     resume: tuple[ServerState, History] | None = None,
+    participation: Participation | None = None,
 ) -> FitResult:
     """Run the federation: setup, then rounds until ``tol`` or ``max_rounds``.
 
@@ -242,6 +263,11 @@ def run_federation(
         Called after every completed round (checkpointing).
     resume : (ServerState, History), optional
         Continue a saved run (the clients must hold their matching states).
+    participation : Participation, optional
+        Partial participation (§15.2): rounds proceed with the clients that
+        replied (``transport.exchange_some``) when a quorum did; the history
+        gets ``participants`` and ``n_participants`` columns.  None: every
+        client in every round (a missing client stops the run).
     """
     alg = _algorithm(algorithm)
     max_rounds = check_int("max_rounds", max_rounds, min=1)
@@ -252,6 +278,12 @@ def run_federation(
     if seed is None:
         seed = secrets.randbits(32)
     m = transport.n_clients
+    if participation is not None:
+        participation.check(m)
+        if not alg.supports_partial:
+            raise ParameterError(f"algorithm {alg.name!r} does not support partial participation")
+        if not hasattr(transport, "exchange_some"):
+            raise ParameterError(f"{type(transport).__name__} cannot run partial rounds (no exchange_some)")
     t_start = time.perf_counter()
 
     if resume is None:
@@ -281,22 +313,39 @@ def run_federation(
         msg = alg.broadcast(state)
         if auto_mu:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu})
-        replies = transport.exchange([msg] * m)
-        for p, rep in enumerate(replies):
+        if participation is None:
+            replies = transport.exchange([msg] * m)
+            who = list(range(m))
+        else:
+            replies, who, msgs = _partial_exchange(transport, alg, state, msg, participation, history, m, seed)
+        for p, rep in zip(who, replies):
             if rep.round != s:
                 raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
         V_s = alg.current_v(state)
         prev_state = state
-        state = alg.server_round(state, replies, cfg)
+        cols = alg.reply_columns(state, who)
+        if participation is None:
+            state = alg.server_round(state, replies, cfg)
+        else:
+            keep_g = participation.rejoin == "server"
+            kw = {"keep_g": True, "n_clients": m} if keep_g else {}
+            state = alg.server_round(state, replies, cfg, clients=None if len(who) == m else who, **kw)
         if auto_mu:
             state.arrays["mu"] = mu_arr
         row = {"round": s}
         if cfg.diagnostics:
-            row.update(round_metrics(V_s, [rep.diagnostics for rep in replies], cfg.eta_tilde, cfg.mu))
+            diags = [rep.diagnostics for rep in replies]
+            if cols is None:
+                row.update(round_metrics(V_s, diags, cfg.eta_tilde, cfg.mu))
+            else:
+                row.update(round_metrics(V_s, diags, cfg.eta_tilde, cfg.mu, cols=cols))
         row["effective_rank"] = effective_rank(alg.current_v(state))
         row["bytes_up"] = int(sum(rep.nbytes for rep in replies))
-        row["bytes_down"] = int(m * msg.nbytes)
+        row["bytes_down"] = int(m * msg.nbytes) if participation is None else int(sum(x.nbytes for x in msgs))
         row["bytes_diagnostics"] = int(sum(rep.diagnostics_nbytes for rep in replies))
+        if participation is not None:
+            row["participants"] = list(who)
+            row["n_participants"] = len(who)
         row["seconds"] = time.perf_counter() - t0
         history.append(row)
         if on_round_end is not None:
@@ -329,10 +378,49 @@ def run_federation(
         converged=converged,
         seed=int(seed),
         config={"algorithm": alg.name, "max_rounds": max_rounds, "tol": tol, "n_clients": m, **cfg_given.to_dict(),
-                "mu_value": float(cfg.mu)},
+                "mu_value": float(cfg.mu),
+                **({"participation": participation.to_dict()} if participation is not None else {})},
         seconds=seconds,
         server_state=state,
     )
     if diverged:
         result.extra["diverged"] = True
     return result
+
+
+
+def _last_rounds(history: History, m: int) -> np.ndarray:
+    """The last round each client took part in (0: none yet), from the history."""
+    last = np.zeros(m, dtype=np.int64)
+    for row in history.rows:
+        for p in row.get("participants", range(m)):
+            last[int(p)] = int(row["round"])
+    return last
+
+
+def _partial_exchange(transport, alg, state: ServerState, msg: Message, participation: Participation,
+                      history: History, m: int, seed: int):
+    """One partial round (§15.2): ask the sampled clients, keep those that replied.
+
+    Returns ``(replies, clients, messages_sent)`` with replies in client order.
+    A client that missed round s-1 gets the rejoin message of the algorithm.
+    """
+    s = state.round
+    asked = participation.asked(m, s, seed)
+    last = _last_rounds(history, m)
+    msgs = {}
+    for p in asked:
+        if s > 1 and last[p] < s - 1:
+            msgs[p] = alg.rejoin_message(state, msg, participation.rejoin, has_rounds=bool(last[p] > 0))
+        else:
+            msgs[p] = msg
+    got = transport.exchange_some(msgs)
+    who = sorted(got)
+    need = participation.quorum(m)
+    if len(who) < need:
+        missing = sorted(set(asked) - set(who))
+        raise FederationError(
+            f"round {s}: only {len(who)} of the {len(asked)} asked clients replied (clients {who}; missing "
+            f"{missing}), the quorum min_clients is {need}",
+            client=missing[0] if len(missing) == 1 else None, round=s)
+    return [got[p] for p in who], who, list(msgs.values())

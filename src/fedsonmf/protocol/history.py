@@ -16,7 +16,7 @@ __all__ = ["History", "FitResult", "json_default"]
 #: columns of one history row, in order (``R_*`` are absent without diagnostics)
 COLUMNS = (
     "round", "objective", "R_V", "R_U", "R", "R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0",
-    "effective_rank", "bytes_up", "bytes_down", "bytes_diagnostics", "seconds",
+    "effective_rank", "bytes_up", "bytes_down", "bytes_diagnostics", "participants", "n_participants", "seconds",
 )
 
 

@@ -22,6 +22,7 @@ from fedsonmf.federation.flower.launcher import (
     LoopbackDeployment,
     load_result,
     run_flower,
+    write_masks,
     write_views,
 )
 from fedsonmf.federation.flower.template import write_app_dir
@@ -29,5 +30,5 @@ from fedsonmf.federation.flower.transport import FlowerTransport, handshake
 
 __all__ = [
     "FederationError", "FlowerRunError", "FlowerTransport", "LoopbackDeployment", "handshake", "load_result",
-    "run_flower", "write_app_dir", "write_views",
+    "run_flower", "write_app_dir", "write_views", "write_masks",
 ]

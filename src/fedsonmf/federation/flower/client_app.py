@@ -7,6 +7,12 @@ Node config (``flower-supernode --node-config``):
                   shape (n_samples, d_p), or ``.npz`` written by ``scipy.sparse.save_npz``
 ``state-dir``     str, node-local directory of the private state files
                   (default: ``<dir of data-path>/.fedsonmf-state``)
+``mask-path``     str, optional: the samples this node holds (incomplete views, §15.1),
+                  ``.npy`` of a boolean vector of length n or of int sample ids.
+                  Absent: every sample.  Only membership is sent to the server.
+
+A node that missed rounds (partial participation, §15.2) and is told so by the
+server (``rejoin`` in the message) resumes from its newest saved state.
 
 Every message runs in a fresh process (Flower deployment), so the client's
 private state (U_p and the algorithm's other matrices) is kept in an
@@ -29,13 +35,15 @@ from flwr.app import Message as FlwrMessage
 from flwr.clientapp import ClientApp
 
 from fedsonmf._validation import check_views
+from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import codec
 from fedsonmf.federation.loop import ClientRuntime
+from fedsonmf.federation.rejoin import load_latest_client_state
 from fedsonmf.protocol.messages import Message
 
-__all__ = ["app", "make_client_app", "load_view", "state_dir_of"]
+__all__ = ["app", "make_client_app", "load_view", "load_mask", "state_dir_of"]
 
 STATE_KEY = "fedsonmf"
 
@@ -50,6 +58,14 @@ def load_view(path) -> object:
     else:
         X = np.load(path, mmap_mode="r", allow_pickle=False)
     return check_views([X])[0]
+
+
+def load_mask(context: Context):
+    """The node's availability mask (``mask-path``) or None."""
+    path = str(context.node_config.get("mask-path", "") or "")
+    if not path:
+        return None
+    return np.load(path, allow_pickle=False)
 
 
 def _partition(context: Context) -> int:
@@ -116,13 +132,19 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if fed_msg.kind == "setup":
             algorithm = str(fed_msg.scalars["algorithm"])
             cfg_json = str(fed_msg.scalars["config"])
-            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)))
+            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=load_mask(context))
         else:
-            state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
+            if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
+                state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
+            else:
+                state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
             algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
             cfg = ckpt.config_from_dict(json.loads(cfg_json))
-            ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint)
-            runtime = ClientRuntime(X, algorithm, cfg, state=state)
+            mask = load_mask(context)
+            held = held_columns(mask, X.shape[1], client=p)
+            ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
+                                      n_cols=None if held is None else held.size)
+            runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask)
         reply = runtime.handle(fed_msg)
         # save before replying: the next round's process reads this file
         ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,

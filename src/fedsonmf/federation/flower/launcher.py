@@ -40,7 +40,7 @@ from fedsonmf.federation.flower.template import (
 from fedsonmf.protocol.history import FitResult, History
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "flower_env", "run_flower", "load_result",
-           "write_views"]
+           "write_views", "write_masks"]
 
 CONNECTION = "fedsonmf"
 
@@ -110,11 +110,13 @@ class LoopbackDeployment:
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
-                 superexec_poll: float = 0.05, tls: tuple | None = None):
+                 superexec_poll: float = 0.05, tls: tuple | None = None, mask_paths=None):
         #: (ca.crt, server.pem, server.key) for TLS on loopback (the certificate must name 127.0.0.1)
         self.tls = tuple(str(Path(t).resolve()) for t in tls) if tls else None
         self.run_dir = Path(run_dir).resolve()
         self.view_paths = [Path(p).resolve() for p in view_paths]
+        #: optional per-view availability masks (node config ``mask-path``, §15.1)
+        self.mask_paths = [None if m is None else Path(m).resolve() for m in (mask_paths or [None] * len(view_paths))]
         self.flwr_home = self.run_dir / "flwr-home"
         self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level,
                               superexec_poll=superexec_poll)
@@ -192,7 +194,8 @@ class LoopbackDeployment:
         ndir = self.node_dir(p)
         (ndir / "state").mkdir(parents=True, exist_ok=True)
         node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
-                       f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"')
+                       f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"'
+                       + (f' mask-path="{self.mask_paths[p]}"' if self.mask_paths[p] is not None else ""))
         self.nodes[p] = self._spawn(
             [_bin("flower-supernode"), *(["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]),
              "--superlink", f"127.0.0.1:{self.port}",
@@ -318,6 +321,21 @@ def load_result(out_dir) -> FitResult:
                      config=d["config"], seconds=d["seconds"], extra=extra)
 
 
+def write_masks(masks, directory) -> list[Path | None]:
+    """Save availability masks (bool, length n; None = complete) beside the views: ``view<p>.mask.npy``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for p, mk in enumerate(masks):
+        if mk is None:
+            out.append(None)
+            continue
+        path = directory / f"view{p}.mask.npy"
+        np.save(path, np.asarray(mk))
+        out.append(path)
+    return out
+
+
 def write_views(views, directory) -> list[Path]:
     """Save views (each (n_samples, d_p), dense or sparse) as one file per view."""
     import scipy.sparse as sp
@@ -371,7 +389,8 @@ def _check_view_files(view_paths, n_components: int) -> None:
 def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
                record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
-               tls: tuple | None = None, startup_timeout: float | None = None) -> FitResult:
+               tls: tuple | None = None, startup_timeout: float | None = None, mask_paths=None,
+               participation=None) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
@@ -387,6 +406,10 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
 
     The views' shapes are checked (r <= d_p, equal n) before any process starts;
     the ServerApp checks them again at the handshake.
+
+    ``mask_paths`` (one per view, None = complete; see :func:`write_masks`) are the
+    nodes' availability masks (§15.1); ``participation`` (a
+    :class:`~fedsonmf.protocol.participation.Participation`) enables partial rounds (§15.2).
     """
     _check_view_files(view_paths, cfg.n_components)
     run_dir = Path(run_dir).resolve()
@@ -405,10 +428,13 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         "startup-timeout": float(startup_timeout or 0.0),
         "record-wire": bool(record_wire),
     }
+    if participation is not None:
+        run_config.update({"min-clients": float(participation.min_clients or 0),
+                           "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
     job_file.write_text(json.dumps({"job-id": job_id, "run-config": run_config,
                                     "views": [str(Path(p).resolve()) for p in view_paths]}, indent=1))
     t0 = time.perf_counter()
-    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls) as dep:
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, mask_paths=mask_paths) as dep:
         outcome = dep.run(run_config, timeout=timeout)
     wall = time.perf_counter() - t0
     if not outcome.ok:

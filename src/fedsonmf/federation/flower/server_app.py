@@ -40,6 +40,7 @@ from fedsonmf.federation.loop import run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.params import default
+from fedsonmf.protocol.participation import Participation
 
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
 
@@ -61,6 +62,18 @@ def config_from_run_config(rc) -> FedConfig:
         )
     # the diagnostics switch always comes from its own key
     return cfg.replace(diagnostics=bool(rc.get("diagnostics", cfg.diagnostics)))
+
+
+def participation_from_run_config(rc) -> Participation | None:
+    """``min-clients`` / ``sample-clients`` (0 = off; >= 1 a count, else a fraction) and ``rejoin``."""
+    def num(key):
+        v = float(rc.get(key, 0) or 0)
+        return None if v <= 0 else (int(v) if v >= 1 and v == int(v) else v)
+
+    mc, sc = num("min-clients"), num("sample-clients")
+    if mc is None and sc is None:
+        return None
+    return Participation(min_clients=mc, sample=sc, rejoin=str(rc.get("rejoin", "server")))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -87,6 +100,7 @@ def server_main(grid: Grid, context: Context) -> None:
     node_timeout = float(rc.get("node-timeout", 120.0))
     # node start-up (handshake + the setup exchange) has its own timeout, separate from the round timeout
     startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
+    participation = participation_from_run_config(rc)
     ckpt_dir = out / "checkpoint"
     run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
     recorder = WireRecorder(out / "wire.jsonl") if bool(rc.get("record-wire", False)) else None
@@ -116,7 +130,7 @@ def server_main(grid: Grid, context: Context) -> None:
             last_round["completed"] = state.round - 1
 
         res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
-                             on_round_end=on_round_end, resume=resume)
+                             on_round_end=on_round_end, resume=resume, participation=participation)
         np.save(out / ".V.tmp.npy", res.V)
         os.replace(out / ".V.tmp.npy", out / "V.npy")
         res.extra["flower"] = {
@@ -124,6 +138,8 @@ def server_main(grid: Grid, context: Context) -> None:
             "handshake_seconds": t_hs, "wire_bytes": transport.wire_bytes,
             "resumed_from_round": resume[0].round if resume else None,
         }
+        if participation is not None:
+            res.extra["flower"]["dropped"] = transport.dropped
         _write_json(out / "result.json", res.to_json_dict())
         _write_json(status_path, {**status, "status": "completed", "n_rounds": res.n_rounds,
                                   "seconds": time.perf_counter() - t0})

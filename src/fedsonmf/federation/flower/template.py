@@ -48,6 +48,9 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
+    "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
+    "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
+    "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""

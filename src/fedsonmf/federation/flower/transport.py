@@ -79,9 +79,10 @@ def _error_text(rep: FlwrMessage) -> str:
     return f"error code {err.code}: {err.reason}"
 
 
-def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float):
+def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True):
     """Push ``msgs``; return ``(msgs_by_id, replies_by_id, missing_ids)``; stops at
-    the first error reply (returned among the replies) or at the timeout."""
+    the first error reply (returned among the replies; unless ``stop_on_error``
+    is False) or at the timeout."""
     ids = list(grid.push_messages(msgs))
     by_id = dict(zip(ids, msgs))
     pending, got = set(ids), {}
@@ -92,7 +93,7 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float):
             if rid in pending:
                 pending.discard(rid)
                 got[rid] = rep
-        if any(rep.has_error() for rep in got.values()):
+        if stop_on_error and any(rep.has_error() for rep in got.values()):
             break  # stop at once; the caller reports the lowest failing client of this batch
         if not pending or time.monotonic() >= deadline:
             break
@@ -180,6 +181,12 @@ class FlowerTransport:
         Seconds between pulls.
     recorder : WireRecorder, optional
         Logs every message sent and received (the privacy audit).
+
+    Partial participation (§15.2): :meth:`exchange_some` waits for the asked
+    clients until the round timeout (Flower's per-round deadline), returns the
+    replies that came, and treats a missing or failed reply as "did not take
+    part" (logged in ``dropped``); before each such round it adopts new nodes
+    (a restarted SuperNode has a new node id) by asking them their view.
     """
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
@@ -196,6 +203,87 @@ class FlowerTransport:
         self.poll = float(poll)
         self.recorder = recorder
         self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
+        self.dropped: list[dict] = []  # partial rounds: {"round", "client", "node_id", "reason"}
+        self._seen = set(self.node_ids)  # node ids already asked for their view
+        self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
+
+    def adopt_new_nodes(self, timeout: float = 5.0) -> dict[int, int]:
+        """Route a view to a node that came online since the handshake (a SuperNode restarted
+        after a failure has a new node id).  Returns {view: node id} adopted now.
+
+        Each new node is asked once (a QUERY "hello"; starting its ClientApp process can take
+        seconds); its answer is collected here in this or a later round, waiting at most
+        ``timeout`` seconds when new nodes were just asked.
+        """
+        new = sorted(set(self.grid.get_node_ids()) - self._seen)
+        if new:
+            content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
+                                                            "job-id": self.job_id})})
+            msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
+                                ttl=3600.0) for nid in new]
+            for nid, mid, msg in zip(new, self.grid.push_messages(msgs), msgs):
+                self._hello[mid] = nid
+                self._seen.add(nid)
+                if self.recorder:
+                    self.recorder.record("down", None, nid, msg)
+        adopted: dict[int, int] = {}
+        deadline = time.monotonic() + (timeout if new else 0.0)
+        while self._hello:
+            for rep in self.grid.pull_messages(list(self._hello)):
+                nid = self._hello.pop(rep.metadata.reply_to_message_id, None)
+                if nid is None:
+                    continue
+                if self.recorder:
+                    self.recorder.record("up", None, nid, rep)
+                if rep.has_error():
+                    continue
+                pid = int(rep.content[codec.META]["partition-id"])
+                if 0 <= pid < self.n_clients:
+                    self.node_ids[pid] = nid
+                    adopted[pid] = nid
+            if not self._hello or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll)
+        return adopted
+
+    def exchange_some(self, messages: dict) -> dict:
+        """Send ``{client: message}``; return ``{client: reply}`` of the clients that
+        replied without error before the round timeout."""
+        if not messages:
+            return {}
+        self.adopt_new_nodes(timeout=min(5.0, self.round_timeout))
+        order = sorted(messages)
+        s, kind = messages[order[0]].round, messages[order[0]].kind
+        flw = [FlwrMessage(codec.encode(messages[p], client=p, job_id=self.job_id), dst_node_id=self.node_ids[p],
+                           message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
+               for p in order]
+        by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False)
+        client_of = dict(zip(by_id, order))
+        if self.recorder:
+            for mid, msg in by_id.items():
+                self.recorder.record("down", client_of[mid], msg.metadata.dst_node_id, msg)
+            for mid, rep in got.items():
+                self.recorder.record("up", client_of[mid], by_id[mid].metadata.dst_node_id, rep)
+        out, down, up = {}, 0, 0
+        for mid in by_id:
+            p = client_of[mid]
+            nid = by_id[mid].metadata.dst_node_id
+            down += _array_bytes(by_id[mid].content)
+            if mid in pending:
+                self.dropped.append({"round": s, "client": p, "node_id": nid, "reason": "no reply before the deadline"})
+                continue
+            if got[mid].has_error():
+                self.dropped.append({"round": s, "client": p, "node_id": nid, "reason": _error_text(got[mid])})
+                continue
+            rep, meta = codec.decode(got[mid].content)
+            if int(meta["client"]) != p or rep.round != s or rep.kind != kind:
+                raise FederationError(
+                    f"client {p} (node {nid}) answered {rep.kind} round {rep.round} as client {meta['client']} "
+                    f"to round {s}", client=p, round=s, node_id=nid)
+            out[p] = rep
+            up += _array_bytes(got[mid].content)
+        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out)})
+        return out
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
         if len(messages) != self.n_clients:
