@@ -137,13 +137,28 @@ def _pow2_scale(*arrays: np.ndarray) -> float:
     return float(np.ldexp(1.0, int(np.frexp(m)[1])))
 
 
-def _normalise_columns(U: np.ndarray) -> np.ndarray:
+def _col_max(U: np.ndarray) -> np.ndarray:
+    """``U.max(axis=0)`` (exact), ~7x faster for a C-ordered d x r with small r.
+
+    numpy reduces a C-ordered (d, r) array along axis 0 with one strided inner
+    loop per row; the Fortran copy reduces contiguous columns.
+    """
+    return np.asfortranarray(U).max(axis=0)
+
+
+def _row_max(P: np.ndarray) -> np.ndarray:
+    """``P.max(axis=1)`` (exact), ~10x faster for a C-ordered d x r with small r."""
+    return np.asfortranarray(P).max(axis=1)
+
+
+def _normalise_columns(U: np.ndarray, colmax: np.ndarray | None = None) -> np.ndarray:
     """Divide each column of the nonnegative U (no zero column) by its 2-norm, in place.
 
     The column is first divided by its largest entry, so the squares lie in
-    [0, 1] and cannot overflow or underflow at any data scale.
+    [0, 1] and cannot overflow or underflow at any data scale.  ``colmax``:
+    ``U.max(axis=0)`` if the caller has it.
     """
-    U /= U.max(axis=0)
+    U /= _col_max(U) if colmax is None else colmax
     U /= np.sqrt(np.einsum("ij,ij->j", U, U))
     return U
 
@@ -155,7 +170,7 @@ def proj_ob(Y: np.ndarray) -> np.ndarray:
     Scale-free: the test is "some entry > 0" (no absolute threshold).
     """
     U = np.maximum(Y, 0.0)
-    bad = ~(U.max(axis=0) > 0.0)
+    bad = ~(_col_max(U) > 0.0)
     if bad.any():
         cols = np.flatnonzero(bad)
         U[:, cols] = 0.0
@@ -175,7 +190,7 @@ def round_st(U: np.ndarray) -> tuple[np.ndarray, bool]:
     j = np.argmax(U, axis=1)
     R = np.zeros_like(U)
     R[rows, j] = U[rows, j]
-    if not np.all(R.max(axis=0) > 0.0):
+    if not np.all(_col_max(R) > 0.0):
         return U, False
     return _normalise_columns(R), True
 
@@ -200,12 +215,17 @@ def u_from_assignment(M: np.ndarray, a: np.ndarray) -> np.ndarray:
     """
     d, r = M.shape
     rows = np.flatnonzero(a >= 0)
+    cols = a[rows]
+    vals = np.maximum(M[rows, cols], 0.0)
     U = np.zeros_like(M)
-    U[rows, a[rows]] = np.maximum(M[rows, a[rows]], 0.0)
-    for j in np.flatnonzero(~(U.max(axis=0) > 0.0)):
+    U[rows, cols] = vals
+    colmax = np.zeros(r)  # = U.max(axis=0): U's only nonzeros are vals (>= 0)
+    np.maximum.at(colmax, cols, vals)
+    for j in np.flatnonzero(~(colmax > 0.0)):
         Jj = np.flatnonzero(a == j)
         U[Jj[np.argmax(M[Jj, j])], j] = 1.0
-    return _normalise_columns(U)
+        colmax[j] = 1.0
+    return _normalise_columns(U, colmax)
 
 
 def _repair(a: np.ndarray, M: np.ndarray) -> np.ndarray:
