@@ -332,9 +332,13 @@ def _reweighted(
     S = _pattern_sums(P, cur, r, rows)
     stale = 0
     fixed = False
+    all_mass = bool(has_mass.all())
+    PW = np.empty_like(P)
     for _ in range(iters):
         w = 1.0 / np.sqrt(np.maximum(S, tiny))  # P is normalised (max <= 1)
-        raw = np.where(has_mass, np.argmax(P * w, axis=1), cur)
+        raw = np.argmax(np.multiply(P, w, out=PW), axis=1)
+        if not all_mass:
+            raw = np.where(has_mass, raw, cur)
         nxt = _repair(raw, M)  # returns raw itself when no column is empty
         if np.array_equal(nxt, cur):
             # a fixed point of the sweep itself, not of the repair (a repaired
@@ -494,6 +498,12 @@ def _greedy(P: np.ndarray, a: np.ndarray, max_moves: int, state: _GreedyState | 
 
     def row_best(idx):
         """Best (column, gain) of the rows idx over all columns but their own."""
+        if 4 * idx.size > d:  # same entries, without the row gathers (faster for many rows)
+            G = IN + OUT[:, None]
+            on = np.flatnonzero(a >= 0)
+            G[on, a[on]] = -np.inf
+            b = np.argmax(G, axis=1)[idx]
+            return b, G[idx, b]
         G = IN[idx] + OUT[idx, None]
         ai = a[idx]
         on = ai >= 0
@@ -679,7 +689,7 @@ def solve_u(
     s = _pow2_scale(M)
     if s == 1.0 and not np.any(M):  # M = 0: every feasible U is optimal; keep U^k
         return U_prev, UStepInfo(0, 0, False, "safeguard", 0.0, True)
-    Bn, An, rho_n, Mn = B / s, A / s, rho1 / s, M / s
+    Mn = M / s
     P = np.square(np.maximum(Mn, 0.0))
     has_mass = _row_max(P) > 0
     base = float(np.vdot(U_prev, Mn))  # score of U_prev; phi = const - s * score
@@ -716,7 +726,7 @@ def solve_u(
         certified = consider("argmax", am)
     if not certified and opts.use_penalty:
         eps1 = opts.eps1_rel * float(np.linalg.norm(Mn))
-        Up, n_inner, n_outer = _penalty(An, Bn, U_prev, rho_n, proj_ob(U_prev), opts, eps1)
+        Up, n_inner, n_outer = _penalty(A / s, B / s, U_prev, rho1 / s, proj_ob(U_prev), opts, eps1)
         Ur, rounded = round_st(Up)
         if rounded:
             certified = consider("penalty", assignment_from_u(Ur))
