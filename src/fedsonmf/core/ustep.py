@@ -170,12 +170,14 @@ def proj_ob(Y: np.ndarray) -> np.ndarray:
     Scale-free: the test is "some entry > 0" (no absolute threshold).
     """
     U = np.maximum(Y, 0.0)
-    bad = ~(_col_max(U) > 0.0)
+    colmax = _col_max(U)
+    bad = ~(colmax > 0.0)
     if bad.any():
         cols = np.flatnonzero(bad)
         U[:, cols] = 0.0
         U[np.argmax(Y[:, cols], axis=0), cols] = 1.0
-    return _normalise_columns(U)
+        colmax[cols] = 1.0  # the column is now a unit vector
+    return _normalise_columns(U, colmax)
 
 
 def round_st(U: np.ndarray) -> tuple[np.ndarray, bool]:
