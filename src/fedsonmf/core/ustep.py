@@ -676,7 +676,7 @@ def solve_u(
     1. support search (:func:`polish`) from U^k's pattern -- in a federated
        run V changes little between steps, so this is usually certified after
        a few O(d r) reweighting sweeps and O(d) moves.  When the sweeps end at
-       a fixed point that needed no repair (74 % / 57 % of the warm calls of
+       a fixed point that needed no repair (76 % / 57 % of the warm calls of
        BBCSport fits at r = 5 / 10), no exact move can gain and the gap is
        exactly 0 (:func:`_reweighted`), so bulk, greedy and the gap are
        skipped: the call costs ~20 vectorised O(d r) passes;
