@@ -16,6 +16,10 @@ import typer
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
 from fedsonmf.exceptions import InputError
 
+#: the paper's literal protocol (FedMultiViewClustering.paper)
+PAPER = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
+PAPER_HELP = "The paper's literal protocol: r = clusters, no preprocessing, k-means on raw V^T."
+
 
 def _check_common(seeds: int, nmi_average: str, json_path) -> None:
     """Arguments checked before any fitting starts."""
@@ -102,7 +106,7 @@ def _describe_defaults(res, params) -> str:
     info = rep.info[0] if rep.info else {}
     if "mu" not in info:
         return ""
-    r = params.get("n_components") or res.n_classes
+    r = sorted({i.get("n_components") for i in rep.info})
     rounds = [i["n_rounds"] for i in rep.info]
     ranks = sorted({i["effective_rank"] for i in rep.info})
     how = "label-free rule mu_scale=%g" % params.get("mu_scale", 0.1) if params.get("mu", "auto") == "auto" else "given"
@@ -128,11 +132,14 @@ def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
 
     @app.command()
-    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding")
+    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
+                 "n_init")
     def cluster(
         path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A multi-view .mat file."),
         clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Clusters (default: #classes)."),
-        rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1, help="Rank r (default: clusters)."),
+        rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1,
+                                           help="Rank r (default: the 'auto' rule, 2 x clusters)."),
+        paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
         views_key: Optional[str] = typer.Option(None, "--views-key", help="Variable holding the views (comma-"
                                                 "separated names for one variable per view) if not guessed."),
@@ -157,7 +164,9 @@ def register(app, reproduce_app) -> None:
         if ds.labels is None:
             raise typer.BadParameter("the file has no labels to score against", param_hint="PATH")
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
-        params["n_components"] = rank
+        params["n_components"] = "auto" if rank is None else rank
+        if paper:
+            params.update(PAPER)
         methods = [algorithm, *(CONTEXT_METHODS if context else ())]
         with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
             res = run_dataset(ds, key=_paper_key(path, ds.name), label=path.name, methods=methods, seeds=range(seeds), params=params,
@@ -173,10 +182,11 @@ def register(app, reproduce_app) -> None:
             typer.echo(f"wrote {json_path}")
 
     @reproduce_app.command("table1")
-    @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding")
+    @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding", "preprocess", "n_init")
     def table1(
         data_dir: Optional[Path] = typer.Option(None, "--data", help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
+        paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
         method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
         include: Optional[List[str]] = typer.Option(None, "--only", help="Only files whose path contains this."),
         threads: int = typer.Option(1, help="BLAS threads."),
@@ -196,6 +206,8 @@ def register(app, reproduce_app) -> None:
         if root is None or not Path(root).is_dir():
             raise InputError("no data folder: pass --data or set FEDSONMF_DATA")
         rounds = params["max_rounds"]
+        if paper:
+            params.update(PAPER)
         methods = list(method or available_methods())
         console = Console()
         results = []

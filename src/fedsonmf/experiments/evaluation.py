@@ -156,6 +156,7 @@ def evaluate_clustering(
     method: str | None = None,
     callback: Callable[[int, dict], None] | None = None,
     round_callback: Callable[[dict], None] | None = None,
+    masks=None,
     **params,
 ) -> ClusteringReport:
     """Run the real-data protocol of ALGORITHM.md §10 for :class:`FedMultiViewClustering`.
@@ -179,6 +180,8 @@ def evaluate_clustering(
         Called after each seed with its scores and info.
     round_callback : callable(history_row), optional
         Called after every federated round (progress display).
+    masks : list, optional
+        Incomplete views (ALGORITHM.md §15.1), as :meth:`FedMultiViewClustering.fit` takes them.
     **params
         :class:`FedMultiViewClustering` parameters.
 
@@ -191,9 +194,11 @@ def evaluate_clustering(
 
     def run(seed):
         model = FedMultiViewClustering(c, random_state=seed, **params)
-        labels = model.fit_predict(Xs, callback=round_callback)
+        labels = model.fit_predict(Xs, callback=round_callback, masks=masks)
         hist = model.history_.rows
-        info = {"mu": model.mu_, "n_rounds": model.n_rounds_, "effective_rank": model.effective_rank_,
+        info = {"mu": model.mu_, "n_components": model.n_components_,
+                "centered_views": [p for p, i in enumerate(model.preprocessing_) if i.get("centered")],
+                "n_rounds": model.n_rounds_, "effective_rank": model.effective_rank_,
                 "R_rel": hist[-1].get("R_rel") if hist else None}
         return labels, info
 

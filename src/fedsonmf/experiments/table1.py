@@ -109,17 +109,23 @@ def run_dataset(
     on_seed: Callable[[str, int, dict], None] | None = None,
     on_round: Callable[[dict], None] | None = None,
 ) -> DatasetResult:
-    """Run ``methods`` on one dataset over ``seeds``; every method gets the same normalised views.
+    """Run ``methods`` on one dataset over ``seeds``.
 
-    ``n_clusters`` defaults to the number of classes.
+    The centralized context methods get the Frobenius-normalised views; the federated
+    methods get the views as loaded and run the estimator's own per-client pipeline
+    (``params`` may switch it to the paper's protocol).  ``n_clusters`` defaults to the
+    number of classes.
     """
     params = dict(params or {})
     seeds = [int(s) for s in seeds]
     Xs = normalize_views(ds.views)
     c = n_clusters or ds.n_classes
     out = DatasetResult(key, label, ds.n_samples, ds.n_views, ds.n_features, c)
-    if ds.mask is not None:
-        out.note = "incomplete views: a missing view is an all-zero row"
+    masks = None
+    if ds.mask is not None:  # the proposed method takes the file's availability mask (§15.1)
+        masks = [np.asarray(ds.mask[:, p], dtype=bool) for p in range(ds.n_views)]
+        out.note = ("incomplete views: fedsonmf uses the file's availability mask; the other methods see "
+                    "a missing view as an all-zero row")
     t0 = time.perf_counter()
     norm_emb = params.get("normalize_embedding", True)
     for method in methods:
@@ -135,10 +141,12 @@ def run_dataset(
                     ds.labels, seeds, average_method=average_method, callback=cb,
                     params={"normalize_embedding": norm_emb, "init": "nndsvda"})
             else:
-                p = {**params, "algorithm": method, "normalize_views": False}
+                # the estimator runs its own per-client pipeline (preprocessing, then the Frobenius scaling)
+                p = {**params, "algorithm": method}
                 try:
-                    rep = evaluate_clustering(Xs, ds.labels, c, seeds=seeds, average_method=average_method,
-                                              method=method, callback=cb, round_callback=on_round, **p)
+                    rep = evaluate_clustering(ds.views, ds.labels, c, seeds=seeds, average_method=average_method,
+                                              method=method, callback=cb, round_callback=on_round,
+                                              masks=masks if method == "fedsonmf" else None, **p)
                 except InputError as exc:  # e.g. a view with fewer features than r
                     out.note = (out.note + "; " if out.note else "") + f"{method} skipped: {exc}"
                     continue
