@@ -479,3 +479,24 @@ def test_quorum_failure_in_the_apps_is_a_federation_error(tmp_path, problem):
         _server(grid, rc)
     st = json.loads(open(f"{rc['out-dir']}/status.json").read())
     assert st["status"] == "failed" and st["round"] == 2 and "quorum" in st["error"]
+
+
+def test_node_validates_and_hashes_its_view_once(tmp_path, problem, monkeypatch):
+    """Issue 12: a node's per-round process reuses the validated facts of its view file."""
+    import fedsonmf.federation.flower.client_app as ca
+    from fedsonmf.core._linalg import sqnorm
+
+    views, views_dn = problem
+    (path,) = write_views([views[0]], tmp_path / "v")
+    cache = tmp_path / "state" / "view-facts-0.json"
+    X, facts = ca.view_facts(path, cache)
+    assert facts["x_sqnorm"] == pytest.approx(sqnorm(views_dn[0])) and cache.is_file()
+    calls = []
+    monkeypatch.setattr(ca, "check_views", lambda *a, **k: calls.append(1) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(ca.ckpt, "view_fingerprint", lambda X: calls.append(2) or "x")
+    X2, facts2 = ca.view_facts(path, cache)
+    assert calls == [] and facts2 == facts and np.array_equal(np.asarray(X2), np.asarray(X))
+    # a changed file is validated (and hashed) again
+    np.save(path, np.asarray(views[0]) * 2.0)
+    with pytest.raises(AssertionError):
+        ca.view_facts(path, cache)

@@ -1,14 +1,38 @@
-"""fedsonmf: federated sparse orthogonal NMF and federated multi-view clustering."""
+"""fedsonmf: federated sparse orthogonal NMF and federated multi-view clustering.
 
-from fedsonmf.core.prox import prox_l21_nonneg
-from fedsonmf.estimators.sonmf import FedSONMF, federated_sonmf
-from fedsonmf.exceptions import ConvergenceWarning, InputError, ParameterError
-from fedsonmf.protocol.config import FedConfig
-from fedsonmf.protocol.history import FitResult, History
+The public names are imported on first use (PEP 562), so that a Flower client
+process, which runs one round and exits, imports only what a round needs.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FedSONMF", "federated_sonmf", "FedConfig", "FitResult", "History", "ParameterError", "InputError",
-    "ConvergenceWarning", "prox_l21_nonneg", "__version__",
-]
+_PUBLIC = {
+    "FedSONMF": "fedsonmf.estimators.sonmf",
+    "federated_sonmf": "fedsonmf.estimators.sonmf",
+    "FedMultiViewClustering": "fedsonmf.estimators.clustering",
+    "FedConfig": "fedsonmf.protocol.config",
+    "FitResult": "fedsonmf.protocol.history",
+    "History": "fedsonmf.protocol.history",
+    "ParameterError": "fedsonmf.exceptions",
+    "InputError": "fedsonmf.exceptions",
+    "ConvergenceWarning": "fedsonmf.exceptions",
+    "prox_l21_nonneg": "fedsonmf.core.prox",
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedsonmf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -26,7 +26,7 @@ from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = [
     "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
-    "check_choice", "is_int", "is_real",
+    "check_choice", "is_int", "is_real", "as_internal_view",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -287,3 +287,18 @@ def check_views(Xs, n_components: int | None = None) -> list:
             )
         out.append(M.T.tocsc() if sp.issparse(M) else M.T)
     return out
+
+
+def as_internal_view(X):
+    """A view (n_samples, d_p) in the internal (d_p, n) form of :func:`check_views`, without the checks.
+
+    For data that was validated before (a Flower node re-reading the view file it
+    validated in an earlier round): the same dtype rule (float32 kept, else
+    float64) and layout (CSC for sparse, the transposed array for dense).
+    """
+    if sp.issparse(X):
+        X = X if X.format in ("csr", "csc") else X.tocsr()
+        X = X.astype(np.float32 if X.dtype == np.float32 else np.float64, copy=False)
+        return X.T.tocsc()
+    A = np.asarray(X)
+    return A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False).T

@@ -11,8 +11,6 @@ covers fedsonmf too.
 
 from __future__ import annotations
 
-from sklearn.exceptions import ConvergenceWarning as _SkConvergenceWarning
-
 __all__ = [
     "FedSONMFError", "InputError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
     "FlowerRunError", "AuditError", "ConvergenceWarning", "DivergenceWarning",
@@ -63,9 +61,24 @@ class AuditError(FedSONMFError, AssertionError):
     """A recorded message carries something the declaration does not allow."""
 
 
-class ConvergenceWarning(_SkConvergenceWarning):
-    """The round budget ran out before the tolerance was met."""
-
-
 class DivergenceWarning(UserWarning):
     """The objective grew by orders of magnitude: the step sizes are too large."""
+
+
+def _convergence_warning():
+    from sklearn.exceptions import ConvergenceWarning as _SkConvergenceWarning
+
+    class ConvergenceWarning(_SkConvergenceWarning):
+        """The round budget ran out before the tolerance was met."""
+
+    ConvergenceWarning.__module__ = __name__
+    return ConvergenceWarning
+
+
+def __getattr__(name: str):
+    # ConvergenceWarning subclasses scikit-learn's; it is built on first use because importing
+    # scikit-learn costs ~1 s, which a Flower client process (one round, then exit) must not pay
+    if name == "ConvergenceWarning":
+        globals()[name] = cls = _convergence_warning()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,6 @@ from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.masks import held_columns
 from fedsonmf.core.residuals import effective_rank, round_metrics
 from fedsonmf.exceptions import (
-    ConvergenceWarning,
     DivergenceWarning,
     FederationError,
     ParameterError,
@@ -35,7 +34,7 @@ from fedsonmf.protocol.history import FitResult, History
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 from fedsonmf.protocol.participation import Participation
 
-__all__ = ["ClientRuntime", "Transport", "run_federation", "ConvergenceWarning", "DivergenceWarning", "ProtocolError",
+__all__ = ["ClientRuntime", "Transport", "run_federation", "DivergenceWarning", "ProtocolError",
            "DivergenceMonitor"]
 
 
@@ -80,9 +79,12 @@ class ClientRuntime:
         The samples this client holds (§15.1); None or all-True: every sample
         (the complete-data code path).  Only the held columns of ``X`` are
         used (a missing sample's column may hold anything, e.g. zeros).
+    x_sqnorm : float, optional
+        ``||X_p||_F^2`` of the held columns when already known (saves one pass over X_p).
     """
 
-    def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None):
+    def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None,
+                 x_sqnorm: float | None = None):
         self.n = X.shape[1]
         self.cols = held_columns(mask, self.n)
         self.algorithm = _algorithm(algorithm)
@@ -91,7 +93,8 @@ class ClientRuntime:
                 raise ParameterError(f"algorithm {self.algorithm.name!r} does not support incomplete views (masks)")
             X = X[:, self.cols]
         self.X = X
-        self.x_sqnorm = sqnorm(X)
+        # ||X_p||^2 of the held columns; a driver that knows it (the Flower node caches it) passes it
+        self.x_sqnorm = sqnorm(X) if x_sqnorm is None else float(x_sqnorm)
         self.cfg = cfg
         self.state = state
 
@@ -362,6 +365,10 @@ def run_federation(
             reason, converged = f"R/R1 = {row['R_rel']:.3g} <= tol = {tol:g} at round {s}", True
             break
     if not converged and not diverged and tol > 0:
+        from fedsonmf.exceptions import (
+            ConvergenceWarning,  # imports scikit-learn: only when it fires
+        )
+
         warnings.warn(
             f"stopped after max_rounds={max_rounds} with R/R1 = {history.rows[-1]['R_rel']:.3g} > tol = {tol:g}; "
             "increase max_rounds or tol",

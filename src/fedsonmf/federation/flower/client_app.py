@@ -26,6 +26,7 @@ arrays there are subject to a stale-state race (FLOWER.md §3.5).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +35,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlwrMessage
 from flwr.clientapp import ClientApp
 
-from fedsonmf._validation import check_views
+from fedsonmf._validation import as_internal_view, check_views
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
@@ -48,16 +49,59 @@ __all__ = ["app", "make_client_app", "load_view", "load_mask", "state_dir_of"]
 STATE_KEY = "fedsonmf"
 
 
-def load_view(path) -> object:
-    """The view in ``path`` as (d_p, n) float64 (memory-mapped when dense float64)."""
-    path = Path(path)
+def _read(path: Path):
     if path.suffix == ".npz":
         import scipy.sparse as sp
 
-        X = sp.load_npz(path)
-    else:
-        X = np.load(path, mmap_mode="r", allow_pickle=False)
-    return check_views([X])[0]
+        return sp.load_npz(path)
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def load_view(path, *, validate: bool = True) -> object:
+    """The view in ``path`` as (d_p, n) (memory-mapped when dense float64).
+
+    ``validate=False`` skips the checks (NaN/Inf, all-zero, scale) for a file
+    that this node already validated (:func:`view_facts`); the orientation and
+    dtype handling are the same.
+    """
+    X = _read(Path(path))
+    if validate:
+        return check_views([X])[0]
+    return as_internal_view(X)
+
+
+def view_facts(path, cache: Path, mask=None) -> tuple[object, dict]:
+    """The node's view and what every round needs of it, computed once per view file.
+
+    Every Flower message runs in a fresh process, so without a cache each round
+    would re-validate the view (~3 passes), re-hash it for the resume
+    fingerprint and recompute ``||X_p||^2``.  The node keeps these facts in
+    ``cache`` (``<state-dir>/view-facts-<p>.json``, beside the jobs' folders), keyed by the file's resolved path, size
+    and modification time (a replaced or edited file is validated and hashed
+    again); nothing of it leaves the node.
+    """
+    path = Path(path)
+    st = path.stat()
+    key = [str(path.resolve()), int(st.st_size), int(st.st_mtime_ns),
+           None if mask is None else ckpt.view_fingerprint(np.asarray(mask)[None, :])]
+    cache = Path(cache)
+    try:
+        facts = json.loads(cache.read_text())
+        if facts.get("key") == key:
+            return load_view(path, validate=False), facts
+    except (OSError, ValueError):
+        pass
+    X = load_view(path)
+    held = held_columns(mask, X.shape[1])
+    from fedsonmf.core._linalg import sqnorm
+
+    facts = {"key": key, "fingerprint": ckpt.view_fingerprint(X),
+             "x_sqnorm": sqnorm(X if held is None else X[:, held])}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(facts))
+    os.replace(tmp, cache)
+    return X, facts
 
 
 def load_mask(context: Context):
@@ -126,13 +170,16 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         sdir = state_dir_of(context, job_id)
         if before_handle is not None:
             before_handle(fed_msg, context)
-        X = load_view(_data_path(context))
-        # the view's fingerprint is computed and compared here, on the node; it never leaves it
-        fingerprint = ckpt.view_fingerprint(X)
+        mask = load_mask(context)
+        # validated, hashed and measured once per view file (node-local cache); the fingerprint is
+        # compared here, on the node, and never leaves it
+        X, facts = view_facts(_data_path(context), sdir.parent / f"view-facts-{p}.json", mask)
+        fingerprint, x_sqnorm = facts["fingerprint"], facts["x_sqnorm"]
         if fed_msg.kind == "setup":
             algorithm = str(fed_msg.scalars["algorithm"])
             cfg_json = str(fed_msg.scalars["config"])
-            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=load_mask(context))
+            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=mask,
+                                    x_sqnorm=x_sqnorm)
         else:
             if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
                 state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
@@ -140,11 +187,10 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                 state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
             algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
             cfg = ckpt.config_from_dict(json.loads(cfg_json))
-            mask = load_mask(context)
             held = held_columns(mask, X.shape[1], client=p)
             ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
                                       n_cols=None if held is None else held.size)
-            runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask)
+            runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
         reply = runtime.handle(fed_msg)
         # save before replying: the next round's process reads this file
         ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
