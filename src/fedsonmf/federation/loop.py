@@ -39,13 +39,16 @@ __all__ = ["ClientRuntime", "Transport", "run_federation", "DivergenceWarning", 
 
 
 def _user_stacklevel() -> int:
-    """warnings.warn stacklevel that points at the first caller outside this package."""
+    """warnings.warn stacklevel that points at the first caller outside this package (and outside
+    scikit-learn's wrappers, e.g. the one around ``fit_transform``)."""
     import os
     import sys
 
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fedsonmf package
+    skip = (pkg + os.sep, os.sep + "sklearn" + os.sep)
     frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+    while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(skip[0])
+                                 or skip[1] in frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
 
