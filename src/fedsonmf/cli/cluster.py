@@ -144,6 +144,9 @@ def register(app, reproduce_app) -> None:
         views_key: Optional[str] = typer.Option(None, "--views-key", help="Variable holding the views (comma-"
                                                 "separated names for one variable per view) if not guessed."),
         labels_key: Optional[str] = typer.Option(None, "--labels-key", help="Variable holding the labels."),
+        missing: str = typer.Option("auto", "--missing", help="Incomplete views: 'auto' (the file's availability "
+                                    "variable, if any), 'mask' (also: an all-zero row is a missing sample) or "
+                                    "'zeros' (zero-filling, no mask)."),
         context: bool = typer.Option(False, "--context", help="Also run the centralized context methods."),
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
@@ -160,7 +163,7 @@ def register(app, reproduce_app) -> None:
 
         _check_common(seeds, nmi_average, json_path)
         vk = None if views_key is None else (views_key.split(",") if "," in views_key else views_key)
-        ds = load_mat(path, views_key=vk, labels_key=labels_key)
+        ds = load_mat(path, views_key=vk, labels_key=labels_key, missing=missing)
         if ds.labels is None:
             raise typer.BadParameter("the file has no labels to score against", param_hint="PATH")
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]

@@ -31,6 +31,14 @@ def _flower():
     return flower
 
 
+def _mask_paths(masks, n_views: int):
+    if not masks:
+        return None
+    if len(masks) != n_views:
+        raise typer.BadParameter(f"give one --mask per view ({n_views}), got {len(masks)}", param_hint="--mask")
+    return [None if m == "-" else Path(m) for m in masks]
+
+
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
     flower_app = typer.Typer(help="Federation on Flower: loopback launcher and the app for real machines.",
@@ -50,6 +58,9 @@ def register(app, reproduce_app) -> None:
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
         tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
                                                   "CA certificate, server certificate, server key."),
+        masks: Optional[List[str]] = typer.Option(None, "--mask", help="Incomplete views: one .npy availability "
+                                                  "mask (bool, length n) per view, in view order; '-' for a "
+                                                  "complete view."),
         params: dict = None,
     ):
         """Run a federation on a loopback Flower deployment (one SuperNode per view file)."""
@@ -67,7 +78,8 @@ def register(app, reproduce_app) -> None:
         try:
             res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol, seed=seed,
                                 resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
-                                record_wire=record_wire, tls=tuple(tls) if tls else None)
+                                record_wire=record_wire, tls=tuple(tls) if tls else None,
+                                mask_paths=_mask_paths(masks, len(views)))
         except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)
