@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "FedSONMFError", "InputError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
-    "FlowerRunError", "AuditError", "ConvergenceWarning", "DivergenceWarning",
+    "FlowerRunError", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
 ]
 
 

@@ -19,7 +19,13 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from fedsonmf._validation import check_seed, check_views
+from fedsonmf._validation import (
+    check_int,
+    check_n_jobs,
+    check_real,
+    check_seed,
+    check_views,
+)
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.objective import loss
@@ -36,24 +42,9 @@ __all__ = ["FedSONMF", "federated_sonmf"]
 
 def _check_run_params(est) -> dict:
     """Validate the run's parameters (the algorithm's are validated by FedConfig)."""
-    mr = est.max_rounds
-    if isinstance(mr, (bool, np.bool_)) or not isinstance(mr, numbers.Integral) or mr < 1:
-        raise ParameterError(f"max_rounds must be an integer >= 1, got {mr!r}")
-    tol = est.tol
-    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, numbers.Real) or not (0 <= tol < np.inf):
-        raise ParameterError(f"tol must be a real number >= 0, got {tol!r}")
+    tol = check_real("tol", est.tol, min=0.0, desc="a real number >= 0")
     if tol > 0 and not est.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
-    bt = est.blas_threads
-    if bt is not None and (isinstance(bt, (bool, np.bool_)) or not isinstance(bt, numbers.Integral) or bt < 1):
-        raise ParameterError(f"blas_threads must be None or an integer >= 1, got {bt!r}")
-    nj = est.n_jobs
-    if nj is None:
-        nj = 1
-    if isinstance(nj, (bool, np.bool_)) or not isinstance(nj, numbers.Integral) or nj == 0 or nj < -1:
-        raise ParameterError(f"n_jobs must be None, -1 (all cores) or a positive integer, got {nj!r}")
-    if nj == -1:
-        nj = os.cpu_count() or 1
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
         raise ParameterError(f"checkpoint_dir must be None or a path, got {cd!r}")
@@ -63,8 +54,10 @@ def _check_run_params(est) -> dict:
         algorithm = get_algorithm(est.algorithm).name
     except ValueError as exc:
         raise ParameterError(str(exc)) from None
-    return {"max_rounds": int(mr), "tol": float(tol), "blas_threads": None if bt is None else int(bt),
-            "n_jobs": int(nj), "checkpoint_dir": None if cd is None else Path(cd), "algorithm": algorithm}
+    return {"max_rounds": check_int("max_rounds", est.max_rounds, min=1), "tol": tol,
+            "blas_threads": check_int("blas_threads", est.blas_threads, min=1, allow_none=True),
+            "n_jobs": check_n_jobs(est.n_jobs), "checkpoint_dir": None if cd is None else Path(cd),
+            "algorithm": algorithm}
 
 
 def _out_dtype(Xs) -> type:
