@@ -429,6 +429,11 @@ def test_apps_with_masks_give_the_inprocess_result(tmp_path, problem):
     ref = run_inprocess(views_dn, CFG, max_rounds=3, seed=9, masks=list(mk))
     assert np.array_equal(V, ref.V)
     assert _strip(result["history"]) == _strip(ref.history.to_records())
+    # the wire carries only the declared items: held-column blocks, sample ids once, the weights
+    summary = audit_wire(_wire(rc), "fedsonmf", CFG, n, masked=True)
+    assert summary["up round"]["messages"] == 9
+    with pytest.raises(AuditError):
+        audit_wire(_wire(rc), "fedsonmf", CFG, n)  # undeclared without masked=True
 
 
 class FlakyGrid(FakeGrid):
@@ -467,6 +472,7 @@ def test_dropped_node_rejoins_under_a_new_node_id(tmp_path, problem, rule):
                         participation=__import__("fedsonmf.protocol.participation", fromlist=["P"]).Participation(
                             min_clients=2, rejoin=rule))
     assert np.array_equal(V, ref.V)
+    audit_wire(_wire(rc), "fedsonmf", CFG, 40, partial=True)  # rejoin items are declared
     dropped = result["flower"]["dropped"]
     assert [d["round"] for d in dropped] == [2, 3, 4] and all(d["client"] == 2 for d in dropped)
 

@@ -38,37 +38,69 @@ from fedsonmf.exceptions import AuditError
 META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error"}
 
 
-def declared_payload(algorithm, cfg: FedConfig) -> dict:
-    """``{(direction, kind): {record name: {key: "rn" | "scalar"}}}`` of what may travel."""
+def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial: bool = False) -> dict:
+    """``{(direction, kind): {record name: {key: kind}}}`` of what may travel.
+
+    Kinds: ``"rn"`` a float64 (r, n) matrix; ``"r*"`` a float64 (r, k) block with k <= n (the
+    held columns of an incomplete view, §15.1); ``"ids"`` an int64 vector of at most n sample
+    ids; ``"n"`` a float64 vector of length n; ``"scalar"``.  A kind ending in ``"?"`` is
+    optional (present only in some messages: the rejoin items of a partial run, §15.2).
+    ``masked``: clients hold sample subsets; ``partial``: rounds may go on without some clients.
+    """
     alg = get_algorithm(algorithm)
+    block = "r*" if masked else "rn"
     setup_arrays, setup_scalars = alg.setup_uplink(cfg)
     setup_up = {codec.SCALARS: {k: "scalar" for k in setup_scalars}}
-    if setup_arrays:
-        setup_up[codec.ARRAYS] = {k: "rn" for k in setup_arrays}
-    round_up = {codec.ARRAYS: {k: "rn" for k in alg.uplink_keys}}
+    if setup_arrays or masked:
+        setup_up[codec.ARRAYS] = {k: block for k in setup_arrays}
+        if masked:
+            setup_up[codec.ARRAYS]["cols"] = "ids?"  # only clients that do not hold every sample
+    round_up = {codec.ARRAYS: {k: block for k in alg.uplink_keys}}
     if cfg.diagnostics:
-        round_up[codec.DIAG_ARRAYS] = {k: "rn" for k in DIAGNOSTIC_ARRAYS}
+        round_up[codec.DIAG_ARRAYS] = {k: block for k in DIAGNOSTIC_ARRAYS}
         round_up[codec.DIAG_SCALARS] = {k: "scalar" for k in DIAGNOSTIC_SCALARS}
+    down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
+    down_scalars = {"mu": "scalar"} if cfg.mu_is_auto else {}
+    if masked:
+        down_round[codec.ARRAYS]["w"] = "n"  # the weights m / c_j (holder counts)
+    if partial:
+        down_round[codec.ARRAYS].update({"V_prev": "rn?", "Gk": "rn?"})
+        down_scalars["rejoin"] = "scalar?"
+    if down_scalars:
+        down_round[codec.SCALARS] = down_scalars
     return {
         ("down", "hello"): {},
         ("up", "hello"): {},
         ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
         ("up", "setup"): setup_up,
-        ("down", "round"): {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys},
-                            **({codec.SCALARS: {"mu": "scalar"}} if cfg.mu_is_auto else {})},
+        ("down", "round"): down_round,
         ("up", "round"): round_up,
     }
 
 
-def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int) -> dict:
+def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
+    shape, dtype = item.get("shape"), item.get("dtype")
+    if kind == "rn":
+        return shape == [r, n] and dtype == "float64"
+    if kind == "r*":
+        return len(shape or []) == 2 and shape[0] == r and 1 <= shape[1] <= n and dtype == "float64"
+    if kind == "ids":
+        return len(shape or []) == 1 and shape[0] <= n and dtype == "int64"
+    if kind == "n":
+        return shape == [n] and dtype == "float64"
+    return False
+
+
+def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, *, masked: bool = False,
+               partial: bool = False) -> dict:
     """Check every recorded message (rows of ``wire.jsonl``) against :func:`declared_payload`.
 
     Every record and key must be declared, every declared algorithm key must be
-    present, every array must be float64 of shape (r, n).  Returns a summary
+    present, every array must have its declared kind (:func:`declared_payload`).  Returns a summary
     (messages per kind, algorithm and diagnostic bytes per kind); raises
     :class:`AuditError` listing every violation.
     """
-    decl = declared_payload(algorithm, cfg)
+    decl = declared_payload(algorithm, cfg, masked=masked, partial=partial)
     r, n = cfg.n_components, int(n_samples)
     bad: list[str] = []
     summary: dict = {}
@@ -100,15 +132,19 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int) 
                 if k not in allowed[name]:
                     bad.append(f"{where}: undeclared key {k!r} in record {name!r}")
                     continue
-                if allowed[name][k] == "rn":
-                    if item.get("shape") != [r, n] or item.get("dtype") != "float64":
+                kind_k = allowed[name][k].rstrip("?")
+                if kind_k != "scalar":
+                    if not _shape_ok(kind_k, item, r, n):
+                        want = {"rn": f"float64 ({r}, {n})", "r*": f"float64 ({r}, k <= {n})",
+                                "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "
-                                   f"{item.get('dtype')}, declared float64 ({r}, {n})")
+                                   f"{item.get('dtype')}, declared {want}")
                 elif "shape" in item:
                     bad.append(f"{where}: {name}[{k!r}] is an array, declared a scalar")
                 s["bytes_diagnostics" if name.startswith("fedsonmf.diag") else "bytes"] += int(item["bytes"])
         for name, keys in allowed.items():
-            missing = set(keys) - set(recs.get(name, {}).get("items", {}))
+            required = {k for k, kind_k in keys.items() if not kind_k.endswith("?")}
+            missing = required - set(recs.get(name, {}).get("items", {}))
             if missing:
                 bad.append(f"{where}: declared {name} keys {sorted(missing)} are missing")
     if bad:
