@@ -295,3 +295,17 @@ def test_fit_on_scaled_data_gives_same_bases_and_scaled_v(data, c):
     assert all(np.allclose(U, W, atol=1e-9) for U, W in zip(a.bases, b.bases))
     np.testing.assert_allclose(b.V / c, a.V, rtol=1e-7, atol=1e-9 * np.abs(a.V).max())
     assert [r["effective_rank"] for r in a.history.rows] == [r["effective_rank"] for r in b.history.rows]
+
+
+def test_training_error_counts_only_the_samples_a_view_holds(data):
+    """With masks, rows outside a view's mask are never read: not by the fit, not by reconstruction_err_."""
+    mask0 = np.arange(40) % 2 == 0
+    masks = [mask0, None, None]
+    a = [v.copy() for v in data.views]
+    b = [v.copy() for v in data.views]
+    a[0][~mask0] = 0.0
+    b[0][~mask0] = 1e3
+    ea = FedSONMF(3, random_state=0, **FAST).fit(a, masks=masks)
+    eb = FedSONMF(3, random_state=0, **FAST).fit(b, masks=masks)
+    assert np.array_equal(ea.embedding_, eb.embedding_)
+    assert ea.reconstruction_err_ == eb.reconstruction_err_

@@ -38,7 +38,6 @@ The evaluation protocol over seeds and the centralized context methods live in
 
 from __future__ import annotations
 
-import numbers
 import secrets
 import warnings
 from pathlib import Path
@@ -48,7 +47,14 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import check_is_fitted
 
-from fedsonmf._validation import check_seed, check_views
+from fedsonmf._validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_seed,
+    check_views,
+    is_int,
+)
 from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
     PREPROCESS_RULES,
@@ -76,10 +82,6 @@ __all__ = [
     "kmeans_on_embedding",
     "normalize_rows",
 ]
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -221,19 +223,15 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     # ------------------------------------------------------------------ fit
     def _validate(self, n_samples: int) -> None:
         for name in ("n_clusters", "n_init", "kmeans_n_init", "kmeans_max_iter"):
-            v = getattr(self, name)
-            if not _is_int(v) or v < 1:
-                raise ParameterError(f"{name} must be a positive integer, got {v!r}")
+            check_int(name, getattr(self, name), min=1, desc="a positive integer")
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
         r = self.n_components
-        if not (r in RANK_RULES if isinstance(r, str) else (_is_int(r) and r >= 1)):
+        if not (r in RANK_RULES if isinstance(r, str) else (is_int(r) and r >= 1)):
             raise ParameterError(f"n_components must be one of {RANK_RULES} or a positive integer, got {r!r}")
-        if not isinstance(self.preprocess, str) or self.preprocess not in PREPROCESS_RULES:
-            raise ParameterError(f"preprocess must be one of {PREPROCESS_RULES}, got {self.preprocess!r}")
-        for name in ("normalize_embedding", "normalize_views"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_choice("preprocess", self.preprocess, PREPROCESS_RULES)
+        check_bool("normalize_embedding", self.normalize_embedding)
+        check_bool("normalize_views", self.normalize_views)
 
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
@@ -257,9 +255,10 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
                     Y, info = preprocess_view(X, self.preprocess)
                 else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
                     Yh, info = preprocess_view(X[held], self.preprocess)
-                    Y = np.zeros((X.shape[0], Yh.shape[1]))
-                    Y[held] = Yh.toarray() if sp.issparse(Yh) else Yh
-                    Y = sp.csr_matrix(Y) if sp.issparse(Yh) else Y
+                    # scatter back to n rows without densifying a sparse view
+                    k = held.size
+                    S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
+                    Y = S @ Yh
                 self.preprocessing_.append(info)
             out.append(pad_view(Y, self.n_components_))
         if self.normalize_views:
@@ -278,6 +277,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         views = _check_view_structure(Xs)  # every check but the scale one (normalising rescues that)
         n = views[0].shape[0]
         self._validate(n)
+        if masks is not None and len(masks) != len(views):
+            raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
         if message:
             warnings.warn(message, UserWarning, stacklevel=2)
@@ -290,9 +291,6 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.n_components_ = r
         self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
         self.preprocessing_ = []
-        self.view_scales_ = None
-        if masks is not None and len(masks) != len(views):
-            raise InputError(f"{len(masks)} masks for {len(views)} views")
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):

@@ -1,6 +1,6 @@
 """Label-free default rules for federated multi-view clustering (issue 10).
 
-Standalone functions (numpy / scipy / scikit-learn only) that the clustering
+Standalone functions (NumPy, SciPy, scikit-learn; no federation code) that the clustering
 wrapper applies around the federated sparse ONMF fit.  Every rule is chosen by
 the *mechanism* described in ``REAL-DATA-NOTES.md`` ("background component"),
 never by labels:
@@ -45,10 +45,10 @@ consensus_labels
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import scipy.sparse as sp
+
+from fedsonmf._validation import is_int
 
 __all__ = [
     "PREPROCESS_RULES",
@@ -67,10 +67,6 @@ RANK_RULES = ("auto", "auto-cap", "paper")
 
 #: preprocess_view centres a view when the mean sample holds more than this share of its energy
 MEAN_SHARE_THRESHOLD = 0.5
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 # ----------------------------------------------------------------------------- rank
@@ -114,7 +110,7 @@ def resolve_rank(n_clusters: int, view_widths, rule="auto"):
     those views to r features (:func:`pad_view`) before fitting.  With every
     other rule r <= min_p d_p.
     """
-    if not _is_int(n_clusters) or n_clusters < 1:
+    if not is_int(n_clusters) or n_clusters < 1:
         raise ValueError(f"n_clusters must be a positive integer, got {n_clusters!r}")
     widths = [int(d) for d in view_widths]
     if not widths or min(widths) < 1:
@@ -132,7 +128,7 @@ def resolve_rank(n_clusters: int, view_widths, rule="auto"):
         want = 2 * n_clusters
     elif rule == "paper":
         want = n_clusters
-    elif _is_int(rule) and rule >= 1:
+    elif is_int(rule) and rule >= 1:
         want = int(rule)
     else:
         raise ValueError(f"rule must be one of {RANK_RULES} or a positive integer, got {rule!r}")
@@ -403,7 +399,7 @@ def consensus_labels(partitions, n_clusters: int, random_state=None) -> np.ndarr
     P = [np.asarray(p).ravel() for p in partitions]
     A = co_association(P)
     n = A.shape[0]
-    if not _is_int(n_clusters) or not 1 <= n_clusters <= n:
+    if not is_int(n_clusters) or not 1 <= n_clusters <= n:
         raise ValueError(f"n_clusters must be an integer in [1, {n}], got {n_clusters!r}")
     if n_clusters == 1:
         return np.zeros(n, dtype=int)

@@ -28,6 +28,7 @@ from fedsonmf._validation import (
 )
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
+from fedsonmf.core.masks import held_columns
 from fedsonmf.core.objective import loss
 from fedsonmf.core.server import embed_new_samples
 from fedsonmf.core.ustep import PenaltyOptions
@@ -58,6 +59,17 @@ def _check_run_params(est) -> dict:
             "blas_threads": check_int("blas_threads", est.blas_threads, min=1, allow_none=True),
             "n_jobs": check_n_jobs(est.n_jobs), "checkpoint_dir": None if cd is None else Path(cd),
             "algorithm": algorithm}
+
+
+def _mean_loss(views, bases, V, masks=None) -> float:
+    """``(1/m) sum_p ||X_p - U_p V||_F^2`` over the samples each view holds (all without ``masks``)."""
+    if masks is None:
+        return float(np.mean([loss(X, U, V) for X, U in zip(views, bases)]))
+    out = []
+    for p, (X, U, mk) in enumerate(zip(views, bases, masks)):
+        cols = held_columns(mk, X.shape[1], client=p)
+        out.append(loss(X, U, V) if cols is None else loss(X[:, cols], U, V[:, cols]))
+    return float(np.mean(out))
 
 
 def _out_dtype(Xs) -> type:
@@ -121,7 +133,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     mu_ : float
         The l2,1 weight used (the number "auto" resolved to).
     reconstruction_err_ : float
-        ``(1/m) sum_p ||X_p - U_p V||_F^2`` on the training views.
+        ``(1/m) sum_p ||X_p - U_p V||_F^2`` on the training views (the samples each view holds).
     n_features_in_ : list of int
         Features of each view.
     n_rounds_ : int
@@ -179,9 +191,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.history_ = res.history
         self.n_rounds_ = res.n_rounds
         self.seed_ = res.seed
-        self.mu_ = float(res.config.get("mu_value", res.config["mu"]))
+        self.mu_ = float(res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
-        self.reconstruction_err_ = float(np.mean([loss(X, U, res.V) for X, U in zip(views, res.bases)]))
+        self.reconstruction_err_ = _mean_loss(views, res.bases, res.V, masks)
         return res
 
     def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
@@ -223,9 +235,15 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         views returns ``embedding_`` at a converged fit).  Every view of the new
         samples is needed (the same clients as in the fit).
         """
-        views = self._check_new_views(Xs)
-        UtXs = [ut_x(np.ascontiguousarray(C.T, dtype=np.float64), X) for C, X in zip(self.components_, views)]
-        return embed_new_samples(UtXs, self.mu_).T.astype(_out_dtype(Xs))
+        return self._embed(self._check_new_views(Xs)).T.astype(_out_dtype(Xs))
+
+    def _bases(self) -> list[np.ndarray]:
+        """The fitted U_p (d_p, r) in float64."""
+        return [np.ascontiguousarray(C.T, dtype=np.float64) for C in self.components_]
+
+    def _embed(self, views) -> np.ndarray:
+        """V (r, n_new) of validated views (d_p, n_new): the out-of-sample round."""
+        return embed_new_samples([ut_x(U, X) for U, X in zip(self._bases(), views)], self.mu_)
 
     def inverse_transform(self, E) -> list[np.ndarray]:
         """Each client's reconstruction ``(U_p V)^T`` of shape (n_samples, n_features_p) from an embedding."""
@@ -239,8 +257,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         """``(1/m) sum_p ||X_p - U_p V||_F^2`` on the views ``Xs`` of (new) samples, with
         V = ``transform(Xs)`` (the training error of the fitted V is ``reconstruction_err_``)."""
         views = self._check_new_views(Xs)
-        V = self.transform(Xs).T.astype(np.float64)
-        return float(np.mean([loss(X, np.asarray(C.T, dtype=np.float64), V) for X, C in zip(views, self.components_)]))
+        return _mean_loss(views, self._bases(), self._embed(views))
 
     def score(self, Xs, y=None) -> float:
         """Negative reconstruction error on ``Xs`` (higher is better, as scikit-learn expects)."""
