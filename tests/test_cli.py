@@ -22,3 +22,19 @@ def test_cli_reports_bad_parameters():
     result = CliRunner().invoke(app, ["synthetic", "--tau", "0", "-q"])
     assert result.exit_code != 0
     assert "tau must be an integer >= 1" in str(result.exception) + result.output
+
+
+def test_usage_errors_are_one_error_line(capsys):
+    """Unknown options, bad values and unknown commands: one ``error:`` line on stderr, exit 2
+    (not click's multi-line box)."""
+    import pytest
+
+    from fedsonmf.cli.app import main
+
+    for argv in (["synthetic", "--tau", "x"], ["cluster", "--bogus"], ["nope"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        assert "╭" not in err[0]

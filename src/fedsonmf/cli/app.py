@@ -33,10 +33,28 @@ for _module in (synthetic, cluster, experiments, flower):
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure."""
+    import click
+
     from fedsonmf.exceptions import FedSONMFError, InputError, ParameterError
 
     try:
-        app(args=argv, standalone_mode=True)
+        # standalone_mode=False: click's usage errors reach us instead of being drawn as a
+        # multi-line box, so they too become one ``error:`` line (exit 2)
+        code = app(args=argv, standalone_mode=False, prog_name="fedsonmf")
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except click.exceptions.UsageError as exc:
+        if not exc.format_message():  # no arguments: the help was printed (click's exit code 2)
+            sys.exit(2)
+        name = exc.ctx.command_path if exc.ctx is not None else "fedsonmf"
+        typer.echo(f"error: {exc.format_message()} (see '{name} -h')", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        typer.echo("error: aborted", err=True)
+        sys.exit(1)
+    except click.exceptions.ClickException as exc:
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code or 1)
     except (ParameterError, InputError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
