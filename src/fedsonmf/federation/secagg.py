@@ -1,0 +1,391 @@
+"""Secure aggregation with pairwise masks: the server learns sums, not one client's upload.
+
+The protocol (Bonawitz et al., CCS 2017, the semi-honest full-graph variant; ours in the details):
+
+1. **Keys** (setup reply): each client draws an X25519 key pair and sends its public key.
+2. **Agreement** (the ``init`` exchange, before round 1): the server relays every public key;
+   client p derives with each peer q the pair key ``k_pq = HKDF(X25519(sk_p, pk_q))`` (both ends
+   get the same 32 bytes, the server cannot), and uploads its masked setup items (``Vproj`` or
+   ``x_sqnorm``), so even V-bar^1 is only seen as a sum.
+3. **Every masked exchange**: each summed item x_p (float64) is encoded in fixed point in the
+   ring Z_{2^64}, ``q_p = round(x_p 2^f) mod 2^64``, and masked::
+
+       y_p = q_p + sum_{q in cohort, q > p} M_pq - sum_{q in cohort, q < p} M_pq   (mod 2^64)
+
+   with ``M_pq`` a ChaCha20 key stream under ``HKDF-Expand(k_pq, label)``, the label naming the
+   run, the exchange kind, the round, the cohort and the item: fresh masks for every round,
+   item and cohort.  Summed over the cohort the masks cancel exactly, ``sum_p y_p = sum_p q_p``,
+   and the server decodes ``sum_p x_p`` (to the quantisation error below).
+
+Fixed point [C]: ``f = 61 - ceil(log2 m) - e`` with ``bound < 2^e`` and the public bound
+``bound = 2^16 (L + ||V^s||_F)^degree`` of an item of homogeneity ``degree`` (1 for V-like items,
+2 for f_p, 4 for r_U); ``L = 2^E``, ``E = max_p ceil(log2 ||X_p||_F)``, is the only new thing the
+server learns (each client's E_p, i.e. its view's Frobenius norm to within a factor of 2; once).
+Each client checks ``m max|q_p| < 2^63`` itself (so a sum can never wrap) and refuses with
+:class:`SecAggRangeError` otherwise.  The rounding error of a mean is at most 2^-(f+1),
+i.e. below ``2^-(44 - ceil(log2 m))`` relative to ``(L + ||V||_F)^degree``.
+
+Flower's own primitives were checked and not used (docs/privacy.md): ``secaggplus_utils.pseudo_rand_gen``
+seeds NumPy's MT19937 with a 32-bit XOR fold of the shared key (2^32 candidates; a curious server
+could search them) and never draws ``num_range - 1``; ``quantization`` clips and rounds stochastically
+with the global NumPy stream (not reproducible); the key agreement is the same ``cryptography``
+library used here.  One implementation over ``cryptography`` serves both engines.
+
+All functions are pure over arrays and bytes; the client's keys live in its private state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from fedsonmf.exceptions import ParameterError, ProtocolError
+
+__all__ = [
+    "SecAggRangeError", "generate_keypair", "pair_keys", "mask_stream", "frac_bits", "item_bound", "encode",
+    "decode", "mask_items", "ring_sum", "exchange_label", "SECAGG_KEY", "MASKED_PREFIX", "HEADROOM_BITS",
+]
+
+#: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
+SECAGG_KEY = "secagg"
+#: reply arrays holding masked items: ``"secagg.<field>.<key>"`` (uint64, the item's shape)
+MASKED_PREFIX = "secagg."
+#: factor 2^16 between an item's typical size and its bound (room for transients, weights m/c_j)
+HEADROOM_BITS = 16
+_SAFE_BITS = 61  # m * bound * 2^f <= 2^61 < 2^63: a sum of m encoded items cannot wrap
+
+
+class SecAggRangeError(ProtocolError):
+    """A client's item does not fit the fixed-point range of secure aggregation."""
+
+
+def _crypto():
+    try:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
+    except ImportError:  # pragma: no cover - cryptography comes with flwr and the [secagg] extra
+        raise ParameterError("secure_aggregation=True needs the 'cryptography' package: "
+                             "pip install 'fedsonmf[secagg]'") from None
+    return hashes, X25519PrivateKey, X25519PublicKey, Cipher, algorithms, HKDF, HKDFExpand
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def generate_keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair ``(private 32 bytes, public 32 bytes)`` from the OS's entropy."""
+    _, X25519PrivateKey, _, _, _, _, _ = _crypto()
+    sk = X25519PrivateKey.generate()
+    return sk.private_bytes_raw(), sk.public_key().public_bytes_raw()
+
+
+def pair_keys(sk: bytes, public_keys: Sequence[bytes], me: int, context: str) -> np.ndarray:
+    """The pair keys of client ``me`` with every client: uint8 array (m, 32), row ``me`` zero.
+
+    ``k_pq = HKDF-SHA256(X25519(sk_p, pk_q), info = context | min(p,q) | max(p,q))``: the same
+    bytes at both ends.  Refuses a key list whose entry ``me`` is not this client's own public
+    key, or with repeated keys (a relay that mixed them up).
+    """
+    hashes, X25519PrivateKey, X25519PublicKey, _, _, HKDF, _ = _crypto()
+    priv = X25519PrivateKey.from_private_bytes(bytes(sk))
+    pks = [bytes(pk) for pk in public_keys]
+    if not 0 <= me < len(pks) or pks[me] != priv.public_key().public_bytes_raw():
+        raise ProtocolError(f"secure aggregation: the relayed public key of client {me} is not its own")
+    if len(set(pks)) != len(pks):
+        raise ProtocolError("secure aggregation: the relayed public keys are not distinct")
+    out = np.zeros((len(pks), 32), dtype=np.uint8)
+    for q, pk in enumerate(pks):
+        if q == me:
+            continue
+        shared = priv.exchange(X25519PublicKey.from_public_bytes(pk))
+        lo, hi = min(me, q), max(me, q)
+        info = f"fedsonmf-secagg-v1 pair|{context}|{lo}|{hi}".encode()
+        out[q] = np.frombuffer(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared),
+                               dtype=np.uint8)
+    return out
+
+
+def mask_stream(key: bytes, label: str, count: int) -> np.ndarray:
+    """``count`` uniform elements of Z_{2^64} (uint64): ChaCha20 under ``HKDF-Expand(key, label)``."""
+    hashes, _, _, Cipher, algorithms, _, HKDFExpand = _crypto()
+    k = HKDFExpand(algorithm=hashes.SHA256(), length=32, info=f"fedsonmf-secagg-v1 mask|{label}".encode()).derive(
+        bytes(key))
+    enc = Cipher(algorithms.ChaCha20(k, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * count)), dtype="<u8").astype(np.uint64, copy=False)
+
+
+def exchange_label(context: str, kind: str, round: int, cohort: Sequence[int]) -> str:
+    """The part of a mask label naming one exchange (a new cohort gives new masks)."""
+    digest = hashlib.sha256(",".join(map(str, sorted(cohort))).encode()).hexdigest()[:16]
+    return f"{context}|{kind}|{int(round)}|{digest}"
+
+
+# ----------------------------------------------------------------------------- fixed point
+
+
+def item_bound(degree: int, L: float, vnorm: float = 0.0) -> float:
+    """The public bound ``2^16 (L + ||V||_F)^degree`` of an item of homogeneity ``degree``."""
+    return float(2.0 ** HEADROOM_BITS * (float(L) + float(vnorm)) ** int(degree))
+
+
+def frac_bits(bound: float, m: int) -> int:
+    """Fractional bits f with ``m * bound * 2^f <= 2^61`` (the scale is a power of two: exact)."""
+    if not (math.isfinite(bound) and bound > 0):
+        raise SecAggRangeError(f"secure aggregation: no finite positive bound ({bound!r}) for the fixed point")
+    e = math.frexp(bound)[1]  # bound < 2^e
+    return _SAFE_BITS - math.ceil(math.log2(max(int(m), 1))) - e
+
+
+def encode(x, bits: int, m: int, name: str = "item") -> np.ndarray:
+    """``round(x 2^bits)`` as uint64 (two's complement), same shape as ``x``.
+
+    Raises :class:`SecAggRangeError` when ``x`` is not finite or ``m`` such values could wrap
+    the ring (``m max|q| >= 2^63``).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise SecAggRangeError(f"secure aggregation: {name} holds NaN/Inf (the run diverged)")
+    q = np.rint(np.ldexp(x, int(bits)))
+    limit = float((2 ** 63 - 1) // max(int(m), 1))
+    peak = float(np.max(np.abs(q))) if q.size else 0.0
+    if peak > limit:
+        raise SecAggRangeError(
+            f"secure aggregation: {name} reaches |x| = {peak * 2.0 ** -bits:.3g}, beyond the fixed-point range "
+            f"{limit * 2.0 ** -bits:.3g} of {m} clients (the run is diverging: reduce the steps)")
+    return q.astype(np.int64).view(np.uint64)
+
+
+def decode(s: np.ndarray, bits: int) -> np.ndarray:
+    """The float64 value of a ring element (uint64 two's complement) at scale 2^-bits."""
+    return np.ldexp(np.asarray(s, dtype=np.uint64).view(np.int64).astype(np.float64), -int(bits))
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+def mask_items(items: Mapping[str, np.ndarray], bits: Mapping[str, int], keys: np.ndarray, me: int,
+               cohort: Sequence[int], label: str) -> dict[str, np.ndarray]:
+    """Encode and mask client ``me``'s items for the ``cohort`` (which includes ``me``).
+
+    ``items``: name -> float64 array; ``keys``: (m, 32) pair keys of :func:`pair_keys`.
+    Returns name -> uint64 array of the same shape.
+    """
+    cohort = sorted(int(q) for q in cohort)
+    if me not in cohort:
+        raise ProtocolError(f"secure aggregation: client {me} is not in the exchange's cohort {cohort}")
+    m = len(cohort)
+    out = {}
+    for name in sorted(items):
+        if name not in bits:
+            raise ProtocolError(f"secure aggregation: the server sent no scale for {name!r}")
+        y = encode(items[name], bits[name], m, name).ravel().copy()
+        for q in cohort:
+            if q == me:
+                continue
+            M = mask_stream(keys[q].tobytes(), f"{label}|{name}", y.size)
+            if me < q:
+                y += M  # uint64: wraps mod 2^64
+            else:
+                y -= M
+        out[name] = y.reshape(np.shape(items[name]))
+    return out
+
+
+def ring_sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum in Z_{2^64} (uint64, wrapping)."""
+    if not arrays:
+        raise ValueError("no masked uploads to sum")
+    out = np.array(arrays[0], dtype=np.uint64, copy=True)
+    for a in arrays[1:]:
+        out += np.asarray(a, dtype=np.uint64)
+    return out
+
+
+def params_json(cohort: Sequence[int], bits: Mapping[str, int], **extra) -> str:
+    """The downlink scalar :data:`SECAGG_KEY` of one masked exchange."""
+    return json.dumps({"cohort": [int(q) for q in cohort], "bits": {k: int(v) for k, v in bits.items()}, **extra},
+                      sort_keys=True)
+
+
+def parse_params(text) -> dict:
+    try:
+        d = json.loads(str(text))
+        d["cohort"] = [int(q) for q in d["cohort"]]
+        d["bits"] = {str(k): int(v) for k, v in d["bits"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"secure aggregation: malformed '{SECAGG_KEY}' parameters ({exc})") from None
+    return d
+
+
+# ----------------------------------------------------------------------------- the client's side
+
+#: the client's private-state arrays of the protocol (never sent)
+STATE_SK, STATE_PAIRS, STATE_ME, STATE_SEED = "secagg.sk", "secagg.pairs", "secagg.me", "secagg.seed"
+STATE_PENDING, STATE_LAST, STATE_LAST_ROUND = "secagg.pending.", "secagg.last.", "secagg.last_round"
+
+
+def _bytes(a) -> bytes:
+    return np.asarray(a, dtype=np.uint8).tobytes()
+
+
+def split_summed(reply, spec: Mapping[str, tuple[str, int]], cols=None, n: int | None = None):
+    """``(reply without the summed items, {"field.key": float64 array})``.
+
+    Scalars become shape-(1,) arrays; the r x |Omega_p| column blocks of an incomplete view
+    are scattered into r x n zeros (every client's array then has one shape, which the
+    pairwise masks need; the column counts are public membership).
+    """
+    from fedsonmf.protocol.messages import Message
+
+    fields = {"arrays": dict(reply.arrays), "scalars": dict(reply.scalars), "diagnostics": dict(reply.diagnostics)}
+    items = {}
+    for key, (field, _deg) in spec.items():
+        if key not in fields[field]:
+            raise ProtocolError(f"secure aggregation: the reply carries no {field} item {key!r} to sum")
+        v = np.asarray(fields[field].pop(key), dtype=np.float64)
+        if v.ndim == 0:
+            v = v.reshape(1)
+        elif cols is not None and v.ndim == 2 and v.shape[1] == len(cols) != n:
+            full = np.zeros((v.shape[0], int(n)), dtype=np.float64)
+            full[:, cols] = v
+            v = full
+        items[f"{field}.{key}"] = v
+    plain = Message(reply.kind, reply.round, fields["arrays"], fields["scalars"], fields["diagnostics"])
+    return plain, items
+
+
+def _with_arrays(msg, arrays: Mapping[str, np.ndarray], scalars: Mapping | None = None):
+    from fedsonmf.protocol.messages import Message
+
+    return Message(msg.kind, msg.round, {**msg.arrays, **arrays}, {**msg.scalars, **(scalars or {})}, msg.diagnostics)
+
+
+def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, cols=None, n=None):
+    """Setup reply of a client under secure aggregation: a fresh key pair (the private key and
+    the summed setup items stay in the private state until the ``init`` exchange) and the
+    public key + the exponent ``E_p`` (||X_p||_F < 2^E_p) in place of the summed items."""
+    plain, items = split_summed(reply, spec, cols, n)
+    sk, pk = generate_keypair()
+    arrays = dict(state.arrays)
+    arrays[STATE_SK] = np.frombuffer(sk, dtype=np.uint8).copy()
+    arrays[STATE_ME], arrays[STATE_SEED] = np.asarray(int(me)), np.asarray(int(seed))
+    arrays.update({STATE_PENDING + k: v for k, v in items.items()})
+    state = type(state)(state.round, arrays)
+    norm = math.sqrt(max(float(x_sqnorm), 0.0))
+    exp = math.frexp(norm)[1] if norm > 0 else 0
+    return state, _with_arrays(plain, {}, {"secagg_pk": pk.hex(), "secagg_exp": int(exp)})
+
+
+def client_init(state, msg):
+    """The ``init`` exchange: pair keys from the relayed public keys, the masked setup items."""
+    from fedsonmf.protocol.messages import Message
+
+    st = dict(state.arrays)
+    if STATE_SK not in st:
+        raise ProtocolError("secure aggregation: init message but this client holds no key pair (setup not run "
+                            "with secure_aggregation)")
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    try:
+        pks = [bytes.fromhex(h) for h in params["public_keys"]]
+    except (KeyError, ValueError, TypeError):
+        raise ProtocolError("secure aggregation: the init message carries no valid public keys") from None
+    keys = pair_keys(_bytes(st.pop(STATE_SK)), pks, me, str(seed))
+    st[STATE_PAIRS] = keys
+    items = {k[len(STATE_PENDING):]: st.pop(k) for k in list(st) if k.startswith(STATE_PENDING)}
+    label = exchange_label(str(seed), "init", 0, params["cohort"])
+    masked = mask_items(items, params["bits"], keys, me, params["cohort"], label)
+    new = type(state)(state.round, st)
+    return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()})
+
+
+def client_mask(state, reply, msg, spec, *, cols=None, n=None):
+    """Mask a round reply's summed items for the message's cohort; the plain items are kept
+    in the private state (``secagg.last.*``) so a retry with fewer clients can re-mask them."""
+    st = dict(state.arrays)
+    if STATE_PAIRS not in st:
+        raise ProtocolError("secure aggregation: round message before the key agreement (init)")
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    plain, items = split_summed(reply, spec, cols, n)
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    for k in [k for k in st if k.startswith(STATE_LAST)]:
+        del st[k]
+    st.update({STATE_LAST + k: v for k, v in items.items()})
+    st[STATE_LAST_ROUND] = np.asarray(int(msg.round))
+    label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"])
+    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label)
+    return type(state)(state.round, st), _with_arrays(plain, {MASKED_PREFIX + k: v for k, v in masked.items()})
+
+
+def client_remask(state, msg):
+    """A retry of round s among fewer clients (some of the cohort dropped): the same plain items
+    masked afresh for the new cohort (new label, so the dropped clients' masks of the first try
+    are never revealed and no mask is used twice)."""
+    from fedsonmf.protocol.messages import Message
+
+    st = state.arrays
+    if STATE_PAIRS not in st or int(st.get(STATE_LAST_ROUND, -1)) != int(msg.round):
+        raise ProtocolError(f"secure aggregation: retry of round {msg.round}, but this client's last masked "
+                            f"round is {int(st.get(STATE_LAST_ROUND, -1))}")
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    items = {k[len(STATE_LAST):]: v for k, v in st.items() if k.startswith(STATE_LAST) and k != STATE_LAST_ROUND}
+    label = exchange_label(str(seed), "round", msg.round, params["cohort"])
+    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label)
+    return state, Message("remask", msg.round, {MASKED_PREFIX + k: v for k, v in masked.items()})
+
+
+def keep_protocol_state(old, new):
+    """Carry the protocol's private arrays from ``old`` into the algorithm's ``new`` state."""
+    for k, v in old.arrays.items():
+        if k.startswith("secagg.") and k not in new.arrays:
+            new.arrays[k] = v
+    return new
+
+
+# ----------------------------------------------------------------------------- the server's side
+
+
+def server_bits(spec: Mapping[str, tuple[str, int]], exp: int, vnorm: float, m: int) -> dict[str, int]:
+    """Fractional bits of every summed item from public numbers: the run's exponent E
+    (L = 2^E), ||V^s||_F of the broadcast and the cohort size m."""
+    L = math.ldexp(1.0, int(exp))
+    return {f"{field}.{key}": frac_bits(item_bound(deg, L, vnorm), m) for key, (field, deg) in spec.items()}
+
+
+def masked_names(reply) -> set[str]:
+    return {k[len(MASKED_PREFIX):] for k in reply.arrays if k.startswith(MASKED_PREFIX)}
+
+
+def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int]):
+    """The :class:`~fedsonmf.protocol.messages.Aggregate` of masked replies (one per client of
+    ``clients``, the full cohort): ring sums, decoded at the exchange's scale."""
+    from fedsonmf.protocol.messages import Aggregate
+
+    want = set(bits)
+    for p, rep in zip(clients, replies):
+        got = masked_names(rep)
+        if got != want:
+            raise ProtocolError(f"secure aggregation: client {p} sent masked items {sorted(got)}, expected "
+                                f"{sorted(want)} (round {round})")
+    sums = {}
+    for name in sorted(want):
+        key = name.split(".", 1)[1]
+        total = decode(ring_sum([rep.arrays[MASKED_PREFIX + name] for rep in replies]), bits[name])
+        # a scalar item travels as a shape-(1,) array (split_summed); every array item is 2-D
+        sums[key] = float(total[0]) if total.shape == (1,) else total
+    return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
+
+
+def strip_masked(reply):
+    """The reply without its masked arrays (what the algorithm may read per client)."""
+    from fedsonmf.protocol.messages import Message
+
+    return Message(reply.kind, reply.round, {k: v for k, v in reply.arrays.items() if not k.startswith(MASKED_PREFIX)},
+                   reply.scalars, reply.diagnostics)
