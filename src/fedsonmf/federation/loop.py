@@ -167,9 +167,10 @@ class ClientRuntime:
             cfg = cfg.resolved(msg.scalars["mu"])
         old = self.state
         self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
-        reply = self.finalise_upload(reply, msg)
         if secure:
             self.state = secagg.keep_protocol_state(old, self.state)
+        reply = self.finalise_upload(reply, msg)
+        if secure:
             self.state, reply = secagg.client_mask(self.state, reply, msg, self.algorithm.summed_items(cfg, "round"),
                                                    cols=self.cols, n=self.n)
         return reply

@@ -139,6 +139,13 @@ def _data_path(context: Context) -> str:
         raise ValueError("node config has no 'data-path' (the node's own view file)") from None
 
 
+def _state_round(msg: Message) -> int:
+    """The saved round a message continues from: a round s message the state of round s-1; the
+    secure-aggregation exchanges (``init`` after setup, ``remask`` a retry of round s) the
+    state they follow (0, resp. s)."""
+    return msg.round if msg.kind in ("init", "remask") else msg.round - 1
+
+
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
     """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
     train message (a hook for fault-injection tests; None in normal use)."""
@@ -184,7 +191,7 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
                 state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
             else:
-                state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
+                state, smeta = ckpt.load_client_state(sdir, p, _state_round(fed_msg))
             algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
             cfg = ckpt.config_from_dict(json.loads(cfg_json))
             held = held_columns(mask, X.shape[1], client=p)
