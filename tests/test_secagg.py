@@ -91,6 +91,32 @@ def test_masks_cancel_exactly_for_any_cohort(m, rows, cols, log_scale, drop, see
                                       secagg.encode(xs[cohort[0]][name], bits[name], len(cohort)))
 
 
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(m=st.integers(3, 6), n_drop=st.integers(1, 3), size=st.integers(1, 50), seed=st.integers(0, 2 ** 31))
+def test_self_masks_and_revealed_keys_leave_exactly_the_survivors_sum(m, n_drop, size, seed):
+    """Double masking: with any clients dropped, the survivors' ring sum minus the revealed keys
+    (their self keys, their pair keys with the dropped) is the encoded sum of the survivors."""
+    rng = np.random.default_rng(seed)
+    keys = _keys(m)
+    cohort = list(range(m))
+    dropped = sorted(rng.choice(m, size=min(n_drop, m - 2), replace=False).tolist())
+    alive = [p for p in cohort if p not in dropped]
+    label = secagg.exchange_label("c", "round", 2, cohort, "n0")
+    seeds = {p: rng.bytes(32) for p in cohort}
+    xs = {p: {"arrays.V": rng.standard_normal(size)} for p in cohort}
+    bits = {"arrays.V": secagg.frac_bits(secagg.item_bound(1, 8.0), m)}
+    masked = {p: secagg.mask_items(xs[p], bits, keys[p], p, cohort, label, self_seed=seeds[p]) for p in alive}
+    ring = secagg.ring_sum([masked[p]["arrays.V"] for p in alive])
+    self_keys = {p: secagg.exchange_key(seeds[p], "self|" + label) for p in alive}
+    pair = {(p, q): secagg.exchange_key(keys[p][q].tobytes(), "pair|" + label) for p in alive for q in dropped}
+    left = secagg.remove_revealed(ring, "arrays.V", self_keys, pair)
+    want = secagg.ring_sum([secagg.encode(xs[p]["arrays.V"], bits["arrays.V"], m) for p in alive])
+    assert np.array_equal(left, want)
+    # without one survivor's self key nothing decodes to the sum
+    del self_keys[alive[0]]
+    assert not np.array_equal(secagg.remove_revealed(ring, "arrays.V", self_keys, pair), want)
+
+
 def test_masks_are_fresh_per_round_cohort_and_item():
     k = np.frombuffer(bytes(range(32)), dtype=np.uint8)
     a = secagg.mask_stream(k.tobytes(), secagg.exchange_label("c", "round", 1, [0, 1, 2]) + "|x", 64)
@@ -190,17 +216,44 @@ def test_secure_incomplete_views_equal_the_plain_run(views):
     assert all(a.shape == (R, views[0].shape[1]) for msg in ups for k, a in msg.arrays.items() if a.ndim == 2)
 
 
-def test_partial_rounds_with_dropouts_remask_among_those_who_replied(views):
+def test_partial_rounds_with_dropouts_unmask_the_sum_of_those_who_replied(views):
     part = Participation(min_clients=2, rejoin="refresh")
     down = lambda s: [p for p in range(3) if not (s == 2 and p == 1)]  # noqa: E731  client 1 misses round 2
     plain, _ = _run(views, CFG, participation=part, available=down)
-    secure, log = _run(views, CFG.replace(secure_aggregation=True), participation=part, available=down)
+    rec = Recorder()
+    secure, log = _run(views, CFG.replace(secure_aggregation=True), participation=part, available=down, hook=rec)
     assert _rel(secure.V, plain.V) < 1e-9
     assert [r["participants"] for r in secure.history.rows] == [r["participants"] for r in plain.history.rows]
-    remask = [(p, msg) for d, p, msg in log if d == "down" and msg.kind == "remask"]
-    assert sorted(p for p, _ in remask) == [0, 2]  # the retry of round 2 went to those who replied
-    cohort = json.loads(remask[0][1].scalars[secagg.SECAGG_KEY])["cohort"]
-    assert cohort == [0, 2]
+    unmask = [(p, msg) for d, p, msg in log if d == "down" and msg.kind == "unmask" and msg.round == 2]
+    assert sorted(p for p, _ in unmask) == [0, 2]  # asked of those who replied
+    params = json.loads(unmask[0][1].scalars[secagg.SECAGG_KEY])
+    assert params["cohort"] == [0, 1, 2] and params["survivors"] == [0, 2]
+    revealed = [msg for d, p, msg in log if d == "up" and msg.kind == "unmask" and msg.round == 2]
+    assert all(msg.arrays[secagg.PAIR_KEYS].shape == (1, 32) for msg in revealed)  # keys with client 1 only
+    # the uploads of those who replied, self-masked, are uniform and uncorrelated with their plain values
+    ups = [(msg.kind, msg.round, p, dict(msg.arrays)) for d, p, msg in log if d == "up" and msg.kind == "round"]
+    for kind, rnd, p, arrays in ups:
+        plain_v = rec.plain[("round", rnd, p)].arrays["Vhat"]
+        rho = np.corrcoef(arrays["secagg.arrays.Vhat"].astype(float).ravel(), plain_v.ravel())[0, 1]
+        assert abs(rho) < 6 / np.sqrt(plain_v.size)
+
+
+def test_a_second_unmask_request_with_other_survivors_is_refused(views):
+    part = Participation(min_clients=2, rejoin="refresh")
+    clients = [ClientRuntime(X, "fedsonmf", CFG.replace(secure_aggregation=True)) for X in views]
+    transport = InProcessTransport(clients)
+    transport.log = []
+    run_federation(transport, "fedsonmf", CFG.replace(secure_aggregation=True), max_rounds=1, seed=7,
+                   participation=part)
+    req = [msg for d, p, msg in transport.log if d == "down" and msg.kind == "unmask" and p == 0][0]
+    params = json.loads(req.scalars[secagg.SECAGG_KEY])
+    clients[0].handle(req)  # the same request again is answered (a lost reply)
+    other = Message("unmask", req.round, {}, {secagg.SECAGG_KEY: json.dumps({**params, "survivors": [0, 2]})})
+    with pytest.raises(ProtocolError, match="second unmask request"):
+        clients[0].handle(other)
+    stale = Message("unmask", req.round, {}, {secagg.SECAGG_KEY: json.dumps({**params, "nonce": "x"})})
+    with pytest.raises(ProtocolError, match="does not match"):
+        clients[0].handle(stale)
 
 
 def test_server_kept_correction_and_single_client_are_refused(views):
@@ -337,10 +390,39 @@ def wire_transcript(rows, arrays_dir):
     for row in rows:
         meta = row["records"].get("fedsonmf.meta", {}).get("items", {})
         kind, rnd = meta.get("kind", {}).get("value"), meta.get("round", {}).get("value")
-        if row["direction"] == "up" and kind in ("setup", "init", "round", "remask"):
+        if row["direction"] == "up" and kind in ("setup", "init", "round"):
             arrays = {k.split("/", 1)[1]: np.load(arrays_dir / f) for k, f in row.get("saved", {}).items()}
             received.append((kind, rnd, row["client"], arrays))
         sa = row["records"].get("fedsonmf.scalars", {}).get("items", {}).get(secagg.SECAGG_KEY)
         if row["direction"] == "down" and sa is not None:
             downs[(kind, rnd)] = secagg.parse_params(sa["value"])
     return received, downs
+
+
+def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views):
+    """A node that stops answering in rounds 2-4 and rejoins under a new node id: the unmask step
+    runs over Flower, V equals the in-process secure run with the same availability."""
+    from test_flower_apps import FlakyGrid, _nodes, _run_config, _server, _wire
+
+    from fedsonmf.federation.flower.audit import audit_wire
+    from fedsonmf.federation.flower.client_app import make_client_app
+    from fedsonmf.federation.inprocess import run_inprocess
+
+    from flwr.supercore.task_identity import TaskIdentity
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
+    grid = FlakyGrid(make_client_app(), _nodes(tmp_path, small_problem.views[:3]), dead=303, new=404, k=2, back=5)
+    rc = _run_config(tmp_path, **{"config-json": json.dumps(cfg.to_dict()), "secure-aggregation": True,
+                                  "num-rounds": 6, "round-timeout": 0.3, "min-clients": 2.0, "rejoin": "refresh"})
+    V, result = _server(grid, rc)
+    assert [r["participants"] for r in result["history"]] == [[0, 1, 2], [0, 1], [0, 1], [0, 1], [0, 1, 2],
+                                                              [0, 1, 2]]
+    part = Participation(min_clients=2, rejoin="refresh")
+    avail = lambda s: [0, 1] if 2 <= s <= 4 else [0, 1, 2]  # noqa: E731
+    ref = run_inprocess(views, cfg, max_rounds=6, seed=9, available=avail, participation=part)
+    assert np.array_equal(V, ref.V)
+    plain = run_inprocess(views, cfg.replace(secure_aggregation=False), max_rounds=6, seed=9, available=avail,
+                          participation=part)
+    assert _rel(V, plain.V) < 1e-9
+    summary = audit_wire(_wire(rc), "fedsonmf", cfg, views[0].shape[1], partial=True)
+    assert summary["up unmask"]["messages"] == 3 + 2 * 3 + 3 * 2

@@ -141,12 +141,12 @@ class ClientRuntime:
                     self.state, reply, self.algorithm.summed_items(self.cfg, "setup"), me=int(msg.scalars["client"]),
                     seed=int(msg.scalars["seed"]), x_sqnorm=self.x_sqnorm, cols=self.cols, n=self.n)
             return reply
-        if msg.kind in ("init", "remask"):
+        if msg.kind in ("init", "unmask"):
             if not secure:
                 raise ProtocolError(f"{msg.kind} message but this client runs without secure aggregation")
             if self.state is None:
                 raise ProtocolError(f"{msg.kind} message before setup")
-            step = secagg.client_init if msg.kind == "init" else secagg.client_remask
+            step = secagg.client_init if msg.kind == "init" else secagg.client_unmask
             self.state, reply = step(self.state, msg)
             return reply
         if msg.kind != "round":
@@ -494,19 +494,25 @@ def _partial_exchange(transport, alg, state: ServerState, msg: Message, particip
 
     Returns ``(replies, clients, messages_sent, aggregate, extra_up_bytes)`` with replies in
     client order.  A client that missed round s-1 gets the rejoin message of the algorithm.
-    With secure aggregation (``spec`` given) the masks are for the asked cohort; when some
-    asked clients do not reply, the others are asked to mask their same items afresh for the
-    smaller cohort (``remask``, repeated while clients drop and the quorum holds), so the
-    dropped clients' masks are never revealed; the aggregate is None without it.
+
+    With secure aggregation (``spec`` given) the uploads carry the pairwise masks of the asked
+    cohort *and* each client's self mask (Bonawitz et al.'s double masking): an ``unmask``
+    step then asks the clients that replied for this round's self-mask keys and their pair
+    keys with the clients that did not, so the server removes exactly the masks of the sum of
+    those who replied -- and a dropped client's upload, should it arrive late, stays hidden
+    behind its own self mask.  A client that drops during the unmask step fails the round
+    (no threshold shares: see docs/privacy.md).  The aggregate is None without secure
+    aggregation.
     """
     s = state.round
     asked = participation.asked(m, s, seed)
     last = _last_rounds(history, m)
     need = participation.quorum(m)
-    bits = None
+    bits = nonce = None
     if spec is not None:
         bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
-        msg = _with_secagg(msg, asked, bits)
+        nonce = secrets.token_hex(8)
+        msg = _with_secagg(msg, asked, bits, nonce=nonce, self=True)
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
@@ -516,26 +522,20 @@ def _partial_exchange(transport, alg, state: ServerState, msg: Message, particip
     got = transport.exchange_some(msgs)
     who = sorted(got)
     _check_quorum(s, asked, who, need)
-    agg, extra = None, 0
-    if spec is not None:
-        masked = {p: got[p] for p in who}
-        while sorted(masked) != sorted(msgs) and len(masked) >= need:
-            # dropouts: re-mask among those who replied (fresh masks for the new cohort)
-            cohort = sorted(masked)
-            bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(cohort))
-            retry = {p: Message("remask", s, {}, {secagg.SECAGG_KEY: secagg.params_json(cohort, bits)})
-                     for p in cohort}
-            again = transport.exchange_some(retry)
-            extra += sum(r.nbytes for r in again.values())
-            _check_quorum(s, asked, sorted(again), need)
-            msgs = retry
-            masked = again
-        who = sorted(masked)
-        replies = [got[p] for p in who]
-        masked_replies = [masked[p] for p in who]
-        agg = secagg.aggregate_masked(masked_replies, who, "round", s, bits)
-        return replies, who, list(msgs.values()), agg, extra
-    return [got[p] for p in who], who, list(msgs.values()), agg, extra
+    replies = [got[p] for p in who]
+    if spec is None:
+        return replies, who, list(msgs.values()), None, 0
+    params = secagg.params_json(asked, bits, nonce=nonce, survivors=who)
+    keys = transport.exchange_some({p: Message("unmask", s, {}, {secagg.SECAGG_KEY: params}) for p in who})
+    missing = sorted(set(who) - set(keys))
+    if missing:
+        raise FederationError(
+            f"round {s}: clients {missing} replied but did not answer the unmask step of secure aggregation; "
+            "without their self-mask keys the sum cannot be decoded (no threshold shares), so the round fails -- "
+            "resume from the last checkpoint", client=missing[0] if len(missing) == 1 else None, round=s)
+    agg = secagg.aggregate_masked(replies, who, "round", s, bits, unmask=keys, cohort=asked)
+    extra = sum(r.nbytes for r in keys.values())
+    return replies, who, list(msgs.values()), agg, extra
 
 
 def _check_quorum(s: int, asked, who, need: int) -> None:
@@ -587,6 +587,9 @@ def exchange_sum(transport, messages: Sequence[Message], bits: dict) -> tuple[li
 
 
 def _with_secagg(msg: Message, cohort, bits: dict, **extra) -> Message:
+    """``msg`` with the public parameters of one masked exchange: the cohort, the scales and a
+    fresh nonce (so a retried or resumed round never reuses a mask)."""
+    extra.setdefault("nonce", secrets.token_hex(8))
     return dataclasses.replace(msg, scalars={**msg.scalars,
                                              secagg.SECAGG_KEY: secagg.params_json(list(cohort), bits, **extra)})
 

@@ -47,7 +47,8 @@ from fedsonmf.exceptions import ParameterError, ProtocolError
 
 __all__ = [
     "SecAggRangeError", "generate_keypair", "pair_keys", "mask_stream", "frac_bits", "item_bound", "encode",
-    "decode", "mask_items", "ring_sum", "exchange_label", "SECAGG_KEY", "MASKED_PREFIX", "HEADROOM_BITS",
+    "decode", "mask_items", "ring_sum", "exchange_label", "exchange_key", "remove_revealed", "SECAGG_KEY",
+    "MASKED_PREFIX", "HEADROOM_BITS",
 ]
 
 #: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
@@ -120,10 +121,19 @@ def mask_stream(key: bytes, label: str, count: int) -> np.ndarray:
     return np.frombuffer(enc.update(bytes(8 * count)), dtype="<u8").astype(np.uint64, copy=False)
 
 
-def exchange_label(context: str, kind: str, round: int, cohort: Sequence[int]) -> str:
-    """The part of a mask label naming one exchange (a new cohort gives new masks)."""
+def exchange_key(root: bytes, label: str) -> bytes:
+    """The 32-byte key of one exchange derived from a long-term ``root`` (a pair key or a
+    client's self-mask seed): revealing it reveals that exchange's masks only."""
+    hashes, _, _, _, _, _, HKDFExpand = _crypto()
+    return HKDFExpand(algorithm=hashes.SHA256(), length=32,
+                      info=f"fedsonmf-secagg-v1 exchange|{label}".encode()).derive(bytes(root))
+
+
+def exchange_label(context: str, kind: str, round: int, cohort: Sequence[int], nonce: str = "") -> str:
+    """The label of one exchange: run, kind, round, cohort and the server's fresh nonce, so
+    that no two exchanges (a retried or resumed round included) share a mask."""
     digest = hashlib.sha256(",".join(map(str, sorted(cohort))).encode()).hexdigest()[:16]
-    return f"{context}|{kind}|{int(round)}|{digest}"
+    return f"{context}|{kind}|{int(round)}|{digest}|{nonce}"
 
 
 # ----------------------------------------------------------------------------- fixed point
@@ -170,31 +180,51 @@ def decode(s: np.ndarray, bits: int) -> np.ndarray:
 
 
 def mask_items(items: Mapping[str, np.ndarray], bits: Mapping[str, int], keys: np.ndarray, me: int,
-               cohort: Sequence[int], label: str) -> dict[str, np.ndarray]:
+               cohort: Sequence[int], label: str, self_seed: bytes | None = None) -> dict[str, np.ndarray]:
     """Encode and mask client ``me``'s items for the ``cohort`` (which includes ``me``).
 
-    ``items``: name -> float64 array; ``keys``: (m, 32) pair keys of :func:`pair_keys`.
-    Returns name -> uint64 array of the same shape.
+    ``items``: name -> float64 array; ``keys``: (m, 32) pair keys of :func:`pair_keys`;
+    ``self_seed``: add the client's own self mask too (partial rounds, where it is what
+    keeps a dropped client's late upload hidden; removed after the round when the client
+    reveals its exchange key).  Returns name -> uint64 array of the same shape.
     """
     cohort = sorted(int(q) for q in cohort)
     if me not in cohort:
         raise ProtocolError(f"secure aggregation: client {me} is not in the exchange's cohort {cohort}")
     m = len(cohort)
+    pair_ek = {q: exchange_key(keys[q].tobytes(), "pair|" + label) for q in cohort if q != me}
+    self_ek = None if self_seed is None else exchange_key(self_seed, "self|" + label)
     out = {}
     for name in sorted(items):
         if name not in bits:
             raise ProtocolError(f"secure aggregation: the server sent no scale for {name!r}")
         y = encode(items[name], bits[name], m, name).ravel().copy()
-        for q in cohort:
-            if q == me:
-                continue
-            M = mask_stream(keys[q].tobytes(), f"{label}|{name}", y.size)
+        for q, ek in pair_ek.items():
+            M = mask_stream(ek, name, y.size)
             if me < q:
                 y += M  # uint64: wraps mod 2^64
             else:
                 y -= M
+        if self_ek is not None:
+            y += mask_stream(self_ek, name, y.size)
         out[name] = y.reshape(np.shape(items[name]))
     return out
+
+
+def remove_revealed(total: np.ndarray, name: str, self_keys: Mapping[int, bytes],
+                    pair_keys_revealed: Mapping[tuple[int, int], bytes]) -> np.ndarray:
+    """Take the revealed masks out of a ring sum: every survivor's self mask and, for each
+    survivor p and dropped client q, the pair mask p added for q (whose own upload is missing)."""
+    out = np.array(total, dtype=np.uint64, copy=True).ravel()
+    for _p, ek in sorted(self_keys.items()):
+        out -= mask_stream(ek, name, out.size)
+    for (p, q), ek in sorted(pair_keys_revealed.items()):
+        M = mask_stream(ek, name, out.size)
+        if p < q:
+            out -= M
+        else:
+            out += M
+    return out.reshape(np.shape(total))
 
 
 def ring_sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -227,11 +257,22 @@ def parse_params(text) -> dict:
 
 #: the client's private-state arrays of the protocol (never sent)
 STATE_SK, STATE_PAIRS, STATE_ME, STATE_SEED = "secagg.sk", "secagg.pairs", "secagg.me", "secagg.seed"
-STATE_PENDING, STATE_LAST, STATE_LAST_ROUND = "secagg.pending.", "secagg.last.", "secagg.last_round"
+STATE_SELF, STATE_PENDING = "secagg.self", "secagg.pending."
+STATE_LAST, STATE_REVEALED = "secagg.last", "secagg.revealed"  # JSON (uint8) of the last masked / revealed exchange
+#: reply arrays of the unmask step (partial rounds)
+SELF_KEY, PAIR_KEYS = MASKED_PREFIX + "self_key", MASKED_PREFIX + "pair_keys"
 
 
 def _bytes(a) -> bytes:
     return np.asarray(a, dtype=np.uint8).tobytes()
+
+
+def _json_bytes(obj) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, sort_keys=True).encode(), dtype=np.uint8).copy()
+
+
+def _json_of(a):
+    return json.loads(_bytes(a).decode())
 
 
 def split_summed(reply, spec: Mapping[str, tuple[str, int]], cols=None, n: int | None = None):
@@ -283,7 +324,10 @@ def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, col
 
 
 def client_init(state, msg):
-    """The ``init`` exchange: pair keys from the relayed public keys, the masked setup items."""
+    """The ``init`` exchange: pair keys from the relayed public keys, a fresh self-mask seed,
+    the masked setup items."""
+    import os
+
     from fedsonmf.protocol.messages import Message
 
     st = dict(state.arrays)
@@ -298,47 +342,70 @@ def client_init(state, msg):
         raise ProtocolError("secure aggregation: the init message carries no valid public keys") from None
     keys = pair_keys(_bytes(st.pop(STATE_SK)), pks, me, str(seed))
     st[STATE_PAIRS] = keys
+    st[STATE_SELF] = np.frombuffer(os.urandom(32), dtype=np.uint8).copy()
     items = {k[len(STATE_PENDING):]: st.pop(k) for k in list(st) if k.startswith(STATE_PENDING)}
-    label = exchange_label(str(seed), "init", 0, params["cohort"])
+    label = exchange_label(str(seed), "init", 0, params["cohort"], params.get("nonce", ""))
     masked = mask_items(items, params["bits"], keys, me, params["cohort"], label)
     new = type(state)(state.round, st)
     return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()})
 
 
 def client_mask(state, reply, msg, spec, *, cols=None, n=None):
-    """Mask a round reply's summed items for the message's cohort; the plain items are kept
-    in the private state (``secagg.last.*``) so a retry with fewer clients can re-mask them."""
+    """Mask a round reply's summed items for the message's cohort (plus the self mask when the
+    round may lose clients: ``"self": true`` in the parameters)."""
     st = dict(state.arrays)
     if STATE_PAIRS not in st:
         raise ProtocolError("secure aggregation: round message before the key agreement (init)")
     params = parse_params(msg.scalars.get(SECAGG_KEY))
     plain, items = split_summed(reply, spec, cols, n)
     me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
-    for k in [k for k in st if k.startswith(STATE_LAST)]:
-        del st[k]
-    st.update({STATE_LAST + k: v for k, v in items.items()})
-    st[STATE_LAST_ROUND] = np.asarray(int(msg.round))
-    label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"])
-    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label)
+    nonce = str(params.get("nonce", ""))
+    label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"], nonce)
+    self_seed = _bytes(st[STATE_SELF]) if params.get("self") else None
+    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label, self_seed=self_seed)
+    st[STATE_LAST] = _json_bytes({"round": int(msg.round), "cohort": params["cohort"], "nonce": nonce,
+                                  "self": bool(params.get("self"))})
     return type(state)(state.round, st), _with_arrays(plain, {MASKED_PREFIX + k: v for k, v in masked.items()})
 
 
-def client_remask(state, msg):
-    """A retry of round s among fewer clients (some of the cohort dropped): the same plain items
-    masked afresh for the new cohort (new label, so the dropped clients' masks of the first try
-    are never revealed and no mask is used twice)."""
+def client_unmask(state, msg):
+    """The unmask step of a round that could lose clients: reveal this exchange's self-mask key
+    and the pair-mask keys with the clients the server reports as dropped.
+
+    Refused (:class:`ProtocolError`): a request for another exchange than this client's last,
+    a survivor list without this client or outside the cohort, or a second request for the same
+    exchange with another survivor list (answering both could reveal a client's self key and
+    its pair keys together, i.e. its upload).
+    """
     from fedsonmf.protocol.messages import Message
 
-    st = state.arrays
-    if STATE_PAIRS not in st or int(st.get(STATE_LAST_ROUND, -1)) != int(msg.round):
-        raise ProtocolError(f"secure aggregation: retry of round {msg.round}, but this client's last masked "
-                            f"round is {int(st.get(STATE_LAST_ROUND, -1))}")
+    st = dict(state.arrays)
     params = parse_params(msg.scalars.get(SECAGG_KEY))
+    if STATE_LAST not in st:
+        raise ProtocolError("secure aggregation: unmask request but this client has masked nothing")
+    last = _json_of(st[STATE_LAST])
     me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
-    items = {k[len(STATE_LAST):]: v for k, v in st.items() if k.startswith(STATE_LAST) and k != STATE_LAST_ROUND}
-    label = exchange_label(str(seed), "round", msg.round, params["cohort"])
-    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label)
-    return state, Message("remask", msg.round, {MASKED_PREFIX + k: v for k, v in masked.items()})
+    survivors = sorted(int(q) for q in params.get("survivors", []))
+    if (int(msg.round), params["cohort"], str(params.get("nonce", ""))) != (last["round"], last["cohort"],
+                                                                              last["nonce"]) or not last["self"]:
+        raise ProtocolError(f"secure aggregation: unmask request for round {msg.round} does not match this "
+                            f"client's last masked exchange (round {last['round']})")
+    if me not in survivors or not set(survivors) <= set(last["cohort"]):
+        raise ProtocolError(f"secure aggregation: survivor list {survivors} must hold client {me} and lie in the "
+                            f"cohort {last['cohort']}")
+    if STATE_REVEALED in st:
+        done = _json_of(st[STATE_REVEALED])
+        if (done["round"], done["nonce"]) == (last["round"], last["nonce"]) and done["survivors"] != survivors:
+            raise ProtocolError(f"secure aggregation: a second unmask request for round {msg.round} with survivors "
+                                f"{survivors} (first: {done['survivors']}) is refused")
+    label = exchange_label(str(seed), "round", last["round"], last["cohort"], last["nonce"])
+    dropped = [q for q in last["cohort"] if q not in survivors]
+    self_key = np.frombuffer(exchange_key(_bytes(st[STATE_SELF]), "self|" + label), dtype=np.uint8).copy()
+    pair = np.zeros((len(dropped), 32), dtype=np.uint8)
+    for i, q in enumerate(dropped):
+        pair[i] = np.frombuffer(exchange_key(st[STATE_PAIRS][q].tobytes(), "pair|" + label), dtype=np.uint8)
+    st[STATE_REVEALED] = _json_bytes({"round": last["round"], "nonce": last["nonce"], "survivors": survivors})
+    return type(state)(state.round, st), Message("unmask", msg.round, {SELF_KEY: self_key, PAIR_KEYS: pair})
 
 
 def keep_protocol_state(old, new):
@@ -360,14 +427,35 @@ def server_bits(spec: Mapping[str, tuple[str, int]], exp: int, vnorm: float, m: 
 
 
 def masked_names(reply) -> set[str]:
-    return {k[len(MASKED_PREFIX):] for k in reply.arrays if k.startswith(MASKED_PREFIX)}
+    return {k[len(MASKED_PREFIX):] for k in reply.arrays if k.startswith(MASKED_PREFIX)
+            and k not in (SELF_KEY, PAIR_KEYS)}
 
 
-def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int]):
+def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int],
+                     unmask: Mapping[int, object] | None = None, cohort: Sequence[int] | None = None):
     """The :class:`~fedsonmf.protocol.messages.Aggregate` of masked replies (one per client of
-    ``clients``, the full cohort): ring sums, decoded at the exchange's scale."""
+    ``clients``): ring sums, decoded at the exchange's scale.
+
+    ``unmask`` (rounds with self masks): the unmask replies of the survivors ``clients``
+    (``{client: reply}``), whose revealed keys remove every self mask and the pair masks with
+    the clients of ``cohort`` that dropped.
+    """
     from fedsonmf.protocol.messages import Aggregate
 
+    self_keys, pair_revealed = {}, {}
+    if unmask is not None:
+        dropped = [q for q in sorted(cohort) if q not in set(clients)]
+        for p in clients:
+            rep = unmask.get(p)
+            if rep is None or SELF_KEY not in rep.arrays or PAIR_KEYS not in rep.arrays:
+                raise ProtocolError(f"secure aggregation: client {p} sent no unmask keys (round {round})")
+            sk, pk = np.asarray(rep.arrays[SELF_KEY], np.uint8), np.asarray(rep.arrays[PAIR_KEYS], np.uint8)
+            if sk.shape != (32,) or pk.shape != (len(dropped), 32):
+                raise ProtocolError(f"secure aggregation: client {p} sent unmask keys of shapes {sk.shape}, "
+                                    f"{pk.shape}; expected (32,), ({len(dropped)}, 32)")
+            self_keys[p] = sk.tobytes()
+            for i, q in enumerate(dropped):
+                pair_revealed[(p, q)] = pk[i].tobytes()
     want = set(bits)
     for p, rep in zip(clients, replies):
         got = masked_names(rep)
@@ -377,7 +465,10 @@ def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bit
     sums = {}
     for name in sorted(want):
         key = name.split(".", 1)[1]
-        total = decode(ring_sum([rep.arrays[MASKED_PREFIX + name] for rep in replies]), bits[name])
+        ring = ring_sum([rep.arrays[MASKED_PREFIX + name] for rep in replies])
+        if unmask is not None:
+            ring = remove_revealed(ring, name, self_keys, pair_revealed)
+        total = decode(ring, bits[name])
         # a scalar item travels as a shape-(1,) array (split_summed); every array item is 2-D
         sums[key] = float(total[0]) if total.shape == (1,) else total
     return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))

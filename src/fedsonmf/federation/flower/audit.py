@@ -24,7 +24,9 @@ scalars): the setup reply carries the public key ``secagg_pk`` and the exponent
 ``secagg_exp`` instead of ``Vproj``/``x_sqnorm``; an ``init`` exchange (down: the scalar
 ``secagg``, the relayed public keys and scales; up: the masked setup items) precedes round 1;
 round messages carry the scalar ``secagg``; replies hold no plain upload or diagnostic;
-partial runs may add ``remask`` exchanges (a retry among the clients that replied).
+partial runs add an ``unmask`` step after every round (down: ``secagg``; up: the round's
+self-mask key ``secagg.self_key``, uint8 (32,), and the pair keys with the clients that did
+not reply, ``secagg.pair_keys``, uint8 (k, 32)).
 
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
@@ -127,8 +129,8 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("up", "round"): round_up,
     }
     if partial:
-        decl[("down", "remask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
-        decl[("up", "remask")] = round_up
+        decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
+        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key", MASKED_PREFIX + "pair_keys": "keys"}}
     return decl
 
 
@@ -138,6 +140,10 @@ def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
         return shape == [r, n] and dtype == "uint64"
     if kind == "1-u64":
         return shape == [1] and dtype == "uint64"
+    if kind == "key":
+        return shape == [32] and dtype == "uint8"
+    if kind == "keys":
+        return len(shape or []) == 2 and shape[1] == 32 and dtype == "uint8"
     if kind == "rn":
         return shape == [r, n] and dtype == "float64"
     if kind == "r*":
@@ -195,7 +201,8 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                     if not _shape_ok(kind_k, item, r, n):
                         want = {"rn": f"float64 ({r}, {n})", "r*": f"float64 ({r}, k <= {n})",
                                 "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)",
-                                "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)"}[kind_k]
+                                "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "key": "uint8 (32,)",
+                                "keys": "uint8 (k, 32)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "
                                    f"{item.get('dtype')}, declared {want}")
                 elif "shape" in item:

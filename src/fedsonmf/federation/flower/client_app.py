@@ -141,9 +141,9 @@ def _data_path(context: Context) -> str:
 
 def _state_round(msg: Message) -> int:
     """The saved round a message continues from: a round s message the state of round s-1; the
-    secure-aggregation exchanges (``init`` after setup, ``remask`` a retry of round s) the
+    secure-aggregation exchanges (``init`` after setup, ``unmask`` after round s) the
     state they follow (0, resp. s)."""
-    return msg.round if msg.kind in ("init", "remask") else msg.round - 1
+    return msg.round if msg.kind in ("init", "unmask") else msg.round - 1
 
 
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
