@@ -256,9 +256,30 @@ def test_a_second_unmask_request_with_other_survivors_is_refused(views):
         clients[0].handle(stale)
 
 
-def test_server_kept_correction_and_single_client_are_refused(views):
-    with pytest.raises(ParameterError, match="rejoin='server'.*refresh"):
-        _run(views, CFG.replace(secure_aggregation=True), participation=Participation(min_clients=2, rejoin="server"))
+@pytest.mark.parametrize("masked", [False, True])
+def test_server_kept_correction_runs_from_sums(views, masked):
+    """rule (b) under secure aggregation: the server keeps the sum of the clients' G_p (they send
+    its change dG, committed only when the server counted them) -- the plain rule's V to 1e-9."""
+    part = Participation(min_clients=2, rejoin="server")
+    masks = _incomplete_masks(views[0].shape[1]) if masked else None
+    down = lambda s: [p for p in range(3) if not (s in (2, 3) and p == 1) and not (s == 5 and p == 2)]  # noqa: E731
+    plain, _ = _run(views, CFG, rounds=7, participation=part, available=down, masks=masks)
+    secure, log = _run(views, CFG.replace(secure_aggregation=True), rounds=7, participation=part, available=down,
+                       masks=masks)
+    assert [r["participants"] for r in secure.history.rows] == [r["participants"] for r in plain.history.rows]
+    assert _rel(secure.V, plain.V) < 1e-9
+    assert "G_kept" not in secure.server_state.arrays and "G_sum" in secure.server_state.arrays
+
+
+def test_single_client_and_unsupported_rules_are_refused(views):
+    with pytest.raises(ParameterError, match="rejoin='server' with algorithm 'fedmavg'"):
+        from fedsonmf.algorithms import FedMAvg
+
+        alg = FedMAvg("constant", name="fedmavg")
+        alg.supports_partial = True
+        clients = [ClientRuntime(X, alg, CFG.replace(secure_aggregation=True)) for X in views]
+        run_federation(InProcessTransport(clients), alg, CFG.replace(secure_aggregation=True), max_rounds=1,
+                       participation=Participation(min_clients=2, rejoin="server"))
     with pytest.raises(ParameterError, match="at least 2 clients"):
         _run(views[:1], CFG.replace(secure_aggregation=True))
 
@@ -399,7 +420,8 @@ def wire_transcript(rows, arrays_dir):
     return received, downs
 
 
-def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views):
+@pytest.mark.parametrize("rule", ["refresh", "server"])
+def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views, rule):
     """A node that stops answering in rounds 2-4 and rejoins under a new node id: the unmask step
     runs over Flower, V equals the in-process secure run with the same availability."""
     from test_flower_apps import FlakyGrid, _nodes, _run_config, _server, _wire
@@ -413,11 +435,11 @@ def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem,
     cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
     grid = FlakyGrid(make_client_app(), _nodes(tmp_path, small_problem.views[:3]), dead=303, new=404, k=2, back=5)
     rc = _run_config(tmp_path, **{"config-json": json.dumps(cfg.to_dict()), "secure-aggregation": True,
-                                  "num-rounds": 6, "round-timeout": 0.3, "min-clients": 2.0, "rejoin": "refresh"})
+                                  "num-rounds": 6, "round-timeout": 0.3, "min-clients": 2.0, "rejoin": rule})
     V, result = _server(grid, rc)
     assert [r["participants"] for r in result["history"]] == [[0, 1, 2], [0, 1], [0, 1], [0, 1], [0, 1, 2],
                                                               [0, 1, 2]]
-    part = Participation(min_clients=2, rejoin="refresh")
+    part = Participation(min_clients=2, rejoin=rule)
     avail = lambda s: [0, 1] if 2 <= s <= 4 else [0, 1, 2]  # noqa: E731
     ref = run_inprocess(views, cfg, max_rounds=6, seed=9, available=avail, participation=part)
     assert np.array_equal(V, ref.V)

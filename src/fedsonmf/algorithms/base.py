@@ -42,7 +42,7 @@ class FederatedAlgorithm:
     #: homogeneity degree of each summed uplink array in the data scale (1: like V)
     summed_degree: int = 1
 
-    def summed_items(self, cfg: FedConfig, kind: str) -> dict[str, tuple[str, int]]:
+    def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
         """The reply items of an exchange ``kind`` ("setup" / "round") the server only sums.
 
         ``{key: (field, degree)}`` with ``field`` the Message field holding it
@@ -50,6 +50,8 @@ class FederatedAlgorithm:
         the data (X -> cX gives item -> c^degree item), which the fixed-point
         encoding of secure aggregation uses to bound it.  The server reads these
         items only from the :class:`~fedsonmf.protocol.messages.Aggregate`.
+        ``options``: run features that add items (``kept_sum``: the proposed method's
+        server-kept correction from sums, :class:`~fedsonmf.algorithms.FedSONMFAlgorithm`).
         """
         if kind == "setup":
             return {"Vproj": ("arrays", 1)} if cfg.init_v == "projection" else {"x_sqnorm": ("scalars", 2)}

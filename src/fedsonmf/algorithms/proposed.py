@@ -51,6 +51,14 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     supports_masks = True
     supports_partial = True
 
+    def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
+        """As the base class; ``kept_sum=True`` (rule (b) under secure aggregation) adds the
+        upload ``dG`` = G_p^s minus the G_p this client last had counted (r x n, summed)."""
+        items = super().summed_items(cfg, kind)
+        if kind == "round" and options.get("kept_sum"):
+            items["dG"] = ("arrays", 1)
+        return items
+
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None, n=None):
         if cols is None:
             return super().client_setup(X, x_sqnorm, msg, cfg)
@@ -94,7 +102,17 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                 diag = client_diagnostics(xsq_w, st["U"], st["UtX"] * w, Vc, res.U, res.XVt0, res.VVt0)
                 diag["grad0"] = grad_v_orth(st["UtX"], Vc)  # unweighted; the server divides by c_j
         new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": sel(V)})
-        return new_state, Message("round", msg.round, {"Vhat": res.Vhat}, {}, diag)
+        up = {"Vhat": res.Vhat}
+        if msg.scalars.get("kept_sum"):
+            # rule (b) from sums (§15.2 under secure aggregation): the change of this client's kept G_p;
+            # "G_contrib" (what the server holds for it) advances only when the server confirms it
+            # counted this upload (the unmask step: ".pending" is committed then)
+            have = st.get("G_contrib")
+            up["dG"] = res.G_avg - have if have is not None else np.array(res.G_avg, copy=True)
+            if have is not None:
+                new_state.arrays["G_contrib"] = have
+            new_state.arrays["G_contrib.pending"] = res.G_avg
+        return new_state, Message("round", msg.round, up, {}, diag)
 
     # ------------------------------------------------------------------ server side
     def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int,
@@ -153,9 +171,10 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         sum of the uploads ``Vhat`` (the replies then need not carry them)."""
         member = state.arrays.get("membership")
         V = state.arrays["V"]
-        if keep_g and any("Vhat" not in rep.arrays for rep in replies):
+        kept_sum = agg is not None and "dG" in agg.sums
+        if keep_g and not kept_sum and any("Vhat" not in rep.arrays for rep in replies):
             raise ValueError("the server-kept correction (rejoin='server') needs each client's own upload, "
-                             "not only their sum")
+                             "or the sum of their kept-G changes dG")
         if member is None and clients is None and not keep_g:
             Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
             return ServerState(state.round + 1, {"Vbar": Vbar, "V": Vn})
@@ -177,7 +196,10 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         if clients is not None or keep_g:
             arrays["V_prev"] = V  # V^{s}: for clients returning later, and rule (b)'s bookkeeping
         if keep_g:
-            arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
+            if kept_sum:
+                arrays.update(self._kept_sum(state, agg, idx, n_clients or len(replies)))
+            else:
+                arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
             arrays["partial_prev"] = np.array(clients is not None)
         return ServerState(state.round + 1, arrays)
 
@@ -207,8 +229,23 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             have[p] = True
         return {"G_kept": Gk, "G_have": have}
 
+    def _kept_sum(self, state: ServerState, agg: Aggregate, idx, n_clients: int) -> dict:
+        """Rule (b) from sums: ``G_sum`` = sum over the clients of their last counted G_p, kept by
+        adding the round's sum of the changes dG (secure aggregation: no client's G_p is seen)."""
+        V = state.arrays["V"]
+        G_sum = np.array(state.arrays["G_sum"]) if "G_sum" in state.arrays else np.zeros(V.shape)
+        have = np.array(state.arrays["G_have"]) if "G_have" in state.arrays else np.zeros(n_clients, dtype=bool)
+        G_sum += agg.sums["dG"]
+        have[list(idx)] = True
+        return {"G_sum": G_sum, "G_have": have}
+
     def kept_mean(self, state: ServerState) -> np.ndarray | None:
         """Rule (b): mean over every client with a kept G_p (per column over holders)."""
+        if "G_sum" in state.arrays:  # kept as a sum (secure aggregation)
+            have, member = state.arrays["G_have"], state.arrays.get("membership")
+            counts = np.full(state.arrays["G_sum"].shape[1], int(have.sum())) if member is None \
+                else member[have].sum(axis=0)
+            return _mean_from_sums(state.arrays["G_sum"], counts, np.zeros(state.arrays["G_sum"].shape))
         if "G_kept" not in state.arrays:
             return None
         Gk, have = state.arrays["G_kept"], state.arrays["G_have"]

@@ -171,8 +171,8 @@ class ClientRuntime:
             self.state = secagg.keep_protocol_state(old, self.state)
         reply = self.finalise_upload(reply, msg)
         if secure:
-            self.state, reply = secagg.client_mask(self.state, reply, msg, self.algorithm.summed_items(cfg, "round"),
-                                                   cols=self.cols, n=self.n)
+            spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
+            self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n)
         return reply
 
 
@@ -367,7 +367,9 @@ def run_federation(
         mu_arr = state.arrays["mu"]
         cfg = cfg.resolved(float(mu_arr))
     sa_exp_arr = state.arrays.get("secagg_exp")
-    round_spec = alg.summed_items(cfg, "round")
+    # rule (b) of partial participation under secure aggregation keeps its G's as a sum (clients send dG)
+    kept_sum = secure and participation is not None and participation.rejoin == "server"
+    round_spec = alg.summed_items(cfg, "round", kept_sum=kept_sum)
 
     reason, converged, diverged = f"max_rounds={max_rounds} reached", False, False
     if resume is not None and tol > 0 and history.rows and history.rows[-1].get("R_rel", np.inf) <= tol:
@@ -381,6 +383,8 @@ def run_federation(
         msg = alg.broadcast(state)
         if auto_mu:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu})
+        if kept_sum:
+            msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
         V_s = alg.current_v(state)
         bits = None
         if secure:  # the fixed point of this round, from public numbers only
@@ -604,11 +608,12 @@ def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation 
     if missing:
         raise ParameterError(f"secure_aggregation=True: algorithm {alg.name!r} uses its uploads {sorted(missing)} "
                              "for more than their mean")
-    if participation is not None and participation.rejoin == "server":
+    if participation is not None and participation.rejoin == "server" and "dG" not in alg.summed_items(
+            FedConfig(), "round", kept_sum=True):
         raise ParameterError(
-            "secure_aggregation=True cannot run rejoin='server': the server-kept correction rebuilds every "
-            "client's own G_p from its own upload, which secure aggregation hides; use rejoin='refresh' (needs "
-            "only sums), 'drop' or 'stale', or secure_aggregation=False")
+            f"secure_aggregation=True cannot run rejoin='server' with algorithm {alg.name!r}: its server-kept "
+            "correction rebuilds every client's own G_p from its own upload, which secure aggregation hides; use "
+            "rejoin='refresh', 'drop' or 'stale', or secure_aggregation=False")
 
 
 def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shape) -> tuple[Aggregate, int]:

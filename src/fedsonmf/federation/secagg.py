@@ -358,6 +358,10 @@ def client_mask(state, reply, msg, spec, *, cols=None, n=None):
         raise ProtocolError("secure aggregation: round message before the key agreement (init)")
     params = parse_params(msg.scalars.get(SECAGG_KEY))
     plain, items = split_summed(reply, spec, cols, n)
+    leftover = sorted(set(plain.arrays) | {k for k, v in plain.diagnostics.items()})
+    if leftover:  # privacy by construction: a round reply sends nothing in the clear but scalars
+        raise ProtocolError(f"secure aggregation: the round reply would carry {leftover} unmasked; every upload "
+                            "must be declared in the algorithm's summed_items")
     me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
     nonce = str(params.get("nonce", ""))
     label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"], nonce)
@@ -405,6 +409,9 @@ def client_unmask(state, msg):
     for i, q in enumerate(dropped):
         pair[i] = np.frombuffer(exchange_key(st[STATE_PAIRS][q].tobytes(), "pair|" + label), dtype=np.uint8)
     st[STATE_REVEALED] = _json_bytes({"round": last["round"], "nonce": last["nonce"], "survivors": survivors})
+    # the server counted this client's upload: commit what the algorithm kept pending on it
+    for k in [k for k in st if k.endswith(".pending")]:
+        st[k[: -len(".pending")]] = st.pop(k)
     return type(state)(state.round, st), Message("unmask", msg.round, {SELF_KEY: self_key, PAIR_KEYS: pair})
 
 

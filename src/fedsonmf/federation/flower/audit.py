@@ -118,6 +118,9 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         down_scalars["rejoin"] = "scalar?"
     down_round[codec.SCALARS] = down_scalars
     round_up = {codec.ARRAYS: masked_items("round")}
+    if partial:  # rule (b) from sums: the change of the kept G_p, and the flag telling the clients to send it
+        round_up[codec.ARRAYS][f"{MASKED_PREFIX}arrays.dG"] = "rn-u64?"
+        down_scalars["kept_sum"] = "scalar?"
     decl = {
         ("down", "hello"): {},
         ("up", "hello"): {},
