@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     for row in result["inprocess"]:
         print(json.dumps(row), flush=True)
     if args.flower:
-        result["flower"] = bench_flower(min(args.rounds, 3))
+        result["flower"] = bench_flower(args.rounds)
         print(json.dumps(result["flower"]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")

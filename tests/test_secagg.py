@@ -448,3 +448,26 @@ def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem,
     assert _rel(V, plain.V) < 1e-9
     summary = audit_wire(_wire(rc), "fedsonmf", cfg, views[0].shape[1], partial=True)
     assert summary["up unmask"]["messages"] == 3 + 2 * 3 + 3 * 2
+
+
+def test_secure_run_resumes_from_its_checkpoint_to_the_same_v(tmp_path, views):
+    from fedsonmf.federation.inprocess import run_inprocess
+
+    cfg = CFG.replace(secure_aggregation=True)
+    full = run_inprocess(views, cfg, max_rounds=5, seed=4)
+    run_inprocess(views, cfg, max_rounds=3, seed=4, checkpoint_dir=tmp_path)
+    resumed = run_inprocess(views, cfg, max_rounds=5, seed=4, checkpoint_dir=tmp_path, resume=True)
+    assert np.array_equal(resumed.V, full.V)
+    run_inprocess(views, CFG, max_rounds=3, seed=4, checkpoint_dir=tmp_path / "plain")
+    from fedsonmf.exceptions import CheckpointError
+    with pytest.raises(CheckpointError, match="secure_aggregation: False in the checkpoint, True now"):
+        run_inprocess(views, cfg, max_rounds=5, seed=4, checkpoint_dir=tmp_path / "plain", resume=True)
+
+
+def test_estimator_takes_the_parameter(small_problem):
+    from fedsonmf import FedSONMF
+
+    plain = FedSONMF(R, max_rounds=3, random_state=0, tol=0).fit(small_problem.views[:3])
+    secure = FedSONMF(R, max_rounds=3, random_state=0, tol=0, secure_aggregation=True).fit(small_problem.views[:3])
+    assert _rel(secure.embedding_, plain.embedding_) < 1e-9
+    assert secure.result_.config["secure_aggregation"] is True
