@@ -471,3 +471,19 @@ def test_estimator_takes_the_parameter(small_problem):
     secure = FedSONMF(R, max_rounds=3, random_state=0, tol=0, secure_aggregation=True).fit(small_problem.views[:3])
     assert _rel(secure.embedding_, plain.embedding_) < 1e-9
     assert secure.result_.config["secure_aggregation"] is True
+
+
+def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem):
+    from test_flower_apps import FakeGrid, _nodes, _run_config, _server
+
+    from fedsonmf.exceptions import FederationError
+    from fedsonmf.federation.flower.client_app import make_client_app
+
+    from flwr.supercore.task_identity import TaskIdentity
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    nodes = _nodes(tmp_path, small_problem.views[:3])
+    for nc in nodes.values():
+        nc["require-secure-aggregation"] = True
+    grid = FakeGrid(make_client_app(), nodes)
+    with pytest.raises(FederationError, match="requires secure aggregation"):
+        _server(grid, _run_config(tmp_path))  # the plain protocol
