@@ -12,10 +12,16 @@ The protocol (Bonawitz et al., CCS 2017, the semi-honest full-graph variant; our
 
        y_p = q_p + sum_{q in cohort, q > p} M_pq - sum_{q in cohort, q < p} M_pq   (mod 2^64)
 
-   with ``M_pq`` a ChaCha20 key stream under ``HKDF-Expand(k_pq, label)``, the label naming the
-   run, the exchange kind, the round, the cohort and the item: fresh masks for every round,
-   item and cohort.  Summed over the cohort the masks cancel exactly, ``sum_p y_p = sum_p q_p``,
-   and the server decodes ``sum_p x_p`` (to the quantisation error below).
+   with ``M_pq`` a ChaCha20 key stream under the exchange key ``HKDF-Expand(k_pq, label)``, the
+   label naming the run, the exchange kind, the round, the cohort and a fresh server nonce, and
+   the item: no mask is ever used twice.  Summed over the cohort the masks cancel exactly,
+   ``sum_p y_p = sum_p q_p``, and the server decodes ``sum_p x_p`` (to the quantisation error below).
+4. **Rounds that may lose clients** (partial participation): double masking -- each upload also
+   carries a self mask from a seed only its client knows; an ``unmask`` step asks the clients
+   that replied for this exchange's self-mask key and their pair keys with those that did not
+   (:func:`client_unmask`), which removes exactly the masks of the survivors' sum, while a
+   dropped client's late upload stays hidden behind its self mask.  No Shamir shares: a
+   survivor that drops during the unmask step fails the round.
 
 Fixed point [C]: ``f = 61 - ceil(log2 m) - e`` with ``bound < 2^e`` and the public bound
 ``bound = 2^16 (L + ||V^s||_F)^degree`` of an item of homogeneity ``degree`` (1 for V-like items,
@@ -31,7 +37,9 @@ could search them) and never draws ``num_range - 1``; ``quantization`` clips and
 with the global NumPy stream (not reproducible); the key agreement is the same ``cryptography``
 library used here.  One implementation over ``cryptography`` serves both engines.
 
-All functions are pure over arrays and bytes; the client's keys live in its private state.
+All functions are pure over arrays, bytes and messages; the client's keys live in its private
+state (``ClientState.arrays["secagg.*"]``, saved with it, never sent).  Threat model, what each
+party learns and the measurements: docs/privacy.md.
 """
 
 from __future__ import annotations
