@@ -369,19 +369,26 @@ def test_inprocess_transcript_holds_no_clients_upload(views):
 
 # ----------------------------------------------------------------------------- Flower apps (fake grid)
 
-flwr = pytest.importorskip("flwr")
+@pytest.fixture
+def task_identity():
+    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
-def test_flower_apps_secure_equal_inprocess_secure_and_pass_the_audit(tmp_path, small_problem, views, monkeypatch):
+def test_flower_apps_secure_equal_inprocess_secure_and_pass_the_audit(tmp_path, small_problem, views, monkeypatch,
+                                                                     task_identity):
     from test_flower_apps import FakeGrid, _nodes, _run_config, _server, _strip, _wire
-    from test_flower_apps import _task_identity  # noqa: F401  (autouse fixture)
 
     from fedsonmf.federation.flower.audit import audit_wire
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess
 
-    from flwr.supercore.task_identity import TaskIdentity
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
     cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
     rec = Recorder()
     monkeypatch.setattr(ClientRuntime, "upload_hook", rec)
@@ -421,7 +428,7 @@ def wire_transcript(rows, arrays_dir):
 
 
 @pytest.mark.parametrize("rule", ["refresh", "server"])
-def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views, rule):
+def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views, rule, task_identity):
     """A node that stops answering in rounds 2-4 and rejoins under a new node id: the unmask step
     runs over Flower, V equals the in-process secure run with the same availability."""
     from test_flower_apps import FlakyGrid, _nodes, _run_config, _server, _wire
@@ -430,8 +437,6 @@ def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem,
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess
 
-    from flwr.supercore.task_identity import TaskIdentity
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
     cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
     grid = FlakyGrid(make_client_app(), _nodes(tmp_path, small_problem.views[:3]), dead=303, new=404, k=2, back=5)
     rc = _run_config(tmp_path, **{"config-json": json.dumps(cfg.to_dict()), "secure-aggregation": True,
@@ -473,14 +478,12 @@ def test_estimator_takes_the_parameter(small_problem):
     assert secure.result_.config["secure_aggregation"] is True
 
 
-def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem):
+def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem, task_identity):
     from test_flower_apps import FakeGrid, _nodes, _run_config, _server
 
     from fedsonmf.exceptions import FederationError
     from fedsonmf.federation.flower.client_app import make_client_app
 
-    from flwr.supercore.task_identity import TaskIdentity
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
     nodes = _nodes(tmp_path, small_problem.views[:3])
     for nc in nodes.values():
         nc["require-secure-aggregation"] = True
