@@ -70,7 +70,8 @@ def bench(size: str, rounds: int, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         paths = write_views(data.views, Path(tmp) / "views")
         t0 = time.perf_counter()
-        res = run_flower(paths, cfg, run_dir=Path(tmp) / "run", max_rounds=rounds, seed=seed)
+        res = run_flower(paths, cfg, run_dir=Path(tmp) / "run", max_rounds=rounds, seed=seed,
+                         secure_aggregation=cfg.secure_aggregation)  # the same protocol as in-process
         wall_fl = time.perf_counter() - t0
     secs_fl = [row["seconds"] for row in res.history.rows]
     fl = res.extra["flower"]

@@ -101,7 +101,8 @@ def _run_config(tmp_path, **kw):
     rc = dict(RUN_CONFIG_DEFAULTS)
     rc.update({"num-clients": 3, "num-rounds": 3, "seed": 9, "config-json": json.dumps(CFG.to_dict()),
                "out-dir": str(tmp_path / "server"), "job-id": "job-test", "round-timeout": 5.0,
-               "node-timeout": 2.0, "poll-interval": 0.001, "record-wire": True})
+               "node-timeout": 2.0, "poll-interval": 0.001, "record-wire": True,
+               "secure-aggregation": False})  # the plain protocol (secure aggregation: tests/test_secagg.py)
     rc.update(kw)
     return rc
 

@@ -84,7 +84,8 @@ def deployment(tmp_path_factory, data):
 
 def _config(job, **kw):
     rc = {"num-rounds": ROUNDS, "seed": SEED, "config-json": json.dumps(CFG.to_dict()), "job-id": job,
-          "round-timeout": 60.0, "node-timeout": 60.0, "record-wire": True}
+          "round-timeout": 60.0, "node-timeout": 60.0, "record-wire": True,
+          "secure-aggregation": False}  # the plain protocol (secure aggregation: tests/test_secagg.py)
     rc.update(kw)
     return rc
 

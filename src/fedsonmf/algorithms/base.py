@@ -18,9 +18,10 @@ import numpy as np
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.init import client_rng, init_basis, server_rng
 from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.residuals import DIAGNOSTIC_DEGREES
 from fedsonmf.core.server import aggregate
 from fedsonmf.protocol.config import FedConfig, resolve_mu
-from fedsonmf.protocol.messages import ClientState, Message, ServerState
+from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
 
 __all__ = ["FederatedAlgorithm"]
 
@@ -35,6 +36,37 @@ class FederatedAlgorithm:
     #: incomplete views (§15.1) and partial participation (§15.2) are implemented
     supports_masks: bool = False
     supports_partial: bool = False
+    #: the uplink ``arrays`` the server only ever averages (secure aggregation may mask them);
+    #: every algorithm here averages its whole uplink
+    summed_uplink_keys: tuple[str, ...] = ()
+    #: homogeneity degree of each summed uplink array in the data scale (1: like V)
+    summed_degree: int = 1
+
+    def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
+        """The reply items of an exchange ``kind`` ("setup" / "round") the server only sums.
+
+        ``{key: (field, degree)}`` with ``field`` the Message field holding it
+        ("arrays", "scalars" or "diagnostics") and ``degree`` how it scales with
+        the data (X -> cX gives item -> c^degree item), which the fixed-point
+        encoding of secure aggregation uses to bound it.  The server reads these
+        items only from the :class:`~fedsonmf.protocol.messages.Aggregate`.
+        ``options``: run features that add items (``kept_sum``: the proposed method's
+        server-kept correction from sums, :class:`~fedsonmf.algorithms.FedSONMFAlgorithm`).
+        """
+        if kind == "setup":
+            return {"Vproj": ("arrays", 1)} if cfg.init_v == "projection" else {"x_sqnorm": ("scalars", 2)}
+        items = {k: ("arrays", self.summed_degree) for k in self.summed_uplink_keys}
+        if cfg.diagnostics:
+            items.update({k: ("diagnostics", d) for k, d in DIAGNOSTIC_DEGREES.items()})
+        return items
+
+    @staticmethod
+    def mean_of(key: str, replies: list[Message], agg: Aggregate | None) -> np.ndarray:
+        """Mean over the clients of uplink array ``key``: from the aggregate when it holds it,
+        else from the replies (in client order; bit-identical to the aggregate's S / m)."""
+        if agg is not None and key in agg.sums:
+            return agg.sums[key] / agg.count
+        return aggregate([rep.arrays[key] for rep in replies])
 
     def setup_uplink(self, cfg: FedConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(array keys, scalar keys)`` of a client's setup reply (declared for audits)."""
@@ -61,19 +93,25 @@ class FederatedAlgorithm:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ server side
-    def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int) -> ServerState:
+    def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int,
+                     agg: Aggregate | None = None) -> ServerState:
         """Vbar^1 from the setup replies (in client order), then round 1's state.
 
+        ``agg`` holds the sums of :meth:`summed_items` (``Vproj`` or ``x_sqnorm``);
+        None: they are read from the replies.
         ``mu="auto"`` is resolved here from Vbar^1 (:func:`~fedsonmf.protocol.config.resolve_mu`);
         the state keeps the number as the 0-d array ``"mu"``.
         """
         r, n = cfg.n_components, int(replies[0].scalars["n"])
         if cfg.init_v == "projection":
-            Vbar1 = aggregate([rep.arrays["Vproj"] for rep in replies])
+            Vbar1 = self.mean_of("Vproj", replies, agg)
         else:
             # Uniform[0, 1] scaled so ||Vbar^1||_F^2 = mean_p ||X_p||_F^2 (V ~ U^T X)
             Vbar1 = server_rng(seed).uniform(size=(r, n))
-            target = float(np.mean([rep.scalars["x_sqnorm"] for rep in replies]))
+            if agg is not None and "x_sqnorm" in agg.sums:
+                target = float(agg.sums["x_sqnorm"]) / agg.count
+            else:
+                target = float(np.mean([rep.scalars["x_sqnorm"] for rep in replies]))
             Vbar1 *= np.sqrt(target) / max(np.linalg.norm(Vbar1), 1e-300)
         return self.state_from_vbar1(Vbar1, cfg)
 
@@ -96,7 +134,10 @@ class FederatedAlgorithm:
         """The post-proximal V^s of the state (nonnegative, row-sparse)."""
         return state.arrays["V"]
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig,
+                     agg: Aggregate | None = None) -> ServerState:
+        """The server step from the round's replies; the items of :meth:`summed_items`
+        are read from ``agg`` when given (their sums), else from the replies."""
         raise NotImplementedError
 
     def reply_columns(self, state: ServerState, clients):

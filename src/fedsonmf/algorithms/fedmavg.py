@@ -21,7 +21,6 @@ import math
 from fedsonmf.algorithms._local import alternating_steps, diagnostics_of, grad_at
 from fedsonmf.algorithms.base import FederatedAlgorithm
 from fedsonmf.core.prox import prox_l21_nonneg
-from fedsonmf.core.server import aggregate
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
@@ -40,6 +39,7 @@ class FedMAvg(FederatedAlgorithm):
     """
 
     uplink_keys = ("V",)
+    summed_uplink_keys = ("V",)
     downlink_keys = ("V",)
 
     def __init__(self, schedule: str = "constant", *, name: str | None = None):
@@ -69,5 +69,5 @@ class FedMAvg(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX})
         return new_state, Message("round", msg.round, {"V": tr.V}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
-        return ServerState(state.round + 1, {"V": aggregate([rep.arrays["V"] for rep in replies])})
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
+        return ServerState(state.round + 1, {"V": self.mean_of("V", replies, agg)})

@@ -24,7 +24,6 @@ from fedsonmf.algorithms._local import (
 )
 from fedsonmf.algorithms.base import FederatedAlgorithm
 from fedsonmf.core.prox import prox_l21_nonneg
-from fedsonmf.core.server import aggregate
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
@@ -47,6 +46,7 @@ class FedMGS(FederatedAlgorithm):
     """
 
     uplink_keys = ("grad",)
+    summed_uplink_keys = ("grad",)
     downlink_keys = ("V",)
 
     def __init__(
@@ -88,8 +88,8 @@ class FedMGS(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX})
         return new_state, Message("round", msg.round, {"grad": g}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
         eta = resolve_step(self.server_step, cfg)
         V = state.arrays["V"]
-        G = aggregate([rep.arrays["grad"] for rep in replies])
+        G = self.mean_of("grad", replies, agg)
         return ServerState(state.round + 1, {"V": prox_l21_nonneg(V - eta * G, eta * cfg.mu)})

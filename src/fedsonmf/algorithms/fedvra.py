@@ -25,7 +25,6 @@ import numpy as np
 from fedsonmf.algorithms._local import alternating_steps, diagnostics_of, grad_at
 from fedsonmf.algorithms.base import FederatedAlgorithm
 from fedsonmf.core.prox import prox_l21_nonneg
-from fedsonmf.core.server import aggregate
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.messages import ClientState, Message, ServerState
 
@@ -48,6 +47,7 @@ class FedVRA(FederatedAlgorithm):
     """
 
     uplink_keys = ("W",)
+    summed_uplink_keys = ("W",)
     downlink_keys = ("V",)
 
     def __init__(self, rho_scale: float = 1.0, dual_step: float = 1.0, relaxation: float = 1.0, *, name: str = "fedvra"):
@@ -84,9 +84,9 @@ class FedVRA(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX, "Lambda": Lam_new})
         return new_state, Message("round", msg.round, {"W": tr.V + Lam_new / rho}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
         rho = self.rho(cfg)
-        V_plus = prox_l21_nonneg(aggregate([rep.arrays["W"] for rep in replies]), cfg.mu / rho)
+        V_plus = prox_l21_nonneg(self.mean_of("W", replies, agg), cfg.mu / rho)
         V = state.arrays["V"]
         theta = self.relaxation
         V_next = V_plus if theta == 1.0 else (1.0 - theta) * V + theta * V_plus

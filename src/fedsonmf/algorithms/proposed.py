@@ -27,10 +27,10 @@ from fedsonmf.core.masks import check_coverage, column_counts, column_mean
 from fedsonmf.core.objective import grad_v_orth
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.core.residuals import client_diagnostics
-from fedsonmf.core.server import server_step
+from fedsonmf.core.server import server_step_from_mean
 from fedsonmf.core.vstep import drift_correction, local_round
 from fedsonmf.protocol.config import FedConfig
-from fedsonmf.protocol.messages import ClientState, Message, ServerState
+from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
 
 __all__ = ["FedSONMFAlgorithm", "REJOIN_RULES"]
 
@@ -46,9 +46,18 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     name = "fedsonmf"
     uplink_keys = ("Vhat",)
     downlink_keys = ("Vbar",)
+    summed_uplink_keys = ("Vhat",)
 
     supports_masks = True
     supports_partial = True
+
+    def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
+        """As the base class; ``kept_sum=True`` (rule (b) under secure aggregation) adds the
+        upload ``dG`` = G_p^s minus the G_p this client last had counted (r x n, summed)."""
+        items = super().summed_items(cfg, kind)
+        if kind == "round" and options.get("kept_sum"):
+            items["dG"] = ("arrays", 1)
+        return items
 
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None, n=None):
         if cols is None:
@@ -93,22 +102,36 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                 diag = client_diagnostics(xsq_w, st["U"], st["UtX"] * w, Vc, res.U, res.XVt0, res.VVt0)
                 diag["grad0"] = grad_v_orth(st["UtX"], Vc)  # unweighted; the server divides by c_j
         new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": sel(V)})
-        return new_state, Message("round", msg.round, {"Vhat": res.Vhat}, {}, diag)
+        up = {"Vhat": res.Vhat}
+        if msg.scalars.get("kept_sum"):
+            # rule (b) from sums (§15.2 under secure aggregation): the change of this client's kept G_p;
+            # "G_contrib" (what the server holds for it) advances only when the server confirms it
+            # counted this upload (the unmask step: ".pending" is committed then)
+            have = st.get("G_contrib")
+            up["dG"] = res.G_avg - have if have is not None else np.array(res.G_avg, copy=True)
+            if have is not None:
+                new_state.arrays["G_contrib"] = have
+            new_state.arrays["G_contrib.pending"] = res.G_avg
+        return new_state, Message("round", msg.round, up, {}, diag)
 
     # ------------------------------------------------------------------ server side
-    def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int) -> ServerState:
+    def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int,
+                     agg: Aggregate | None = None) -> ServerState:
         cols_list = [rep.arrays.get("cols") for rep in replies]
         if all(c is None for c in cols_list):
-            return super().server_setup(replies, cfg, seed)
+            return super().server_setup(replies, cfg, seed, agg=agg)
         r, n = cfg.n_components, int(replies[0].scalars["n"])
         counts = column_counts(cols_list, n)
         check_coverage(counts)
         if cfg.init_v == "projection":
-            Vbar1, _ = column_mean([rep.arrays["Vproj"] for rep in replies], cols_list, (r, n),
-                                   fill=np.zeros((r, n)))
+            if agg is not None and "Vproj" in agg.sums:  # column sums (blocks scattered) / public counts
+                Vbar1 = _mean_from_sums(agg.sums["Vproj"], counts, np.zeros((r, n)))
+            else:
+                Vbar1, _ = column_mean([rep.arrays["Vproj"] for rep in replies], cols_list, (r, n),
+                                       fill=np.zeros((r, n)))
             state = self.state_from_vbar1(Vbar1, cfg)
         else:
-            state = super().server_setup(replies, cfg, seed)
+            state = super().server_setup(replies, cfg, seed, agg=agg)
         member = np.zeros((len(replies), n), dtype=bool)
         for p, c in enumerate(cols_list):
             member[p, slice(None) if c is None else c] = True
@@ -141,21 +164,30 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         return Message(base.kind, base.round, arrays, {**base.scalars, "rejoin": rule})
 
     def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, clients=None,
-                     keep_g: bool = False, n_clients: int | None = None) -> ServerState:
+                     keep_g: bool = False, n_clients: int | None = None, agg: Aggregate | None = None) -> ServerState:
         """Server step; ``clients`` (indices of the replies, None = every client in order)
-        for a partial round; ``keep_g`` maintains the server-kept G_p of rule (b)."""
+        for a partial round; ``keep_g`` maintains the server-kept G_p of rule (b) (it needs
+        every client's own upload, so it cannot run on an aggregate alone); ``agg``: the
+        sum of the uploads ``Vhat`` (the replies then need not carry them)."""
         member = state.arrays.get("membership")
         V = state.arrays["V"]
-        vhats = [rep.arrays["Vhat"] for rep in replies]
+        kept_sum = agg is not None and "dG" in agg.sums
+        if keep_g and not kept_sum and any("Vhat" not in rep.arrays for rep in replies):
+            raise ValueError("the server-kept correction (rejoin='server') needs each client's own upload, "
+                             "or the sum of their kept-G changes dG")
         if member is None and clients is None and not keep_g:
-            Vbar, Vn = server_step(V, vhats, cfg.eta_g, cfg.eta_tilde, cfg.mu)
+            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
             return ServerState(state.round + 1, {"Vbar": Vbar, "V": Vn})
         idx = list(range(len(replies))) if clients is None else list(clients)
         if member is None:
-            Vbar, Vn = server_step(V, vhats, cfg.eta_g, cfg.eta_tilde, cfg.mu)
+            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
         else:
             # column j: mean over the (replying) clients holding j; a column no one sent keeps V_j
-            mean, _ = column_mean(vhats, self.reply_columns(state, idx), V.shape, fill=V)
+            if agg is not None and "Vhat" in agg.sums:
+                mean = _mean_from_sums(agg.sums["Vhat"], member[idx].sum(axis=0), V)
+            else:
+                mean, _ = column_mean([rep.arrays["Vhat"] for rep in replies], self.reply_columns(state, idx),
+                                      V.shape, fill=V)
             Vbar = V + cfg.eta_g * (mean - V)
             Vn = prox_l21_nonneg(Vbar, cfg.eta_tilde * cfg.mu)
         arrays = {"Vbar": Vbar, "V": Vn}
@@ -164,7 +196,10 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         if clients is not None or keep_g:
             arrays["V_prev"] = V  # V^{s}: for clients returning later, and rule (b)'s bookkeeping
         if keep_g:
-            arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
+            if kept_sum:
+                arrays.update(self._kept_sum(state, agg, idx, n_clients or len(replies)))
+            else:
+                arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
             arrays["partial_prev"] = np.array(clients is not None)
         return ServerState(state.round + 1, arrays)
 
@@ -194,8 +229,23 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             have[p] = True
         return {"G_kept": Gk, "G_have": have}
 
+    def _kept_sum(self, state: ServerState, agg: Aggregate, idx, n_clients: int) -> dict:
+        """Rule (b) from sums: ``G_sum`` = sum over the clients of their last counted G_p, kept by
+        adding the round's sum of the changes dG (secure aggregation: no client's G_p is seen)."""
+        V = state.arrays["V"]
+        G_sum = np.array(state.arrays["G_sum"]) if "G_sum" in state.arrays else np.zeros(V.shape)
+        have = np.array(state.arrays["G_have"]) if "G_have" in state.arrays else np.zeros(n_clients, dtype=bool)
+        G_sum += agg.sums["dG"]
+        have[list(idx)] = True
+        return {"G_sum": G_sum, "G_have": have}
+
     def kept_mean(self, state: ServerState) -> np.ndarray | None:
         """Rule (b): mean over every client with a kept G_p (per column over holders)."""
+        if "G_sum" in state.arrays:  # kept as a sum (secure aggregation)
+            have, member = state.arrays["G_have"], state.arrays.get("membership")
+            counts = np.full(state.arrays["G_sum"].shape[1], int(have.sum())) if member is None \
+                else member[have].sum(axis=0)
+            return _mean_from_sums(state.arrays["G_sum"], counts, np.zeros(state.arrays["G_sum"].shape))
         if "G_kept" not in state.arrays:
             return None
         Gk, have = state.arrays["G_kept"], state.arrays["G_have"]
@@ -205,6 +255,15 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         cols = [None if member is None or member[p].all() else np.flatnonzero(member[p]) for p in ps]
         mean, _ = column_mean(blocks, cols, Gk.shape[1:], fill=np.zeros(Gk.shape[1:]))
         return mean
+
+
+def _mean_from_sums(S: np.ndarray, counts: np.ndarray, fill: np.ndarray) -> np.ndarray:
+    """Per-column mean ``S[:, j] / c_j`` over the c_j holders; columns with c_j = 0 take ``fill``
+    (the same arithmetic as :func:`fedsonmf.core.masks.column_mean` on the blocks)."""
+    held = counts > 0
+    out = fill.astype(np.float64, copy=True)
+    out[:, held] = S[:, held] / counts[held]
+    return out
 
 
 def _col_sqnorms(X) -> np.ndarray:

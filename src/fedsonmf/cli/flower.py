@@ -4,7 +4,8 @@
 ``fedsonmf flower app DEST``      write the shim Flower app (for ``flwr run`` on real machines)
 ``fedsonmf flower views DEST``    write synthetic view files (one per client) to try it out
 
-Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.
+Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
+uses secure aggregation unless ``--no-secure-aggregation`` is given.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fedsonmf.cli.options import (
     check_output_path,
     with_params,
 )
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
 
 
 def _flower():
@@ -55,6 +57,13 @@ def register(app, reproduce_app) -> None:
         round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
         node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
         record_wire: bool = typer.Option(False, "--record-wire", help="Log every message (privacy audit)."),
+        record_wire_arrays: bool = typer.Option(False, "--record-wire-arrays",
+                                                help="With --record-wire: also save every array the server "
+                                                     "receives (server/wire-arrays/)."),
+        secure_aggregation: bool = typer.Option(FLOWER_SECURE_AGGREGATION,
+                                                "--secure-aggregation/--no-secure-aggregation",
+                                                help="Pairwise-masked uploads: the server learns only their sums "
+                                                     "(on by default in deployments; docs/privacy.md)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
         tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
                                                   "CA certificate, server certificate, server key."),
@@ -78,7 +87,8 @@ def register(app, reproduce_app) -> None:
         try:
             res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol, seed=seed,
                                 resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
-                                record_wire=record_wire, tls=tuple(tls) if tls else None,
+                                record_wire=record_wire, record_wire_arrays=record_wire_arrays,
+                                secure_aggregation=secure_aggregation, tls=tuple(tls) if tls else None,
                                 mask_paths=_mask_paths(masks, len(views)))
         except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)

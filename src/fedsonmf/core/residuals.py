@@ -24,12 +24,16 @@ from fedsonmf.core.objective import grad_u, grad_v_orth, stationarity_u
 from fedsonmf.core.prox import l21_norm, prox_l21_nonneg
 
 __all__ = [
-    "client_diagnostics", "round_metrics", "normalised", "effective_rank", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS",
+    "client_diagnostics", "round_metrics", "round_metrics_from_sums", "diagnostic_sums", "normalised",
+    "effective_rank", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS", "DIAGNOSTIC_DEGREES",
 ]
 
 #: what :func:`client_diagnostics` returns (declared for the privacy audit)
 DIAGNOSTIC_ARRAYS = ("grad0",)  # r x n: grad_V f_p(U^{s,0}, V^s), needed for R_V
 DIAGNOSTIC_SCALARS = ("f0", "rU0", "rU")
+#: how each diagnostic scales with the data (X -> cX: grad0 -> c grad0, f0 -> c^2 f0, r_U -> c^4 r_U);
+#: the server only ever uses their sums over the clients (:func:`round_metrics_from_sums`)
+DIAGNOSTIC_DEGREES = {"grad0": 1, "f0": 2, "rU0": 4, "rU": 4}
 
 
 def client_diagnostics(x_sqnorm, U0, UtX0, V, U_end, XVt0, VVt0) -> dict:
@@ -52,6 +56,56 @@ def effective_rank(V: np.ndarray, tol: float = 0.0) -> int:
     return int(np.count_nonzero(np.sqrt(np.einsum("ij,ij->i", V, V)) > tol))
 
 
+def diagnostic_sums(diagnostics: Sequence[dict], cols=None, shape=None) -> dict:
+    """Sums over the clients of every diagnostic, in client order.
+
+    ``grad0`` blocks of incomplete views (``cols[p]`` not None) are summed into
+    their columns of an array of ``shape`` (r, n).  Scalars are summed with
+    ``np.sum`` so ``sum / m`` is bit-identical to ``np.mean``.
+    """
+    if cols is not None and any(c is not None for c in cols):
+        from fedsonmf.core.masks import scatter_columns
+
+        S, _ = scatter_columns([d["grad0"] for d in diagnostics], cols, shape)
+    else:
+        S = np.array(diagnostics[0]["grad0"], dtype=np.float64, copy=True)
+        for d in diagnostics[1:]:
+            S += d["grad0"]
+    out = {"grad0": S}
+    for k in DIAGNOSTIC_SCALARS:
+        out[k] = float(np.sum(np.asarray([d[k] for d in diagnostics], dtype=np.float64)))
+    return out
+
+
+def round_metrics_from_sums(V: np.ndarray, sums: dict, m: int, eta: float, mu: float, counts=None) -> dict:
+    """Objective and residuals of round s from the *sums* of the clients' diagnostics.
+
+    ``sums``: ``grad0`` (r x n, the sum of the m clients' gradients at the round
+    start; blocks of incomplete views summed into their columns) and the
+    scalars ``f0, rU0, rU`` summed; ``m`` the number of clients summed;
+    ``counts`` (incomplete views, §15.1): the holder count c_j of every column
+    among them (public membership), the gradient of the weighted objective being
+    the per-column mean over the holders.  This is all the server needs, which
+    is what lets secure aggregation hide each client's diagnostics.
+    """
+    if counts is not None:
+        grad = sums["grad0"] / np.maximum(counts, 1)
+    else:
+        grad = sums["grad0"] / m
+    V_check = prox_l21_nonneg(V - eta * grad, eta * mu)
+    D = (V - V_check) / eta
+    R_V = float(np.vdot(D, D))
+    R_U = float(sums["rU"] / m)
+    return {
+        "objective": float(sums["f0"] / m) + mu * l21_norm(V),
+        "R_V": R_V,
+        "R_U": R_U,
+        "R": R_V + R_U,
+        # residual at the start of the round (U^{s,0}); at s = 1 this is R^0
+        "R_start": R_V + float(sums["rU0"] / m),
+    }
+
+
 def round_metrics(V: np.ndarray, diagnostics: Sequence[dict], eta: float, mu: float, cols=None) -> dict:
     """Objective and residuals of round s from the clients' diagnostics.
 
@@ -59,27 +113,16 @@ def round_metrics(V: np.ndarray, diagnostics: Sequence[dict], eta: float, mu: fl
     all); ``grad0`` is then its r x |Omega_p| block and the gradient of the
     weighted objective is the per-column mean over the holders.  With partial
     participation the diagnostics are those of the clients that took part.
+    The same numbers as :func:`round_metrics_from_sums` of :func:`diagnostic_sums`.
     """
-    m = len(diagnostics)
-    if cols is not None and any(c is not None for c in cols):
-        from fedsonmf.core.masks import scatter_columns
+    masked = cols is not None and any(c is not None for c in cols)
+    counts = None
+    if masked:
+        from fedsonmf.core.masks import column_counts
 
-        S, c = scatter_columns([d["grad0"] for d in diagnostics], cols, V.shape)
-        grad = S / np.maximum(c, 1)
-    else:
-        grad = sum(d["grad0"] for d in diagnostics) / m
-    V_check = prox_l21_nonneg(V - eta * grad, eta * mu)
-    D = (V - V_check) / eta
-    R_V = float(np.vdot(D, D))
-    R_U = float(np.mean([d["rU"] for d in diagnostics]))
-    return {
-        "objective": float(np.mean([d["f0"] for d in diagnostics])) + mu * l21_norm(V),
-        "R_V": R_V,
-        "R_U": R_U,
-        "R": R_V + R_U,
-        # residual at the start of the round (U^{s,0}); at s = 1 this is R^0
-        "R_start": R_V + float(np.mean([d["rU0"] for d in diagnostics])),
-    }
+        counts = column_counts(cols, V.shape[1])
+    return round_metrics_from_sums(V, diagnostic_sums(diagnostics, cols, V.shape), len(diagnostics), eta, mu,
+                                   counts=counts)
 
 
 def normalised(R: Sequence[float], ref: float, average: bool, eps: float = 1e-12) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedsonmf.core.prox import prox_l21_nonneg
 
-__all__ = ["aggregate", "server_step", "embed_new_samples"]
+__all__ = ["aggregate", "server_step", "server_step_from_mean", "embed_new_samples"]
 
 
 def aggregate(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -41,7 +41,13 @@ def server_step(V: np.ndarray, Vhats: Sequence[np.ndarray], eta_g: float, eta_ti
     -------
     Vbar_next, V_next : ndarrays of shape (r, n)
     """
-    Vbar_next = V + eta_g * (aggregate(Vhats) - V)
+    return server_step_from_mean(V, aggregate(Vhats), eta_g, eta_tilde, mu)
+
+
+def server_step_from_mean(V: np.ndarray, Vhat_mean: np.ndarray, eta_g: float, eta_tilde: float, mu: float):
+    """:func:`server_step` given the mean of the uploads (r, n) -- all the server needs of them,
+    which is what secure aggregation relies on.  Returns ``(Vbar_next, V_next)``."""
+    Vbar_next = V + eta_g * (Vhat_mean - V)
     return Vbar_next, prox_l21_nonneg(Vbar_next, eta_tilde * mu)
 
 

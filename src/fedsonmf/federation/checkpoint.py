@@ -358,6 +358,10 @@ def verify_client_resume(client: int, X, state: ClientState, meta: dict, n_compo
         if key == "U":
             continue
         A = np.asarray(A)
+        if key.startswith("secagg."):  # the secure-aggregation protocol's arrays (pair keys: m x 32 uint8, ...)
+            if A.dtype.kind in "fc" and not np.all(np.isfinite(A)):
+                raise CheckpointError(f"client {client}: saved {key} holds NaN or Inf")
+            continue
         # r x n matrices; a client holding only some samples (§15.1) keeps r x |held| ones
         if A.ndim == 2 and A.shape != (r, n) and (n_cols is None or A.shape != (r, n_cols)):
             raise CheckpointError(f"client {client}: saved {key} has shape {A.shape}, expected (r, n) = {(r, n)}")

@@ -5,6 +5,13 @@ A driver supplies a *transport* -- an object with ``n_clients`` and
 order).  The in-process engine calls :class:`ClientRuntime` objects directly;
 the Flower apps carry the same messages over the network to the same
 ``ClientRuntime`` code.
+
+The server reads the reply items an algorithm declares as only summed
+(``FederatedAlgorithm.summed_items``: its uploads, the diagnostics, the
+V-bar^1 projection) from an :class:`~fedsonmf.protocol.messages.Aggregate`:
+summed here from plain replies, or -- with ``FedConfig.secure_aggregation`` --
+decoded from pairwise-masked uploads (:mod:`fedsonmf.federation.secagg`), of
+which no single one reveals anything.  Both engines run the same code.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import numpy as np
 from fedsonmf._validation import check_int, check_real, check_seed
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
-from fedsonmf.core.masks import held_columns
-from fedsonmf.core.residuals import effective_rank, round_metrics
+from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
+from fedsonmf.core.residuals import effective_rank, round_metrics_from_sums
+from fedsonmf.federation import secagg
 from fedsonmf.exceptions import (
     DivergenceWarning,
     FederationError,
@@ -31,11 +39,11 @@ from fedsonmf.exceptions import (
 )
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult, History
-from fedsonmf.protocol.messages import ClientState, Message, ServerState
+from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
 from fedsonmf.protocol.participation import Participation
 
 __all__ = ["ClientRuntime", "Transport", "run_federation", "DivergenceWarning", "ProtocolError",
-           "DivergenceMonitor"]
+           "DivergenceMonitor", "plain_aggregate", "exchange_sum"]
 
 
 def _user_stacklevel() -> int:
@@ -84,10 +92,15 @@ class ClientRuntime:
         used (a missing sample's column may hold anything, e.g. zeros).
     x_sqnorm : float, optional
         ``||X_p||_F^2`` of the held columns when already known (saves one pass over X_p).
+    upload_hook : callable(reply, msg, runtime) -> reply, optional
+        Transforms every reply before it leaves the client (and before secure
+        aggregation masks it): see :meth:`finalise_upload`.
     """
 
+    upload_hook: Callable[[Message, Message, "ClientRuntime"], Message] | None = None
+
     def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None,
-                 x_sqnorm: float | None = None):
+                 x_sqnorm: float | None = None, upload_hook=None):
         self.n = X.shape[1]
         self.cols = held_columns(mask, self.n)
         self.algorithm = _algorithm(algorithm)
@@ -100,6 +113,18 @@ class ClientRuntime:
         self.x_sqnorm = sqnorm(X) if x_sqnorm is None else float(x_sqnorm)
         self.cfg = cfg
         self.state = state
+        if upload_hook is not None:
+            self.upload_hook = upload_hook
+
+    def finalise_upload(self, reply: Message, msg: Message) -> Message:
+        """The reply as it leaves this client, before any masking.
+
+        The one place for client-side transforms of the uploads (e.g. differential
+        privacy: clip and add noise to the items of ``algorithm.summed_items``):
+        ``upload_hook(reply, msg, self)`` when set, else the reply unchanged.
+        Secure aggregation masks exactly what this returns.
+        """
+        return reply if self.upload_hook is None else self.upload_hook(reply, msg, self)
 
     def _kw(self, setup: bool = False) -> dict:
         if self.cols is None:
@@ -107,8 +132,22 @@ class ClientRuntime:
         return {"cols": self.cols, "n": self.n} if setup else {"cols": self.cols}
 
     def handle(self, msg: Message) -> Message:
+        secure = self.cfg.secure_aggregation
         if msg.kind == "setup":
             self.state, reply = self.algorithm.client_setup(self.X, self.x_sqnorm, msg, self.cfg, **self._kw(True))
+            reply = self.finalise_upload(reply, msg)
+            if secure:  # key advertisement; the summed setup items wait for the init exchange
+                self.state, reply = secagg.client_setup(
+                    self.state, reply, self.algorithm.summed_items(self.cfg, "setup"), me=int(msg.scalars["client"]),
+                    seed=int(msg.scalars["seed"]), x_sqnorm=self.x_sqnorm, cols=self.cols, n=self.n)
+            return reply
+        if msg.kind in ("init", "unmask"):
+            if not secure:
+                raise ProtocolError(f"{msg.kind} message but this client runs without secure aggregation")
+            if self.state is None:
+                raise ProtocolError(f"{msg.kind} message before setup")
+            step = secagg.client_init if msg.kind == "init" else secagg.client_unmask
+            self.state, reply = step(self.state, msg)
             return reply
         if msg.kind != "round":
             raise ProtocolError(f"unknown message kind {msg.kind!r}")
@@ -126,7 +165,14 @@ class ClientRuntime:
             if "mu" not in msg.scalars:
                 raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
             cfg = cfg.resolved(msg.scalars["mu"])
+        old = self.state
         self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
+        if secure:
+            self.state = secagg.keep_protocol_state(old, self.state)
+        reply = self.finalise_upload(reply, msg)
+        if secure:
+            spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
+            self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n)
         return reply
 
 
@@ -292,20 +338,38 @@ def run_federation(
             raise ParameterError(f"{type(transport).__name__} cannot run partial rounds (no exchange_some)")
     t_start = time.perf_counter()
 
+    secure = cfg.secure_aggregation
+    if secure:
+        _check_secure(alg, m, participation)
     if resume is None:
         replies = transport.exchange(setup_messages(m, seed, cfg, alg.name))
         ns = {int(rep.scalars["n"]) for rep in replies}
         if len(ns) != 1:
             raise ProtocolError(f"clients hold different numbers of samples: {sorted(ns)}")
-        state = alg.server_setup(replies, cfg, seed)
+        spec = alg.summed_items(cfg, "setup")
+        shape = (cfg.n_components, ns.pop())
+        if secure:
+            agg, sa_exp = _secure_init(transport, spec, replies, m, shape)
+        else:
+            agg = plain_aggregate(replies, range(m), spec, "setup", 0,
+                                  cols=[rep.arrays.get("cols") for rep in replies], shape=shape)
+        state = alg.server_setup(replies, cfg, seed, agg=agg)
+        if secure:
+            state.arrays["secagg_exp"] = np.asarray(int(sa_exp))
         history = History()
     else:
         state, history = resume
+        if secure and "secagg_exp" not in state.arrays:
+            raise ProtocolError("the saved run did not use secure aggregation; resume it with secure_aggregation=False")
     cfg_given, auto_mu = cfg, cfg.mu_is_auto
     if auto_mu:
         # the number the server resolved at setup; every round message carries it
         mu_arr = state.arrays["mu"]
         cfg = cfg.resolved(float(mu_arr))
+    sa_exp_arr = state.arrays.get("secagg_exp")
+    # rule (b) of partial participation under secure aggregation keeps its G's as a sum (clients send dG)
+    kept_sum = secure and participation is not None and participation.rejoin == "server"
+    round_spec = alg.summed_items(cfg, "round", kept_sum=kept_sum)
 
     reason, converged, diverged = f"max_rounds={max_rounds} reached", False, False
     if resume is not None and tol > 0 and history.rows and history.rows[-1].get("R_rel", np.inf) <= tol:
@@ -319,36 +383,56 @@ def run_federation(
         msg = alg.broadcast(state)
         if auto_mu:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu})
+        if kept_sum:
+            msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
+        V_s = alg.current_v(state)
+        bits = None
+        if secure:  # the fixed point of this round, from public numbers only
+            bits = secagg.server_bits(round_spec, int(sa_exp_arr), float(np.sqrt(sqnorm(V_s))), m)
+        extra_up = 0
         if participation is None:
-            replies = transport.exchange([msg] * m)
+            if secure:
+                msg = _with_secagg(msg, range(m), bits)
+                replies, agg = exchange_sum(transport, [msg] * m, bits)
+            else:
+                replies = transport.exchange([msg] * m)
             who = list(range(m))
         else:
-            replies, who, msgs = _partial_exchange(transport, alg, state, msg, participation, history, m, seed)
+            replies, who, msgs, agg, extra_up = _partial_exchange(transport, alg, state, msg, participation, history,
+                                                                  m, seed, round_spec if secure else None,
+                                                                  sa_exp_arr, V_s)
         for p, rep in zip(who, replies):
             if rep.round != s:
                 raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
-        V_s = alg.current_v(state)
         prev_state = state
         cols = alg.reply_columns(state, who)
+        if not secure:
+            agg = plain_aggregate(replies, who, round_spec, "round", s, cols=cols, shape=V_s.shape)
+        # plain replies carry the uploads themselves (the sums from them are bit-identical); with
+        # secure aggregation the server step reads them from the aggregate only
+        kw = {"agg": agg} if secure else {}
         if participation is None:
-            state = alg.server_round(state, replies, cfg)
+            state = alg.server_round(state, replies, cfg, **kw)
         else:
-            keep_g = participation.rejoin == "server"
-            kw = {"keep_g": True, "n_clients": m} if keep_g else {}
+            if participation.rejoin == "server":
+                kw.update(keep_g=True, n_clients=m)
             state = alg.server_round(state, replies, cfg, clients=None if len(who) == m else who, **kw)
         if auto_mu:
             state.arrays["mu"] = mu_arr
+        if sa_exp_arr is not None:
+            state.arrays["secagg_exp"] = sa_exp_arr
         row = {"round": s}
         if cfg.diagnostics:
-            diags = [rep.diagnostics for rep in replies]
-            if cols is None:
-                row.update(round_metrics(V_s, diags, cfg.eta_tilde, cfg.mu))
-            else:
-                row.update(round_metrics(V_s, diags, cfg.eta_tilde, cfg.mu, cols=cols))
+            counts = None
+            if cols is not None and any(c is not None for c in cols):
+                counts = column_counts(cols, V_s.shape[1])
+            row.update(round_metrics_from_sums(V_s, agg.sums, agg.count, cfg.eta_tilde, cfg.mu, counts=counts))
         row["effective_rank"] = effective_rank(alg.current_v(state))
-        row["bytes_up"] = int(sum(rep.nbytes for rep in replies))
+        diag_masked = sum(a.nbytes for rep in replies for k, a in rep.arrays.items()
+                          if k.startswith(secagg.MASKED_PREFIX + "diagnostics."))
+        row["bytes_up"] = int(sum(rep.nbytes for rep in replies) - diag_masked + extra_up)
         row["bytes_down"] = int(m * msg.nbytes) if participation is None else int(sum(x.nbytes for x in msgs))
-        row["bytes_diagnostics"] = int(sum(rep.diagnostics_nbytes for rep in replies))
+        row["bytes_diagnostics"] = int(sum(rep.diagnostics_nbytes for rep in replies) + diag_masked)
         if participation is not None:
             row["participants"] = list(who)
             row["n_participants"] = len(who)
@@ -409,15 +493,30 @@ def _last_rounds(history: History, m: int) -> np.ndarray:
 
 
 def _partial_exchange(transport, alg, state: ServerState, msg: Message, participation: Participation,
-                      history: History, m: int, seed: int):
+                      history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None):
     """One partial round (§15.2): ask the sampled clients, keep those that replied.
 
-    Returns ``(replies, clients, messages_sent)`` with replies in client order.
-    A client that missed round s-1 gets the rejoin message of the algorithm.
+    Returns ``(replies, clients, messages_sent, aggregate, extra_up_bytes)`` with replies in
+    client order.  A client that missed round s-1 gets the rejoin message of the algorithm.
+
+    With secure aggregation (``spec`` given) the uploads carry the pairwise masks of the asked
+    cohort *and* each client's self mask (Bonawitz et al.'s double masking): an ``unmask``
+    step then asks the clients that replied for this round's self-mask keys and their pair
+    keys with the clients that did not, so the server removes exactly the masks of the sum of
+    those who replied -- and a dropped client's upload, should it arrive late, stays hidden
+    behind its own self mask.  A client that drops during the unmask step fails the round
+    (no threshold shares: see docs/privacy.md).  The aggregate is None without secure
+    aggregation.
     """
     s = state.round
     asked = participation.asked(m, s, seed)
     last = _last_rounds(history, m)
+    need = participation.quorum(m)
+    bits = nonce = None
+    if spec is not None:
+        bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
+        nonce = secrets.token_hex(8)
+        msg = _with_secagg(msg, asked, bits, nonce=nonce, self=True)
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
@@ -426,11 +525,108 @@ def _partial_exchange(transport, alg, state: ServerState, msg: Message, particip
             msgs[p] = msg
     got = transport.exchange_some(msgs)
     who = sorted(got)
-    need = participation.quorum(m)
+    _check_quorum(s, asked, who, need)
+    replies = [got[p] for p in who]
+    if spec is None:
+        return replies, who, list(msgs.values()), None, 0
+    params = secagg.params_json(asked, bits, nonce=nonce, survivors=who)
+    keys = transport.exchange_some({p: Message("unmask", s, {}, {secagg.SECAGG_KEY: params}) for p in who})
+    missing = sorted(set(who) - set(keys))
+    if missing:
+        raise FederationError(
+            f"round {s}: clients {missing} replied but did not answer the unmask step of secure aggregation; "
+            "without their self-mask keys the sum cannot be decoded (no threshold shares), so the round fails -- "
+            "resume from the last checkpoint", client=missing[0] if len(missing) == 1 else None, round=s)
+    agg = secagg.aggregate_masked(replies, who, "round", s, bits, unmask=keys, cohort=asked)
+    extra = sum(r.nbytes for r in keys.values())
+    return replies, who, list(msgs.values()), agg, extra
+
+
+def _check_quorum(s: int, asked, who, need: int) -> None:
     if len(who) < need:
         missing = sorted(set(asked) - set(who))
         raise FederationError(
-            f"round {s}: only {len(who)} of the {len(asked)} asked clients replied (clients {who}; missing "
+            f"round {s}: only {len(who)} of the {len(asked)} asked clients replied (clients {list(who)}; missing "
             f"{missing}), the quorum min_clients is {need}",
             client=missing[0] if len(missing) == 1 else None, round=s)
-    return [got[p] for p in who], who, list(msgs.values())
+
+
+# ----------------------------------------------------------------------------- sums
+
+
+def plain_aggregate(replies: Sequence[Message], clients, spec: dict, kind: str, round: int, *, cols=None,
+                    shape=None) -> Aggregate:
+    """The :class:`Aggregate` of plain replies: every item of ``spec`` summed in client order.
+
+    Arrays are summed as ``S = a_0 (copy); S += a_1; ...`` and column blocks of incomplete views
+    (``cols[i]`` not None) into their columns of an array of ``shape`` -- the arithmetic the server
+    used before the sums existed, so plain runs are bit-identical; scalars with ``np.sum``.
+    """
+    masked = cols is not None and any(c is not None for c in cols)
+    sums = {}
+    for key, (field, _deg) in spec.items():
+        vals = [getattr(rep, field)[key] for rep in replies]
+        if field == "scalars" or np.ndim(vals[0]) == 0:
+            sums[key] = float(np.sum(np.asarray(vals, dtype=np.float64)))
+        elif masked:
+            sums[key], _ = scatter_columns(vals, cols, shape)
+        else:
+            S = np.array(vals[0], dtype=np.float64, copy=True)
+            for a in vals[1:]:
+                S += a
+            sums[key] = S
+    return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
+
+
+def exchange_sum(transport, messages: Sequence[Message], bits: dict) -> tuple[list[Message], Aggregate]:
+    """One masked exchange with every client: ``(replies, Aggregate)``.
+
+    Uses ``transport.exchange_sum`` when the transport has it, else its ``exchange``; the
+    aggregate is the ring sum of the masked items decoded at the scale ``bits``.
+    """
+    if hasattr(transport, "exchange_sum"):
+        return transport.exchange_sum(messages, bits)
+    replies = transport.exchange(messages)
+    return replies, secagg.aggregate_masked(replies, range(len(replies)), messages[0].kind, messages[0].round, bits)
+
+
+def _with_secagg(msg: Message, cohort, bits: dict, **extra) -> Message:
+    """``msg`` with the public parameters of one masked exchange: the cohort, the scales and a
+    fresh nonce (so a retried or resumed round never reuses a mask)."""
+    extra.setdefault("nonce", secrets.token_hex(8))
+    return dataclasses.replace(msg, scalars={**msg.scalars,
+                                             secagg.SECAGG_KEY: secagg.params_json(list(cohort), bits, **extra)})
+
+
+def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation | None) -> None:
+    """Refuse, before any message, a run that secure aggregation cannot protect."""
+    secagg.generate_keypair()  # the cryptography package is there (a clear error otherwise)
+    if m < 2:
+        raise ParameterError(f"secure_aggregation=True needs at least 2 clients (got {m}): the sum of one "
+                             "client's uploads is its upload")
+    missing = set(alg.uplink_keys) - set(alg.summed_uplink_keys)
+    if missing:
+        raise ParameterError(f"secure_aggregation=True: algorithm {alg.name!r} uses its uploads {sorted(missing)} "
+                             "for more than their mean")
+    if participation is not None and participation.rejoin == "server" and "dG" not in alg.summed_items(
+            FedConfig(), "round", kept_sum=True):
+        raise ParameterError(
+            f"secure_aggregation=True cannot run rejoin='server' with algorithm {alg.name!r}: its server-kept "
+            "correction rebuilds every client's own G_p from its own upload, which secure aggregation hides; use "
+            "rejoin='refresh', 'drop' or 'stale', or secure_aggregation=False")
+
+
+def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shape) -> tuple[Aggregate, int]:
+    """The key-agreement exchange before round 1: relay the public keys, collect the masked
+    setup items.  Returns their aggregate and the run's public exponent E (L = 2^E)."""
+    try:
+        pks = [str(rep.scalars["secagg_pk"]) for rep in replies]
+        exps = [int(rep.scalars["secagg_exp"]) for rep in replies]
+    except KeyError:
+        raise ProtocolError("secure aggregation: a setup reply carries no public key (is the client's "
+                            "secure_aggregation off?)") from None
+    exp = max(exps)
+    bits = secagg.server_bits(spec, exp, 0.0, m)
+    init = _with_secagg(Message("init", 0), range(m), bits, public_keys=pks)
+    _, agg = exchange_sum(transport, [init] * m, bits)
+    return Aggregate("setup", 0, agg.sums, agg.clients), exp

@@ -70,6 +70,11 @@ class FedConfig:
         Options of the U-solver.
     mu_scale : float >= 0
         The fraction used by ``mu="auto"``.
+    secure_aggregation : bool
+        Every upload the server only sums travels masked with pairwise masks
+        (:mod:`fedsonmf.federation.secagg`): the server learns the sums, not
+        one client's upload.  Costs one extra exchange before round 1 (key
+        agreement + the masked V-bar^1 upload).
 
     NumPy scalars are accepted and stored as Python scalars.
     """
@@ -86,6 +91,7 @@ class FedConfig:
     diagnostics: bool = default("diagnostics")
     ustep: PenaltyOptions = field(default_factory=PenaltyOptions)
     mu_scale: float = default("mu_scale")
+    secure_aggregation: bool = default("secure_aggregation")
 
     @property
     def eta_tilde(self) -> float:
@@ -118,6 +124,7 @@ class FedConfig:
         set_("init_u", check_choice("init_u", self.init_u, ("random", "svd", "kmeans")))
         set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
         set_("diagnostics", check_bool("diagnostics", self.diagnostics))
+        set_("secure_aggregation", check_bool("secure_aggregation", self.secure_aggregation))
         if not isinstance(self.ustep, PenaltyOptions):
             raise ParameterError(
                 f"ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance, got {type(self.ustep).__name__}")

@@ -14,7 +14,7 @@ from typing import Mapping, Union
 
 import numpy as np
 
-__all__ = ["Message", "ClientState", "ServerState", "Scalar"]
+__all__ = ["Message", "Aggregate", "ClientState", "ServerState", "Scalar"]
 
 Scalar = Union[int, float, bool, str]
 
@@ -58,6 +58,36 @@ class Message:
     def diagnostics_nbytes(self) -> int:
         arrays = {k: v for k, v in self.diagnostics.items() if isinstance(v, np.ndarray)}
         return _nbytes(arrays, {k: v for k, v in self.diagnostics.items() if k not in arrays})
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """The sums of the reply items the server only averages (one exchange).
+
+    Built by the loop from plain replies, or decoded from securely aggregated
+    (masked) uploads: in both cases the server step, the setup and the round
+    metrics read only this object for those items.
+
+    Parameters
+    ----------
+    kind, round : str, int
+        The exchange ("setup" / "round") and its round number.
+    sums : mapping of str to ndarray or float
+        ``sums[key] = sum_p item_p`` in client order.  Column blocks of an
+        incomplete view (r x |Omega_p|) are summed into their columns of an
+        r x n array (zeros elsewhere); scalars are floats.
+    clients : tuple of int
+        The clients whose items are in the sums (``count = len(clients)``).
+    """
+
+    kind: str
+    round: int
+    sums: Mapping[str, object] = field(default_factory=dict)
+    clients: tuple = ()
+
+    @property
+    def count(self) -> int:
+        return len(self.clients)
 
 
 @dataclass

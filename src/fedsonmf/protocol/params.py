@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Param", "PARAMS", "FED_PARAMS", "RUN_PARAMS", "CLUSTER_PARAMS", "SYNTHETIC_STUDY", "default"]
+__all__ = ["Param", "PARAMS", "FED_PARAMS", "RUN_PARAMS", "CLUSTER_PARAMS", "SYNTHETIC_STUDY", "default",
+           "FLOWER_SECURE_AGGREGATION"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ _TABLE = [
     Param("init_v", "projection", "Initial V-bar: 'projection' (mean_p max(U_p^T X_p, 0)) or 'random'."),
     Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U)."),
     Param("ustep", None, "Options of the U-solver (fedsonmf.core.ustep.PenaltyOptions); None = defaults."),
+    Param("secure_aggregation", False, "Pairwise-masked secure aggregation: the server receives only the sums of "
+                                       "the uploads it averages (docs/privacy.md). Off in-process by default; ON by "
+                                       "default in Flower deployments (run_flower, `fedsonmf flower run`)."),
     # -- the run
     Param("max_rounds", 200, "Communication rounds at most."),
     Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics); 0 runs all rounds."),
@@ -74,7 +78,7 @@ _TABLE = [
 PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
 #: the algorithm's parameters (the fields of FedConfig)
 FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
-              "diagnostics", "ustep")
+              "diagnostics", "ustep", "secure_aggregation")
 #: the run's parameters (the estimator's besides FED_PARAMS)
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")
@@ -85,6 +89,11 @@ CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_
 #: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them)
 SYNTHETIC_STUDY = {"mu": 1.0, "rho1": 1.0}
+
+
+#: the default of ``secure_aggregation`` in Flower deployments (our choice: a real deployment is where
+#: a curious server exists, so masking is on unless the operator opts out explicitly)
+FLOWER_SECURE_AGGREGATION = True
 
 
 def default(name: str):

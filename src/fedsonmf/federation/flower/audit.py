@@ -17,6 +17,17 @@ up          round     arrays ``algorithm.uplink_keys``, each r x n; with diagnos
                       round start, used for R_V) and scalars ``f0, rU0, rU``
 ==========  ========  ===========================================================
 
+With secure aggregation (``cfg.secure_aggregation``, docs/privacy.md) every summed item
+travels only masked, as a uint64 array ``secagg.<field>.<key>`` in ``fedsonmf.arrays``
+(r x n for matrices -- blocks of incomplete views scattered into r x n --, shape (1,) for
+scalars): the setup reply carries the public key ``secagg_pk`` and the exponent
+``secagg_exp`` instead of ``Vproj``/``x_sqnorm``; an ``init`` exchange (down: the scalar
+``secagg``, the relayed public keys and scales; up: the masked setup items) precedes round 1;
+round messages carry the scalar ``secagg``; replies hold no plain upload or diagnostic;
+partial runs add an ``unmask`` step after every round (down: ``secagg``; up: the round's
+self-mask key ``secagg.self_key``, uint8 (32,), and the pair keys with the clients that did
+not reply, ``secagg.pair_keys``, uint8 (k, 32)).
+
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
 at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
@@ -47,6 +58,8 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
     optional (present only in some messages: the rejoin items of a partial run, §15.2).
     ``masked``: clients hold sample subsets; ``partial``: rounds may go on without some clients.
     """
+    if cfg.secure_aggregation:
+        return _declared_secure(get_algorithm(algorithm), cfg, masked=masked, partial=partial)
     alg = get_algorithm(algorithm)
     block = "r*" if masked else "rn"
     setup_arrays, setup_scalars = alg.setup_uplink(cfg)
@@ -78,8 +91,62 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
     }
 
 
+def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dict:
+    """:func:`declared_payload` with secure aggregation: summed items only masked (kinds
+    ``"rn-u64"``: uint64 (r, n); ``"1-u64"``: uint64 (1,))."""
+    from fedsonmf.federation.secagg import MASKED_PREFIX, SECAGG_KEY
+
+    def masked_items(kind: str) -> dict:
+        out = {}
+        for key, (field, _deg) in alg.summed_items(cfg, kind).items():
+            scalar = field == "scalars" or (field == "diagnostics" and key in DIAGNOSTIC_SCALARS)
+            out[f"{MASKED_PREFIX}{field}.{key}"] = "1-u64" if scalar else "rn-u64"
+        return out
+
+    setup_arrays, setup_scalars = alg.setup_uplink(cfg)
+    summed_setup = set(alg.summed_items(cfg, "setup"))
+    setup_up = {codec.SCALARS: {**{k: "scalar" for k in setup_scalars if k not in summed_setup},
+                                "secagg_pk": "scalar", "secagg_exp": "scalar"}}
+    if masked:
+        setup_up[codec.ARRAYS] = {"cols": "ids?"}
+    down_scalars = {SECAGG_KEY: "scalar", **({"mu": "scalar"} if cfg.mu_is_auto else {})}
+    down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
+    if masked:
+        down_round[codec.ARRAYS]["w"] = "n"
+    if partial:
+        down_round[codec.ARRAYS].update({"V_prev": "rn?", "Gk": "rn?"})
+        down_scalars["rejoin"] = "scalar?"
+    down_round[codec.SCALARS] = down_scalars
+    round_up = {codec.ARRAYS: masked_items("round")}
+    if partial:  # rule (b) from sums: the change of the kept G_p, and the flag telling the clients to send it
+        round_up[codec.ARRAYS][f"{MASKED_PREFIX}arrays.dG"] = "rn-u64?"
+        down_scalars["kept_sum"] = "scalar?"
+    decl = {
+        ("down", "hello"): {},
+        ("up", "hello"): {},
+        ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
+        ("up", "setup"): setup_up,
+        ("down", "init"): {codec.SCALARS: {SECAGG_KEY: "scalar"}},
+        ("up", "init"): {codec.ARRAYS: masked_items("setup")},
+        ("down", "round"): down_round,
+        ("up", "round"): round_up,
+    }
+    if partial:
+        decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
+        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key", MASKED_PREFIX + "pair_keys": "keys"}}
+    return decl
+
+
 def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
     shape, dtype = item.get("shape"), item.get("dtype")
+    if kind == "rn-u64":
+        return shape == [r, n] and dtype == "uint64"
+    if kind == "1-u64":
+        return shape == [1] and dtype == "uint64"
+    if kind == "key":
+        return shape == [32] and dtype == "uint8"
+    if kind == "keys":
+        return len(shape or []) == 2 and shape[1] == 32 and dtype == "uint8"
     if kind == "rn":
         return shape == [r, n] and dtype == "float64"
     if kind == "r*":
@@ -136,7 +203,9 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                 if kind_k != "scalar":
                     if not _shape_ok(kind_k, item, r, n):
                         want = {"rn": f"float64 ({r}, {n})", "r*": f"float64 ({r}, k <= {n})",
-                                "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)"}[kind_k]
+                                "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)",
+                                "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "key": "uint8 (32,)",
+                                "keys": "uint8 (k, 32)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "
                                    f"{item.get('dtype')}, declared {want}")
                 elif "shape" in item:

@@ -10,6 +10,8 @@ Node config (``flower-supernode --node-config``):
 ``mask-path``     str, optional: the samples this node holds (incomplete views, §15.1),
                   ``.npy`` of a boolean vector of length n or of int sample ids.
                   Absent: every sample.  Only membership is sent to the server.
+``require-secure-aggregation``  bool, optional: refuse a run whose setup turns secure
+                  aggregation off (the node's own policy: a server cannot downgrade it).
 
 A node that missed rounds (partial participation, §15.2) and is told so by the
 server (``rejoin`` in the message) resumes from its newest saved state.
@@ -139,6 +141,20 @@ def _data_path(context: Context) -> str:
         raise ValueError("node config has no 'data-path' (the node's own view file)") from None
 
 
+def _check_secure_policy(context: Context, cfg) -> None:
+    """The node's ``require-secure-aggregation`` policy against the run's config."""
+    if bool(context.node_config.get("require-secure-aggregation", False)) and not cfg.secure_aggregation:
+        raise ProtocolError("this node requires secure aggregation (node config require-secure-aggregation) "
+                            "but the run's config has secure_aggregation=False")
+
+
+def _state_round(msg: Message) -> int:
+    """The saved round a message continues from: a round s message the state of round s-1; the
+    secure-aggregation exchanges (``init`` after setup, ``unmask`` after round s) the
+    state they follow (0, resp. s)."""
+    return msg.round if msg.kind in ("init", "unmask") else msg.round - 1
+
+
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
     """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
     train message (a hook for fault-injection tests; None in normal use)."""
@@ -178,13 +194,14 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if fed_msg.kind == "setup":
             algorithm = str(fed_msg.scalars["algorithm"])
             cfg_json = str(fed_msg.scalars["config"])
-            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=mask,
-                                    x_sqnorm=x_sqnorm)
+            setup_cfg = ckpt.config_from_dict(json.loads(cfg_json))
+            _check_secure_policy(context, setup_cfg)
+            runtime = ClientRuntime(X, algorithm, setup_cfg, mask=mask, x_sqnorm=x_sqnorm)
         else:
             if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
                 state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
             else:
-                state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
+                state, smeta = ckpt.load_client_state(sdir, p, _state_round(fed_msg))
             algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
             cfg = ckpt.config_from_dict(json.loads(cfg_json))
             held = held_columns(mask, X.shape[1], client=p)

@@ -13,6 +13,7 @@ Empty records are left out.  Arrays travel as ``np.save`` bytes (bit-exact float
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 
 import numpy as np
@@ -80,18 +81,20 @@ def decode(rd: RecordDict) -> tuple[Message, dict]:
 
 def describe(rd: RecordDict) -> dict:
     """What a RecordDict carries, for the wire audit: per record, per key,
-    the type, shape, dtype and the number of serialised bytes (arrays) or the value
-    type (scalars).  Values of scalars are kept only for ``fedsonmf.meta``."""
+    the type, shape, dtype, the number of serialised bytes and their SHA-256 (arrays) or the value
+    type (scalars).  Values of scalars are kept only for ``fedsonmf.meta`` and the public
+    secure-aggregation parameters (the scalar ``secagg``: cohort, scales, public keys)."""
     out = {}
     for name, rec in rd.items():
         entry = {"type": type(rec).__name__, "items": {}}
         if isinstance(rec, ArrayRecord):
             for k, a in rec.items():
-                entry["items"][k] = {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": len(a.data)}
+                entry["items"][k] = {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": len(a.data),
+                                     "sha256": hashlib.sha256(a.data).hexdigest()}
         else:
             for k, v in rec.items():
                 item = {"type": type(v).__name__, "bytes": len(v) if isinstance(v, (str, bytes)) else 8}
-                if name == META:
+                if name == META or (name == SCALARS and k == "secagg"):  # public protocol parameters
                     item["value"] = v
                 entry["items"][k] = item
         out[name] = entry

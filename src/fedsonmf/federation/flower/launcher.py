@@ -38,6 +38,7 @@ from fedsonmf.federation.flower.template import (
     write_app_dir,
 )
 from fedsonmf.protocol.history import FitResult, History
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "flower_env", "run_flower", "load_result",
            "write_views", "write_masks"]
@@ -390,7 +391,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
                record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
                tls: tuple | None = None, startup_timeout: float | None = None, mask_paths=None,
-               participation=None) -> FitResult:
+               participation=None, secure_aggregation: bool | None = None,
+               record_wire_arrays: bool = False) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
@@ -410,6 +412,11 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ``mask_paths`` (one per view, None = complete; see :func:`write_masks`) are the
     nodes' availability masks (§15.1); ``participation`` (a
     :class:`~fedsonmf.protocol.participation.Participation`) enables partial rounds (§15.2).
+
+    ``secure_aggregation`` (None = on, the deployment default ``FLOWER_SECURE_AGGREGATION``;
+    ``False`` is the explicit opt-out; ``cfg.secure_aggregation`` is not consulted): the server
+    receives only sums of the uploads (docs/privacy.md).  ``record_wire_arrays`` also saves every
+    array the server receives (with ``record_wire``; for audits).
     """
     _check_view_files(view_paths, cfg.n_components)
     run_dir = Path(run_dir).resolve()
@@ -426,7 +433,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
         "resume": bool(resume), "round-timeout": float(round_timeout), "node-timeout": float(node_timeout),
         "startup-timeout": float(startup_timeout or 0.0),
-        "record-wire": bool(record_wire),
+        "record-wire": bool(record_wire), "record-wire-arrays": bool(record_wire_arrays),
+        "secure-aggregation": FLOWER_SECURE_AGGREGATION if secure_aggregation is None else bool(secure_aggregation),
     }
     if participation is not None:
         run_config.update({"min-clients": float(participation.min_clients or 0),

@@ -39,7 +39,7 @@ from fedsonmf.federation.flower.transport import (
 from fedsonmf.federation.loop import run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
-from fedsonmf.protocol.params import default
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 from fedsonmf.protocol.participation import Participation
 
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
@@ -60,8 +60,9 @@ def config_from_run_config(rc) -> FedConfig:
             correction=bool(rc.get("correction", default("correction"))),
             init_u=str(rc.get("init-u", default("init_u"))), init_v=str(rc.get("init-v", default("init_v"))),
         )
-    # the diagnostics switch always comes from its own key
-    return cfg.replace(diagnostics=bool(rc.get("diagnostics", cfg.diagnostics)))
+    # the diagnostics and secure-aggregation switches always come from their own keys
+    return cfg.replace(diagnostics=bool(rc.get("diagnostics", cfg.diagnostics)),
+                       secure_aggregation=bool(rc.get("secure-aggregation", FLOWER_SECURE_AGGREGATION)))
 
 
 def participation_from_run_config(rc) -> Participation | None:
@@ -103,7 +104,10 @@ def server_main(grid: Grid, context: Context) -> None:
     participation = participation_from_run_config(rc)
     ckpt_dir = out / "checkpoint"
     run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
-    recorder = WireRecorder(out / "wire.jsonl") if bool(rc.get("record-wire", False)) else None
+    recorder = None
+    if bool(rc.get("record-wire", False)):
+        recorder = WireRecorder(out / "wire.jsonl",
+                                arrays_dir=out / "wire-arrays" if bool(rc.get("record-wire-arrays", False)) else None)
     status = {"status": "running", "run_id": int(context.run_id), "job_id": job_id, "pid": os.getpid()}
     _write_json(status_path, status)
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedsonmf.protocol.params import default
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
 
@@ -39,6 +39,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "init-u": default("init_u"),
     "init-v": default("init_v"),
     "diagnostics": default("diagnostics"),  # clients add monitoring values (objective, residual) to replies
+    "secure-aggregation": FLOWER_SECURE_AGGREGATION,  # pairwise-masked uploads: the server sees only sums
     "config-json": "",          # full FedConfig.to_dict() as JSON; replaces the keys above when set
     "out-dir": "",              # absolute directory on the SuperLink host (required)
     "job-id": "",               # names the clients' state files; keep it to resume
@@ -48,6 +49,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
+    "record-wire-arrays": False,  # also save every array the server receives (out-dir/wire-arrays/)
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale

@@ -27,11 +27,21 @@ __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_ha
 
 
 class WireRecorder:
-    """Append one JSON line per message that crosses the wire (both directions)."""
+    """Append one JSON line per message that crosses the wire (both directions).
 
-    def __init__(self, path):
+    Every array is described by shape, dtype, bytes and the SHA-256 of its serialised
+    bytes (:func:`codec.describe`).  ``arrays_dir``: also save every array the server
+    *received* (direction "up") there as ``.npy``, named in the row (``"saved"``), so an
+    audit can test the contents (e.g. that no masked upload correlates with a plain one).
+    """
+
+    def __init__(self, path, arrays_dir=None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.arrays_dir = None if arrays_dir is None else Path(arrays_dir)
+        if self.arrays_dir is not None:
+            self.arrays_dir.mkdir(parents=True, exist_ok=True)
+        self._count = 0
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
         row = {"direction": direction, "client": client, "node_id": int(node_id),
@@ -40,8 +50,25 @@ class WireRecorder:
             row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
         else:
             row["records"] = codec.describe(flwr_msg.content)
+            if self.arrays_dir is not None and direction == "up":
+                row["saved"] = self._save_arrays(client, flwr_msg.content)
+        self._count += 1
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+    def _save_arrays(self, client, content) -> dict:
+        import numpy as np
+
+        saved = {}
+        for name, rec in content.items():
+            if not hasattr(rec, "items"):
+                continue
+            for key, a in rec.items():
+                if hasattr(a, "numpy") and hasattr(a, "shape"):
+                    fname = f"{self._count:06d}-c{client}-{name}-{key}.npy"
+                    np.save(self.arrays_dir / fname, a.numpy(), allow_pickle=False)
+                    saved[f"{name}/{key}"] = fname
+        return saved
 
 
 def _get(record, key):

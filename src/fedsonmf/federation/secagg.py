@@ -1,0 +1,497 @@
+"""Secure aggregation with pairwise masks: the server learns sums, not one client's upload.
+
+The protocol (Bonawitz et al., CCS 2017, the semi-honest full-graph variant; ours in the details):
+
+1. **Keys** (setup reply): each client draws an X25519 key pair and sends its public key.
+2. **Agreement** (the ``init`` exchange, before round 1): the server relays every public key;
+   client p derives with each peer q the pair key ``k_pq = HKDF(X25519(sk_p, pk_q))`` (both ends
+   get the same 32 bytes, the server cannot), and uploads its masked setup items (``Vproj`` or
+   ``x_sqnorm``), so even V-bar^1 is only seen as a sum.
+3. **Every masked exchange**: each summed item x_p (float64) is encoded in fixed point in the
+   ring Z_{2^64}, ``q_p = round(x_p 2^f) mod 2^64``, and masked::
+
+       y_p = q_p + sum_{q in cohort, q > p} M_pq - sum_{q in cohort, q < p} M_pq   (mod 2^64)
+
+   with ``M_pq`` a ChaCha20 key stream under the exchange key ``HKDF-Expand(k_pq, label)``, the
+   label naming the run, the exchange kind, the round, the cohort and a fresh server nonce, and
+   the item: no mask is ever used twice.  Summed over the cohort the masks cancel exactly,
+   ``sum_p y_p = sum_p q_p``, and the server decodes ``sum_p x_p`` (to the quantisation error below).
+4. **Rounds that may lose clients** (partial participation): double masking -- each upload also
+   carries a self mask from a seed only its client knows; an ``unmask`` step asks the clients
+   that replied for this exchange's self-mask key and their pair keys with those that did not
+   (:func:`client_unmask`), which removes exactly the masks of the survivors' sum, while a
+   dropped client's late upload stays hidden behind its self mask.  No Shamir shares: a
+   survivor that drops during the unmask step fails the round.
+
+Fixed point [C]: ``f = 61 - ceil(log2 m) - e`` with ``bound < 2^e`` and the public bound
+``bound = 2^16 (L + ||V^s||_F)^degree`` of an item of homogeneity ``degree`` (1 for V-like items,
+2 for f_p, 4 for r_U); ``L = 2^E``, ``E = max_p ceil(log2 ||X_p||_F)``, is the only new thing the
+server learns (each client's E_p, i.e. its view's Frobenius norm to within a factor of 2; once).
+Each client checks ``m max|q_p| < 2^63`` itself (so a sum can never wrap) and refuses with
+:class:`SecAggRangeError` otherwise.  The rounding error of a mean is at most 2^-(f+1),
+i.e. below ``2^-(44 - ceil(log2 m))`` relative to ``(L + ||V||_F)^degree``.
+
+Flower's own primitives were checked and not used (docs/privacy.md): ``secaggplus_utils.pseudo_rand_gen``
+seeds NumPy's MT19937 with a 32-bit XOR fold of the shared key (2^32 candidates; a curious server
+could search them) and never draws ``num_range - 1``; ``quantization`` clips and rounds stochastically
+with the global NumPy stream (not reproducible); the key agreement is the same ``cryptography``
+library used here.  One implementation over ``cryptography`` serves both engines.
+
+All functions are pure over arrays, bytes and messages; the client's keys live in its private
+state (``ClientState.arrays["secagg.*"]``, saved with it, never sent).  Threat model, what each
+party learns and the measurements: docs/privacy.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from fedsonmf.exceptions import ParameterError, ProtocolError
+
+__all__ = [
+    "SecAggRangeError", "generate_keypair", "pair_keys", "mask_stream", "frac_bits", "item_bound", "encode",
+    "decode", "mask_items", "ring_sum", "exchange_label", "exchange_key", "remove_revealed", "SECAGG_KEY",
+    "MASKED_PREFIX", "HEADROOM_BITS",
+]
+
+#: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
+SECAGG_KEY = "secagg"
+#: reply arrays holding masked items: ``"secagg.<field>.<key>"`` (uint64, the item's shape)
+MASKED_PREFIX = "secagg."
+#: factor 2^16 between an item's typical size and its bound (room for transients, weights m/c_j)
+HEADROOM_BITS = 16
+_SAFE_BITS = 61  # m * bound * 2^f <= 2^61 < 2^63: a sum of m encoded items cannot wrap
+
+
+class SecAggRangeError(ProtocolError):
+    """A client's item does not fit the fixed-point range of secure aggregation."""
+
+
+def _crypto():
+    try:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
+    except ImportError:  # pragma: no cover - cryptography comes with flwr and the [secagg] extra
+        raise ParameterError("secure_aggregation=True needs the 'cryptography' package: "
+                             "pip install 'fedsonmf[secagg]'") from None
+    return hashes, X25519PrivateKey, X25519PublicKey, Cipher, algorithms, HKDF, HKDFExpand
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def generate_keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair ``(private 32 bytes, public 32 bytes)`` from the OS's entropy."""
+    _, X25519PrivateKey, _, _, _, _, _ = _crypto()
+    sk = X25519PrivateKey.generate()
+    return sk.private_bytes_raw(), sk.public_key().public_bytes_raw()
+
+
+def pair_keys(sk: bytes, public_keys: Sequence[bytes], me: int, context: str) -> np.ndarray:
+    """The pair keys of client ``me`` with every client: uint8 array (m, 32), row ``me`` zero.
+
+    ``k_pq = HKDF-SHA256(X25519(sk_p, pk_q), info = context | min(p,q) | max(p,q))``: the same
+    bytes at both ends.  Refuses a key list whose entry ``me`` is not this client's own public
+    key, or with repeated keys (a relay that mixed them up).
+    """
+    hashes, X25519PrivateKey, X25519PublicKey, _, _, HKDF, _ = _crypto()
+    priv = X25519PrivateKey.from_private_bytes(bytes(sk))
+    pks = [bytes(pk) for pk in public_keys]
+    if not 0 <= me < len(pks) or pks[me] != priv.public_key().public_bytes_raw():
+        raise ProtocolError(f"secure aggregation: the relayed public key of client {me} is not its own")
+    if len(set(pks)) != len(pks):
+        raise ProtocolError("secure aggregation: the relayed public keys are not distinct")
+    out = np.zeros((len(pks), 32), dtype=np.uint8)
+    for q, pk in enumerate(pks):
+        if q == me:
+            continue
+        shared = priv.exchange(X25519PublicKey.from_public_bytes(pk))
+        lo, hi = min(me, q), max(me, q)
+        info = f"fedsonmf-secagg-v1 pair|{context}|{lo}|{hi}".encode()
+        out[q] = np.frombuffer(HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared),
+                               dtype=np.uint8)
+    return out
+
+
+def mask_stream(key: bytes, label: str, count: int) -> np.ndarray:
+    """``count`` uniform elements of Z_{2^64} (uint64): ChaCha20 under ``HKDF-Expand(key, label)``."""
+    hashes, _, _, Cipher, algorithms, _, HKDFExpand = _crypto()
+    k = HKDFExpand(algorithm=hashes.SHA256(), length=32, info=f"fedsonmf-secagg-v1 mask|{label}".encode()).derive(
+        bytes(key))
+    enc = Cipher(algorithms.ChaCha20(k, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * count)), dtype="<u8").astype(np.uint64, copy=False)
+
+
+def exchange_key(root: bytes, label: str) -> bytes:
+    """The 32-byte key of one exchange derived from a long-term ``root`` (a pair key or a
+    client's self-mask seed): revealing it reveals that exchange's masks only."""
+    hashes, _, _, _, _, _, HKDFExpand = _crypto()
+    return HKDFExpand(algorithm=hashes.SHA256(), length=32,
+                      info=f"fedsonmf-secagg-v1 exchange|{label}".encode()).derive(bytes(root))
+
+
+def exchange_label(context: str, kind: str, round: int, cohort: Sequence[int], nonce: str = "") -> str:
+    """The label of one exchange: run, kind, round, cohort and the server's fresh nonce, so
+    that no two exchanges (a retried or resumed round included) share a mask."""
+    digest = hashlib.sha256(",".join(map(str, sorted(cohort))).encode()).hexdigest()[:16]
+    return f"{context}|{kind}|{int(round)}|{digest}|{nonce}"
+
+
+# ----------------------------------------------------------------------------- fixed point
+
+
+def item_bound(degree: int, L: float, vnorm: float = 0.0) -> float:
+    """The public bound ``2^16 (L + ||V||_F)^degree`` of an item of homogeneity ``degree``."""
+    return float(2.0 ** HEADROOM_BITS * (float(L) + float(vnorm)) ** int(degree))
+
+
+def frac_bits(bound: float, m: int) -> int:
+    """Fractional bits f with ``m * bound * 2^f <= 2^61`` (the scale is a power of two: exact)."""
+    if not (math.isfinite(bound) and bound > 0):
+        raise SecAggRangeError(f"secure aggregation: no finite positive bound ({bound!r}) for the fixed point")
+    e = math.frexp(bound)[1]  # bound < 2^e
+    return _SAFE_BITS - math.ceil(math.log2(max(int(m), 1))) - e
+
+
+def encode(x, bits: int, m: int, name: str = "item") -> np.ndarray:
+    """``round(x 2^bits)`` as uint64 (two's complement), same shape as ``x``.
+
+    Raises :class:`SecAggRangeError` when ``x`` is not finite or ``m`` such values could wrap
+    the ring (``m max|q| >= 2^63``).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise SecAggRangeError(f"secure aggregation: {name} holds NaN/Inf (the run diverged)")
+    q = np.rint(np.ldexp(x, int(bits)))
+    limit = float((2 ** 63 - 1) // max(int(m), 1))
+    peak = float(np.max(np.abs(q))) if q.size else 0.0
+    if peak > limit:
+        raise SecAggRangeError(
+            f"secure aggregation: {name} reaches |x| = {peak * 2.0 ** -bits:.3g}, beyond the fixed-point range "
+            f"{limit * 2.0 ** -bits:.3g} of {m} clients (the run is diverging: reduce the steps)")
+    return q.astype(np.int64).view(np.uint64)
+
+
+def decode(s: np.ndarray, bits: int) -> np.ndarray:
+    """The float64 value of a ring element (uint64 two's complement) at scale 2^-bits."""
+    return np.ldexp(np.asarray(s, dtype=np.uint64).view(np.int64).astype(np.float64), -int(bits))
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+def mask_items(items: Mapping[str, np.ndarray], bits: Mapping[str, int], keys: np.ndarray, me: int,
+               cohort: Sequence[int], label: str, self_seed: bytes | None = None) -> dict[str, np.ndarray]:
+    """Encode and mask client ``me``'s items for the ``cohort`` (which includes ``me``).
+
+    ``items``: name -> float64 array; ``keys``: (m, 32) pair keys of :func:`pair_keys`;
+    ``self_seed``: add the client's own self mask too (partial rounds, where it is what
+    keeps a dropped client's late upload hidden; removed after the round when the client
+    reveals its exchange key).  Returns name -> uint64 array of the same shape.
+    """
+    cohort = sorted(int(q) for q in cohort)
+    if me not in cohort:
+        raise ProtocolError(f"secure aggregation: client {me} is not in the exchange's cohort {cohort}")
+    m = len(cohort)
+    pair_ek = {q: exchange_key(keys[q].tobytes(), "pair|" + label) for q in cohort if q != me}
+    self_ek = None if self_seed is None else exchange_key(self_seed, "self|" + label)
+    out = {}
+    for name in sorted(items):
+        if name not in bits:
+            raise ProtocolError(f"secure aggregation: the server sent no scale for {name!r}")
+        y = encode(items[name], bits[name], m, name).ravel().copy()
+        for q, ek in pair_ek.items():
+            M = mask_stream(ek, name, y.size)
+            if me < q:
+                y += M  # uint64: wraps mod 2^64
+            else:
+                y -= M
+        if self_ek is not None:
+            y += mask_stream(self_ek, name, y.size)
+        out[name] = y.reshape(np.shape(items[name]))
+    return out
+
+
+def remove_revealed(total: np.ndarray, name: str, self_keys: Mapping[int, bytes],
+                    pair_keys_revealed: Mapping[tuple[int, int], bytes]) -> np.ndarray:
+    """Take the revealed masks out of a ring sum: every survivor's self mask and, for each
+    survivor p and dropped client q, the pair mask p added for q (whose own upload is missing)."""
+    out = np.array(total, dtype=np.uint64, copy=True).ravel()
+    for _p, ek in sorted(self_keys.items()):
+        out -= mask_stream(ek, name, out.size)
+    for (p, q), ek in sorted(pair_keys_revealed.items()):
+        M = mask_stream(ek, name, out.size)
+        if p < q:
+            out -= M
+        else:
+            out += M
+    return out.reshape(np.shape(total))
+
+
+def ring_sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum in Z_{2^64} (uint64, wrapping)."""
+    if not arrays:
+        raise ValueError("no masked uploads to sum")
+    out = np.array(arrays[0], dtype=np.uint64, copy=True)
+    for a in arrays[1:]:
+        out += np.asarray(a, dtype=np.uint64)
+    return out
+
+
+def params_json(cohort: Sequence[int], bits: Mapping[str, int], **extra) -> str:
+    """The downlink scalar :data:`SECAGG_KEY` of one masked exchange."""
+    return json.dumps({"cohort": [int(q) for q in cohort], "bits": {k: int(v) for k, v in bits.items()}, **extra},
+                      sort_keys=True)
+
+
+def parse_params(text) -> dict:
+    try:
+        d = json.loads(str(text))
+        d["cohort"] = [int(q) for q in d["cohort"]]
+        d["bits"] = {str(k): int(v) for k, v in d["bits"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"secure aggregation: malformed '{SECAGG_KEY}' parameters ({exc})") from None
+    return d
+
+
+# ----------------------------------------------------------------------------- the client's side
+
+#: the client's private-state arrays of the protocol (never sent)
+STATE_SK, STATE_PAIRS, STATE_ME, STATE_SEED = "secagg.sk", "secagg.pairs", "secagg.me", "secagg.seed"
+STATE_SELF, STATE_PENDING = "secagg.self", "secagg.pending."
+STATE_LAST, STATE_REVEALED = "secagg.last", "secagg.revealed"  # JSON (uint8) of the last masked / revealed exchange
+#: reply arrays of the unmask step (partial rounds)
+SELF_KEY, PAIR_KEYS = MASKED_PREFIX + "self_key", MASKED_PREFIX + "pair_keys"
+
+
+def _bytes(a) -> bytes:
+    return np.asarray(a, dtype=np.uint8).tobytes()
+
+
+def _json_bytes(obj) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, sort_keys=True).encode(), dtype=np.uint8).copy()
+
+
+def _json_of(a):
+    return json.loads(_bytes(a).decode())
+
+
+def split_summed(reply, spec: Mapping[str, tuple[str, int]], cols=None, n: int | None = None):
+    """``(reply without the summed items, {"field.key": float64 array})``.
+
+    Scalars become shape-(1,) arrays; the r x |Omega_p| column blocks of an incomplete view
+    are scattered into r x n zeros (every client's array then has one shape, which the
+    pairwise masks need; the column counts are public membership).
+    """
+    from fedsonmf.protocol.messages import Message
+
+    fields = {"arrays": dict(reply.arrays), "scalars": dict(reply.scalars), "diagnostics": dict(reply.diagnostics)}
+    items = {}
+    for key, (field, _deg) in spec.items():
+        if key not in fields[field]:
+            raise ProtocolError(f"secure aggregation: the reply carries no {field} item {key!r} to sum")
+        v = np.asarray(fields[field].pop(key), dtype=np.float64)
+        if v.ndim == 0:
+            v = v.reshape(1)
+        elif cols is not None and v.ndim == 2 and v.shape[1] == len(cols) != n:
+            full = np.zeros((v.shape[0], int(n)), dtype=np.float64)
+            full[:, cols] = v
+            v = full
+        items[f"{field}.{key}"] = v
+    plain = Message(reply.kind, reply.round, fields["arrays"], fields["scalars"], fields["diagnostics"])
+    return plain, items
+
+
+def _with_arrays(msg, arrays: Mapping[str, np.ndarray], scalars: Mapping | None = None):
+    from fedsonmf.protocol.messages import Message
+
+    return Message(msg.kind, msg.round, {**msg.arrays, **arrays}, {**msg.scalars, **(scalars or {})}, msg.diagnostics)
+
+
+def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, cols=None, n=None):
+    """Setup reply of a client under secure aggregation: a fresh key pair (the private key and
+    the summed setup items stay in the private state until the ``init`` exchange) and the
+    public key + the exponent ``E_p`` (||X_p||_F < 2^E_p) in place of the summed items."""
+    plain, items = split_summed(reply, spec, cols, n)
+    sk, pk = generate_keypair()
+    arrays = dict(state.arrays)
+    arrays[STATE_SK] = np.frombuffer(sk, dtype=np.uint8).copy()
+    arrays[STATE_ME], arrays[STATE_SEED] = np.asarray(int(me)), np.asarray(int(seed))
+    arrays.update({STATE_PENDING + k: v for k, v in items.items()})
+    state = type(state)(state.round, arrays)
+    norm = math.sqrt(max(float(x_sqnorm), 0.0))
+    exp = math.frexp(norm)[1] if norm > 0 else 0
+    return state, _with_arrays(plain, {}, {"secagg_pk": pk.hex(), "secagg_exp": int(exp)})
+
+
+def client_init(state, msg):
+    """The ``init`` exchange: pair keys from the relayed public keys, a fresh self-mask seed,
+    the masked setup items."""
+    import os
+
+    from fedsonmf.protocol.messages import Message
+
+    st = dict(state.arrays)
+    if STATE_SK not in st:
+        raise ProtocolError("secure aggregation: init message but this client holds no key pair (setup not run "
+                            "with secure_aggregation)")
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    try:
+        pks = [bytes.fromhex(h) for h in params["public_keys"]]
+    except (KeyError, ValueError, TypeError):
+        raise ProtocolError("secure aggregation: the init message carries no valid public keys") from None
+    keys = pair_keys(_bytes(st.pop(STATE_SK)), pks, me, str(seed))
+    st[STATE_PAIRS] = keys
+    st[STATE_SELF] = np.frombuffer(os.urandom(32), dtype=np.uint8).copy()
+    items = {k[len(STATE_PENDING):]: st.pop(k) for k in list(st) if k.startswith(STATE_PENDING)}
+    label = exchange_label(str(seed), "init", 0, params["cohort"], params.get("nonce", ""))
+    masked = mask_items(items, params["bits"], keys, me, params["cohort"], label)
+    new = type(state)(state.round, st)
+    return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()})
+
+
+def client_mask(state, reply, msg, spec, *, cols=None, n=None):
+    """Mask a round reply's summed items for the message's cohort (plus the self mask when the
+    round may lose clients: ``"self": true`` in the parameters)."""
+    st = dict(state.arrays)
+    if STATE_PAIRS not in st:
+        raise ProtocolError("secure aggregation: round message before the key agreement (init)")
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    plain, items = split_summed(reply, spec, cols, n)
+    leftover = sorted(set(plain.arrays) | {k for k, v in plain.diagnostics.items()})
+    if leftover:  # privacy by construction: a round reply sends nothing in the clear but scalars
+        raise ProtocolError(f"secure aggregation: the round reply would carry {leftover} unmasked; every upload "
+                            "must be declared in the algorithm's summed_items")
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    nonce = str(params.get("nonce", ""))
+    label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"], nonce)
+    self_seed = _bytes(st[STATE_SELF]) if params.get("self") else None
+    masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label, self_seed=self_seed)
+    st[STATE_LAST] = _json_bytes({"round": int(msg.round), "cohort": params["cohort"], "nonce": nonce,
+                                  "self": bool(params.get("self"))})
+    return type(state)(state.round, st), _with_arrays(plain, {MASKED_PREFIX + k: v for k, v in masked.items()})
+
+
+def client_unmask(state, msg):
+    """The unmask step of a round that could lose clients: reveal this exchange's self-mask key
+    and the pair-mask keys with the clients the server reports as dropped.
+
+    Refused (:class:`ProtocolError`): a request for another exchange than this client's last,
+    a survivor list without this client or outside the cohort, or a second request for the same
+    exchange with another survivor list (answering both could reveal a client's self key and
+    its pair keys together, i.e. its upload).
+    """
+    from fedsonmf.protocol.messages import Message
+
+    st = dict(state.arrays)
+    params = parse_params(msg.scalars.get(SECAGG_KEY))
+    if STATE_LAST not in st:
+        raise ProtocolError("secure aggregation: unmask request but this client has masked nothing")
+    last = _json_of(st[STATE_LAST])
+    me, seed = int(st[STATE_ME]), int(st[STATE_SEED])
+    survivors = sorted(int(q) for q in params.get("survivors", []))
+    if (int(msg.round), params["cohort"], str(params.get("nonce", ""))) != (last["round"], last["cohort"],
+                                                                              last["nonce"]) or not last["self"]:
+        raise ProtocolError(f"secure aggregation: unmask request for round {msg.round} does not match this "
+                            f"client's last masked exchange (round {last['round']})")
+    if me not in survivors or not set(survivors) <= set(last["cohort"]):
+        raise ProtocolError(f"secure aggregation: survivor list {survivors} must hold client {me} and lie in the "
+                            f"cohort {last['cohort']}")
+    if STATE_REVEALED in st:
+        done = _json_of(st[STATE_REVEALED])
+        if (done["round"], done["nonce"]) == (last["round"], last["nonce"]) and done["survivors"] != survivors:
+            raise ProtocolError(f"secure aggregation: a second unmask request for round {msg.round} with survivors "
+                                f"{survivors} (first: {done['survivors']}) is refused")
+    label = exchange_label(str(seed), "round", last["round"], last["cohort"], last["nonce"])
+    dropped = [q for q in last["cohort"] if q not in survivors]
+    self_key = np.frombuffer(exchange_key(_bytes(st[STATE_SELF]), "self|" + label), dtype=np.uint8).copy()
+    pair = np.zeros((len(dropped), 32), dtype=np.uint8)
+    for i, q in enumerate(dropped):
+        pair[i] = np.frombuffer(exchange_key(st[STATE_PAIRS][q].tobytes(), "pair|" + label), dtype=np.uint8)
+    st[STATE_REVEALED] = _json_bytes({"round": last["round"], "nonce": last["nonce"], "survivors": survivors})
+    # the server counted this client's upload: commit what the algorithm kept pending on it
+    for k in [k for k in st if k.endswith(".pending")]:
+        st[k[: -len(".pending")]] = st.pop(k)
+    return type(state)(state.round, st), Message("unmask", msg.round, {SELF_KEY: self_key, PAIR_KEYS: pair})
+
+
+def keep_protocol_state(old, new):
+    """Carry the protocol's private arrays from ``old`` into the algorithm's ``new`` state."""
+    for k, v in old.arrays.items():
+        if k.startswith("secagg.") and k not in new.arrays:
+            new.arrays[k] = v
+    return new
+
+
+# ----------------------------------------------------------------------------- the server's side
+
+
+def server_bits(spec: Mapping[str, tuple[str, int]], exp: int, vnorm: float, m: int) -> dict[str, int]:
+    """Fractional bits of every summed item from public numbers: the run's exponent E
+    (L = 2^E), ||V^s||_F of the broadcast and the cohort size m."""
+    L = math.ldexp(1.0, int(exp))
+    return {f"{field}.{key}": frac_bits(item_bound(deg, L, vnorm), m) for key, (field, deg) in spec.items()}
+
+
+def masked_names(reply) -> set[str]:
+    return {k[len(MASKED_PREFIX):] for k in reply.arrays if k.startswith(MASKED_PREFIX)
+            and k not in (SELF_KEY, PAIR_KEYS)}
+
+
+def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int],
+                     unmask: Mapping[int, object] | None = None, cohort: Sequence[int] | None = None):
+    """The :class:`~fedsonmf.protocol.messages.Aggregate` of masked replies (one per client of
+    ``clients``): ring sums, decoded at the exchange's scale.
+
+    ``unmask`` (rounds with self masks): the unmask replies of the survivors ``clients``
+    (``{client: reply}``), whose revealed keys remove every self mask and the pair masks with
+    the clients of ``cohort`` that dropped.
+    """
+    from fedsonmf.protocol.messages import Aggregate
+
+    self_keys, pair_revealed = {}, {}
+    if unmask is not None:
+        dropped = [q for q in sorted(cohort) if q not in set(clients)]
+        for p in clients:
+            rep = unmask.get(p)
+            if rep is None or SELF_KEY not in rep.arrays or PAIR_KEYS not in rep.arrays:
+                raise ProtocolError(f"secure aggregation: client {p} sent no unmask keys (round {round})")
+            sk, pk = np.asarray(rep.arrays[SELF_KEY], np.uint8), np.asarray(rep.arrays[PAIR_KEYS], np.uint8)
+            if sk.shape != (32,) or pk.shape != (len(dropped), 32):
+                raise ProtocolError(f"secure aggregation: client {p} sent unmask keys of shapes {sk.shape}, "
+                                    f"{pk.shape}; expected (32,), ({len(dropped)}, 32)")
+            self_keys[p] = sk.tobytes()
+            for i, q in enumerate(dropped):
+                pair_revealed[(p, q)] = pk[i].tobytes()
+    want = set(bits)
+    for p, rep in zip(clients, replies):
+        got = masked_names(rep)
+        if got != want:
+            raise ProtocolError(f"secure aggregation: client {p} sent masked items {sorted(got)}, expected "
+                                f"{sorted(want)} (round {round})")
+    sums = {}
+    for name in sorted(want):
+        key = name.split(".", 1)[1]
+        ring = ring_sum([rep.arrays[MASKED_PREFIX + name] for rep in replies])
+        if unmask is not None:
+            ring = remove_revealed(ring, name, self_keys, pair_revealed)
+        total = decode(ring, bits[name])
+        # a scalar item travels as a shape-(1,) array (split_summed); every array item is 2-D
+        sums[key] = float(total[0]) if total.shape == (1,) else total
+    return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
+
+
+def strip_masked(reply):
+    """The reply without its masked arrays (what the algorithm may read per client)."""
+    from fedsonmf.protocol.messages import Message
+
+    return Message(reply.kind, reply.round, {k: v for k, v in reply.arrays.items() if not k.startswith(MASKED_PREFIX)},
+                   reply.scalars, reply.diagnostics)
