@@ -58,29 +58,50 @@ __all__ = ["SimulationSuperLink", "run_simulation", "simulation_run_config", "fe
 CONNECTION = "fedsonmf-sim"
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Pids of the live processes in session ``sid`` (Linux /proc; empty elsewhere)."""
-    pids = []
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """{pid: (ppid, start time)} of the live processes (Linux /proc; empty elsewhere)."""
+    table = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # fields after the parenthesised command: state ppid pgrp session ...
+        # fields after the parenthesised command: state(0) ppid(1) ... starttime(19)
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry.name))
-    return pids
+        if fields[0] != "Z":
+            table[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def _tree(roots) -> dict[int, int]:
+    """{pid: start time} of ``roots`` (pid -> start time) and all their live descendants."""
+    table = _proc_table()
+    found = {pid: st for pid, st in roots.items() if table.get(pid, (None, None))[1] == st}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, st) in table.items():
+            if ppid in found and pid not in found:
+                found[pid] = st
+                grew = True
+    return found
+
+
+def _alive(procs: dict[int, int]) -> dict[int, int]:
+    """The entries of ``procs`` (pid -> start time) that still run (same pid, same start time)."""
+    table = _proc_table()
+    return {pid: st for pid, st in procs.items() if table.get(pid, (None, None))[1] == st}
 
 
 class SimulationSuperLink:
     """``flower-superlink --simulation`` on a free loopback port, in its own session.
 
     Runs submitted to it (``flwr run ... fedsonmf-sim``) execute in Flower's
-    simulation engine.  :meth:`stop` ends every process of the session it
-    started: the SuperLink, ``flower-superexec``, ``flwr-simulation`` and the Ray
-    processes (Ray's driver makes itself a process-group leader, so a process-group
-    kill alone would miss it; the session is kept).  Telemetry, update checks,
+    simulation engine.  :meth:`stop` ends the SuperLink and every process
+    descended from it: ``flower-superexec``, ``flwr-simulation`` and the Ray
+    processes (the SuperLink starts ``flower-superexec`` in a new session, so
+    neither a process-group nor a session kill would reach them; the tree is
+    read from /proc before the SuperLink goes).  Telemetry, update checks,
     run-time dependency installation and Ray's usage statistics are off; Ray gets
     its own short temporary folder (removed by :meth:`stop`) and never joins
     another Ray instance on the machine.
@@ -137,26 +158,25 @@ class SimulationSuperLink:
         raise TimeoutError(f"simulation SuperLink not healthy at {url} after {timeout:g} s; see {self.log}")
 
     def stop(self) -> None:
-        """TERM the session's processes, then KILL what is left; remove Ray's temp folder."""
-        if self.proc is not None:
-            sid = self.proc.pid  # the SuperLink leads its own session: sid == its pid
+        """TERM the SuperLink and its descendants, then KILL what is left; remove Ray's temp folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            table = _proc_table()
+            root = {self.proc.pid: table[self.proc.pid][1]} if self.proc.pid in table else {}
+            procs = _tree(root)
             for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-                pids = _session_pids(sid) or ([self.proc.pid] if self.proc.poll() is None else [])
-                for pid in pids:
+                procs.update(_tree(_alive(procs)))  # children started since the last look
+                for pid in _alive(procs):
                     try:
                         os.kill(pid, sig)
                     except (ProcessLookupError, PermissionError):
                         pass
                 deadline = time.monotonic() + wait
-                while time.monotonic() < deadline:
-                    if self.proc.poll() is not None and not _session_pids(sid):
-                        break
+                while _alive(procs) and time.monotonic() < deadline:
+                    self.proc.poll()  # reap the SuperLink
                     time.sleep(0.1)
-                else:
-                    continue
-                break
-            if self.proc.poll() is None:
-                self.proc.wait(timeout=10)
+                if not _alive(procs):
+                    break
+            self.proc.wait(timeout=10)
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
@@ -256,7 +276,8 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     Returns the :class:`FitResult` of :func:`~.launcher.load_result`, the same as
     :func:`~.launcher.run_flower`; ``extra["flower"]`` holds ``engine="simulation"``,
     ``startup_seconds`` (start until round 1 begins), ``superlink_seconds``,
-    ``flwr_run_seconds``, ``wall_seconds`` and ``run_dir``.  Raises
+    ``flwr_run_seconds``, ``wall_seconds``, ``run_dir`` and ``ray_tmp`` (Ray's
+    temporary folder, already removed).  Raises
     :class:`FlowerRunError` naming the client and round when the run fails.
     Every process it started (SuperLink, simulation, Ray) is stopped on return.
     """
@@ -317,7 +338,7 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     info.update({
         "engine": "simulation", "num_supernodes": m, "superlink_seconds": t_link,
         "flwr_run_seconds": flwr_run_seconds, "wall_seconds": wall, "run_dir": str(run_dir),
-        "server_start_seconds": t_server, "setup_seconds": setup_seconds,
+        "server_start_seconds": t_server, "setup_seconds": setup_seconds, "ray_tmp": str(link.ray_tmp),
         # until round 1 began: SuperLink, submission, Ray and ServerApp start, handshake, setup exchange
         "startup_seconds": (t_server or 0.0) + float(info.get("handshake_seconds", 0.0)) + setup_seconds,
     })
