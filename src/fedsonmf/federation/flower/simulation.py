@@ -281,6 +281,11 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     :class:`FlowerRunError` naming the client and round when the run fails.
     Every process it started (SuperLink, simulation, Ray) is stopped on return.
     """
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # else flwr-simulation exits (code 701) before any ServerApp runs
+        raise ImportError("Flower's simulation engine needs Ray: pip install \"fedsonmf[simulation]\" "
+                          "(from a checkout: pip install \".[simulation]\")")
     t0 = time.perf_counter()
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
