@@ -23,6 +23,7 @@ from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.exceptions import InputError  # noqa: E402
 from fedsonmf.federation.flower import codec, nodeconfig, write_views  # noqa: E402
+from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app, state_dir_of  # noqa: E402
 from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
@@ -147,7 +148,9 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
     data = make_synthetic(n_clients=m, n_samples=60, n_features=8, rank=3, heterogeneity=0.6, random_state=4)
     cfg = FedConfig(n_components=3)
     run_dir = tmp_path / "sim"
-    res = run_simulation(data.views, cfg, run_dir=run_dir, max_rounds=rounds, seed=seed)
+    # generous limits: on a loaded 2-core machine the handshake (Ray start + 100 hellos) took 90 s
+    res = run_simulation(data.views, cfg, run_dir=run_dir, max_rounds=rounds, seed=seed, record_wire=True,
+                         node_timeout=900.0, round_timeout=900.0)
     with threadpool_limits(1):  # the simulation pins BLAS to one thread in every process
         ref = run_inprocess(check_views(data.views, 3), cfg, "fedsonmf", max_rounds=rounds, seed=seed)
     assert np.array_equal(res.V, ref.V)  # bit-identical
@@ -161,6 +164,10 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
         facts = json.loads((state / f"p{p}" / f"view-facts-{p}.json").read_text())
         assert facts["key"][0] == str((run_dir / "views" / f"view{p}.npy").resolve())
         assert (state / f"p{p}" / info["job_id"] / f"client-{p}-r{rounds}.npz").is_file()
+    # what crossed Flower's wire is what a deployment sends, nothing of a view's feature dimension
+    rows = [json.loads(line) for line in (run_dir / "server" / "wire.jsonl").read_text().splitlines()]
+    summary = audit_wire(rows, "fedsonmf", cfg, 60)
+    assert summary["up round"]["messages"] == m * rounds and summary["up hello"]["messages"] == m
     # every process of the simulation (SuperLink, flwr-simulation, Ray) is gone
     assert _our_processes(run_dir / "flwr-home", info["ray_tmp"]) == []
     assert not Path(info["ray_tmp"]).exists()
@@ -168,3 +175,22 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
     print(f"\n100 simulated clients: start-up {info['startup_seconds']:.1f} s (SuperLink {info['superlink_seconds']:.1f} s,"
           f" ServerApp up at {info['server_start_seconds']:.1f} s, handshake {info['handshake_seconds']:.1f} s), "
           f"{np.mean(secs):.2f} s/round, wall {info['wall_seconds']:.1f} s, pid {os.getpid()}")
+
+
+def test_simulate_command_reports_bad_views_before_starting(tmp_path, capsys):
+    from fedsonmf.cli.app import main
+
+    write_views([np.ones((10, 4)), np.ones((10, 4))], tmp_path / "v")
+    (tmp_path / "v" / "view1.npy").unlink()  # view0 only: one simulated client
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        main(["flower", "simulate", str(tmp_path / "empty"), "--out", str(tmp_path / "run"), "--rank", "2"])
+    assert exc.value.code == 2 and "holds no view file view0.<ext>" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["flower", "simulate", str(tmp_path / "v"), "--out", str(tmp_path / "run"), "--rank", "5"])
+    assert exc.value.code == 2 and "larger than view 0's number of features (4" in capsys.readouterr().err
+    np.save(tmp_path / "v" / "view2.npy", np.ones((10, 4)))
+    with pytest.raises(SystemExit) as exc:
+        main(["flower", "simulate", str(tmp_path / "v"), "--out", str(tmp_path / "run"), "--rank", "2"])
+    assert exc.value.code == 2 and "none for partitions [1]" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "flwr-home").exists()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -197,7 +198,7 @@ def federation_config(n_clients: int, *, cpus_per_client: int = 1) -> str:
 def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorithm: str = "fedsonmf",
                           max_rounds: int = 10, tol: float = 0.0, seed: int = 0, job_id: str | None = None,
                           round_timeout: float = 300.0, node_timeout: float = 120.0,
-                          record_wire: bool = False, participation=None) -> dict:
+                          record_wire: bool = False) -> dict:
     """The run config (keys of the app template) of a simulation run."""
     rc = {
         "num-clients": int(n_clients), "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol),
@@ -206,9 +207,6 @@ def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorit
         "node-timeout": float(node_timeout), "record-wire": bool(record_wire),
         "out-dir": str(Path(out_dir).resolve()), SIM_DATA_DIR: str(Path(sim_data_dir).resolve()),
     }
-    if participation is not None:
-        rc.update({"min-clients": float(participation.min_clients or 0),
-                   "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
     unknown = sorted(set(rc) - set(RUN_CONFIG_DEFAULTS))
     if unknown:  # pragma: no cover - a programming error
         raise ValueError(f"unknown run-config keys {unknown}")
@@ -226,12 +224,13 @@ def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
         folder = Path(views).resolve()
         if not folder.is_dir():
             raise InputError(f"{folder} is not a folder of view files view0.*, view1.*, ...")
-        m = 0
-        while any(p.stem == f"view{m}" for p in folder.iterdir()):
-            m += 1
-        if m == 0:
+        found = {int(p.stem[4:]) for p in folder.iterdir() if re.fullmatch(r"view\d+", p.stem) and p.is_file()}
+        if not found:
             raise InputError(f"{folder} holds no view file view0.<ext>")
-        return folder, m
+        missing = sorted(set(range(max(found) + 1)) - found)
+        if missing:
+            raise InputError(f"{folder} has view files up to view{max(found)} but none for partitions {missing}")
+        return folder, len(found)
     views = list(views)
     if not views:
         raise InputError("no views given")
@@ -254,7 +253,7 @@ def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
 def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                    seed: int = 0, cpus_per_client: int = 1, round_timeout: float = 300.0,
                    node_timeout: float = 300.0, record_wire: bool = False, pin_threads: bool = True,
-                   participation=None, timeout: float = 3600.0) -> FitResult:
+                   timeout: float = 3600.0) -> FitResult:
     """Run a federation in Flower's simulation engine, one virtual node per view, and return its result.
 
     Parameters
@@ -272,6 +271,11 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     pin_threads : bool
         BLAS threads = 1 in every process: the result then equals ``run_inprocess`` under
         ``threadpool_limits(1)`` bit for bit.
+    record_wire : bool
+        The server writes ``<run_dir>/server/wire.jsonl`` (:func:`~.audit.audit_wire`).
+    node_timeout, round_timeout, timeout : float
+        Seconds for the handshake (it includes Ray's start-up and one message per client; our choice
+        300 s, more than a deployment's 120 s), for one round, for the whole run.
 
     Returns the :class:`FitResult` of :func:`~.launcher.load_result`, the same as
     :func:`~.launcher.run_flower`; ``extra["flower"]`` holds ``engine="simulation"``,
@@ -298,7 +302,7 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     app_dir = write_app_dir(run_dir / "app")
     rc = simulation_run_config(cfg, n_clients=m, sim_data_dir=sim_dir, out_dir=out_dir, algorithm=algorithm,
                                max_rounds=max_rounds, tol=tol, seed=seed, round_timeout=round_timeout,
-                               node_timeout=node_timeout, record_wire=record_wire, participation=participation)
+                               node_timeout=node_timeout, record_wire=record_wire)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     overrides = logs / "run-config.toml"
