@@ -139,7 +139,11 @@ class SimulationSuperLink:
                  "--port", str(self.port), "--disable-runtime-dependency-installation"],
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.run_dir)
-        self._wait_health(timeout)
+        try:
+            self._wait_health(timeout)
+        except BaseException:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
         return self
 
     def _wait_health(self, timeout: float) -> None:
@@ -197,7 +201,7 @@ def federation_config(n_clients: int, *, cpus_per_client: int = 1) -> str:
 
 def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorithm: str = "fedsonmf",
                           max_rounds: int = 10, tol: float = 0.0, seed: int = 0, job_id: str | None = None,
-                          round_timeout: float = 300.0, node_timeout: float = 120.0,
+                          round_timeout: float = 300.0, node_timeout: float = 300.0,
                           record_wire: bool = False) -> dict:
     """The run config (keys of the app template) of a simulation run."""
     rc = {
