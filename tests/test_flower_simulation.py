@@ -194,3 +194,23 @@ def test_simulate_command_reports_bad_views_before_starting(tmp_path, capsys):
         main(["flower", "simulate", str(tmp_path / "v"), "--out", str(tmp_path / "run"), "--rank", "2"])
     assert exc.value.code == 2 and "none for partitions [1]" in capsys.readouterr().err
     assert not (tmp_path / "run" / "flwr-home").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_simulation_failure_names_the_view_and_leaves_no_process(tmp_path):
+    """A view its node cannot use (NaN: the shapes pass the driver's pre-check) fails the run at the
+    handshake with the view named, and every process of the simulation is stopped all the same."""
+    pytest.importorskip("ray")
+    from fedsonmf.exceptions import FlowerRunError
+    from fedsonmf.federation.flower import run_simulation
+
+    rng = np.random.default_rng(2)
+    bad = rng.random((20, 6))
+    bad[3, 2] = np.nan
+    with pytest.raises(FlowerRunError, match=r"view 1") as exc:
+        run_simulation([rng.random((20, 6)), bad], FedConfig(n_components=2), run_dir=tmp_path / "sim",
+                       max_rounds=2, node_timeout=900.0, round_timeout=900.0)
+    assert exc.value.status["status"] == "failed" and "view 1" in exc.value.status["error"]
+    assert "NaN" in exc.value.status["error"]
+    assert _our_processes(tmp_path / "sim" / "flwr-home", "fedsonmf-ray-never-matches") == []

@@ -104,7 +104,8 @@ def data_path(context, *, simulation: bool | None = None) -> Path:
         return Path(str(nc["data-path"]))
     sim_dir = _sim_dir(context, simulation)
     if sim_dir is None:
-        raise ValueError("node config has no 'data-path' (the node's own view file)")
+        raise ValueError("node config has no 'data-path' (the node's own view file); in Flower's simulation "
+                         f"engine, give the run config {SIM_DATA_DIR!r} (a folder of view<p>.* files)")
     return sim_view_path(sim_dir, _partition(nc))
 
 

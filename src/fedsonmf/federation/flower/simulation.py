@@ -94,6 +94,14 @@ def _alive(procs: dict[int, int]) -> dict[int, int]:
     return {pid: st for pid, st in procs.items() if table.get(pid, (None, None))[1] == st}
 
 
+def _tail(path: Path, n: int = 25) -> str:
+    """The last ``n`` lines of a log file ("" if unreadable)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
 class SimulationSuperLink:
     """``flower-superlink --simulation`` on a free loopback port, in its own session.
 
@@ -184,6 +192,18 @@ class SimulationSuperLink:
             self.proc.wait(timeout=10)
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+    def simulation_alive(self) -> bool:
+        """True while a ``flwr-simulation`` process (a run in the engine) runs under this SuperLink."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        for pid in _tree({self.proc.pid: _proc_table().get(self.proc.pid, (0, None))[1]}):
+            try:
+                if b"flwr-simulation" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+        return False
 
     def __enter__(self):
         return self.start()
@@ -332,19 +352,28 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
                     raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
                 time.sleep(0.05)
         flwr_run_seconds = time.perf_counter() - t1
-        # --stream exits 0 even when the ServerApp fails: the status file is the truth
-        status = _read_status(out_dir / "status.json")
-        deadline = time.monotonic() + 10
-        while status.get("status") in (None, "running") and time.monotonic() < deadline:
+        # `flwr run` returning says neither that the run succeeded (--stream exits 0 when the ServerApp
+        # fails) nor that it is over (the log stream can end early): the ServerApp's status file is the
+        # truth, and the run is over when it is final or no flwr-simulation process is left
+        status, grace = _read_status(out_dir / "status.json"), None
+        while status.get("status") not in ("completed", "failed") and time.monotonic() < deadline:
+            if link.simulation_alive():
+                grace = None
+            elif grace is None:
+                grace = time.monotonic() + 10.0
+            elif time.monotonic() > grace:
+                break
             time.sleep(0.2)
             status = _read_status(out_dir / "status.json")
     wall = time.perf_counter() - t0
     if status.get("status") != "completed":
-        if not status:
-            status = {"status": "failed", "error": f"the ServerApp wrote no status (flwr run exit code "
-                                                   f"{proc.returncode}); see {log} and {link.log}"}
-        raise FlowerRunError(f"Flower simulation failed: {status.get('error')} (last completed round "
-                             f"{status.get('last_completed_round')}); see {log}", status)
+        why = status.get("error") or (
+            f"the ServerApp {'stopped in state ' + repr(status.get('status')) if status else 'wrote no status'} "
+            f"(flwr run exit code {proc.returncode})")
+        status = {**status, "status": "failed", "error": why}
+        raise FlowerRunError(f"Flower simulation failed: {why} (last completed round "
+                             f"{status.get('last_completed_round')}); see {log} and {link.log}\n"
+                             f"--- end of {log.name}:\n{_tail(log)}", status)
     res = load_result(out_dir)
     info = res.extra.setdefault("flower", {})
     setup_seconds = res.seconds - sum(float(r.get("seconds", 0.0)) for r in res.history.rows)
