@@ -172,7 +172,8 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
     assert _our_processes(run_dir / "flwr-home", info["ray_tmp"]) == []
     assert not Path(info["ray_tmp"]).exists()
     secs = [r["seconds"] for r in res.history.rows]
-    print(f"\n100 simulated clients: start-up {info['startup_seconds']:.1f} s (SuperLink {info['superlink_seconds']:.1f} s,"
+    print(f"\n100 simulated clients: start-up {info['startup_seconds']:.1f} s "
+          f"(SuperLink {info['superlink_seconds']:.1f} s,"
           f" ServerApp up at {info['server_start_seconds']:.1f} s, handshake {info['handshake_seconds']:.1f} s), "
           f"{np.mean(secs):.2f} s/round, wall {info['wall_seconds']:.1f} s, pid {os.getpid()}")
 

@@ -138,7 +138,8 @@ def register(app, reproduce_app) -> None:
         secs = [r["seconds"] for r in res.history.rows]
         typer.echo(f"{info['num_supernodes']} simulated clients, {res.stopping_reason}; "
                    f"{sum(secs) / len(secs):.2f} s/round, start-up {info['startup_seconds']:.1f} s")
-        typer.echo(f"V: {Path(out).resolve() / 'server' / 'V.npy'}  history: {Path(out).resolve() / 'server' / 'result.json'}")
+        server = Path(out).resolve() / "server"
+        typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
         if json_path is not None:
             res.save_json(json_path)
             typer.echo(f"wrote {json_path}")
