@@ -3,6 +3,7 @@
 ``fedsonmf flower run VIEW...``   SuperLink + one SuperNode per view on loopback, run, collect, stop
 ``fedsonmf flower app DEST``      write the shim Flower app (for ``flwr run`` on real machines)
 ``fedsonmf flower views DEST``    write synthetic view files (one per client) to try it out
+``fedsonmf flower simulate DIR``  the same app in Flower's simulation engine, one simulated client per view
 
 Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
 uses secure aggregation unless ``--no-secure-aggregation`` is given.
@@ -111,6 +112,47 @@ def register(app, reproduce_app) -> None:
         fl = _flower()
         fl.write_app_dir(dest)
         typer.echo(f"wrote {dest} (run-config keys: see {dest / 'pyproject.toml'})")
+
+    @flower_app.command("simulate")
+    @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
+    def simulate(
+        views: List[Path] = typer.Argument(..., help="A folder of view0.*, view1.*, ... (one per simulated "
+                                           "client; node state is written into it), or the view files."),
+        out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, results)."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        cpus_per_client: int = typer.Option(1, "--cpus-per-client", min=1,
+                                            help="Ray CPUs per simulated client (clients run cores/this at a time)."),
+        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
+        params: dict = None,
+    ):
+        """Run a federation in Flower's simulation engine (needs the simulation extra: Ray)."""
+        fl = _flower()
+        from fedsonmf.protocol.config import FedConfig
+
+        check_output_path(json_path, "--json")
+        algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
+        cfg = FedConfig(**params)
+        source = views[0] if len(views) == 1 and views[0].is_dir() else views
+        typer.echo(f"starting a simulation SuperLink on 127.0.0.1 (run folder {out})")
+        try:
+            res = fl.run_simulation(source, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
+                                    seed=seed, cpus_per_client=cpus_per_client, round_timeout=round_timeout)
+        except ImportError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        info = res.extra["flower"]
+        secs = [r["seconds"] for r in res.history.rows]
+        typer.echo(f"{info['num_supernodes']} simulated clients, {res.stopping_reason}; "
+                   f"{sum(secs) / len(secs):.2f} s/round, start-up {info['startup_seconds']:.1f} s")
+        server = Path(out).resolve() / "server"
+        typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
+        if json_path is not None:
+            res.save_json(json_path)
+            typer.echo(f"wrote {json_path}")
 
     @flower_app.command("views")
     def views_cmd(

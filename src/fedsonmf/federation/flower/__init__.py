@@ -6,7 +6,9 @@ Needs the optional extra: ``pip install "fedsonmf[flower]"``.
   over :class:`.transport.FlowerTransport`.
 * :mod:`.client_app` -- the ClientApp (``app``): answers with :class:`fedsonmf.federation.ClientRuntime`.
 * :mod:`.launcher` -- :class:`LoopbackDeployment` and :func:`run_flower` (SuperLink + SuperNodes on loopback).
-* :mod:`.template` -- :func:`write_app_dir`, the shim app for ``flwr run``.
+* :mod:`.simulation` -- :func:`run_simulation`: the same app in Flower's simulation engine (needs Ray).
+* :mod:`.nodeconfig` -- where a node finds its view and state (deployment: node config; simulation: run config).
+* :mod:`.template` -- :func:`write_app_dir`, the shim app for ``flwr run`` (the repository's ``flower-app/``).
 * :mod:`.audit` -- the declared wire payload and :func:`audit_wire`.
 """
 
@@ -25,10 +27,11 @@ from fedsonmf.federation.flower.launcher import (
     write_masks,
     write_views,
 )
+from fedsonmf.federation.flower.simulation import run_simulation
 from fedsonmf.federation.flower.template import write_app_dir
 from fedsonmf.federation.flower.transport import FlowerTransport, handshake
 
 __all__ = [
     "FederationError", "FlowerRunError", "FlowerTransport", "LoopbackDeployment", "handshake", "load_result",
-    "run_flower", "write_app_dir", "write_views", "write_masks",
+    "run_flower", "run_simulation", "write_app_dir", "write_views", "write_masks",
 ]

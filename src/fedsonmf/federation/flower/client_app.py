@@ -7,6 +7,8 @@ Node config (``flower-supernode --node-config``):
                   shape (n_samples, d_p), or ``.npz`` written by ``scipy.sparse.save_npz``
 ``state-dir``     str, node-local directory of the private state files
                   (default: ``<dir of data-path>/.fedsonmf-state``)
+                  Simulated nodes (Flower's simulation engine) have neither: they use
+                  the run config ``sim-data-dir`` (:mod:`.nodeconfig`, the rule and why).
 ``mask-path``     str, optional: the samples this node holds (incomplete views, §15.1),
                   ``.npy`` of a boolean vector of length n or of int sample ids.
                   Absent: every sample.  Only membership is sent to the server.
@@ -41,7 +43,7 @@ from fedsonmf._validation import as_internal_view, check_views
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
-from fedsonmf.federation.flower import codec
+from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.loop import ClientRuntime
 from fedsonmf.federation.rejoin import load_latest_client_state
 from fedsonmf.protocol.messages import Message
@@ -123,22 +125,14 @@ def _partition(context: Context) -> int:
 
 
 def state_dir_of(context: Context, job_id: str) -> Path:
-    nc = context.node_config
-    base = str(nc.get("state-dir", "") or "")
-    if not base:
-        if "data-path" not in nc:
-            raise ValueError("node config has neither 'state-dir' nor 'data-path'")
-        base = str(Path(str(nc["data-path"])).parent / ".fedsonmf-state")
+    base = nodeconfig.state_base(context)  # node config, or the simulation rule (nodeconfig's docstring)
     if not job_id or "/" in job_id or job_id.startswith("."):
         raise ProtocolError(f"invalid job id {job_id!r}")
     return Path(base) / job_id
 
 
 def _data_path(context: Context) -> str:
-    try:
-        return str(context.node_config["data-path"])
-    except KeyError:
-        raise ValueError("node config has no 'data-path' (the node's own view file)") from None
+    return str(nodeconfig.data_path(context))  # node config, or the simulation rule (nodeconfig's docstring)
 
 
 def _check_secure_policy(context: Context, cfg) -> None:

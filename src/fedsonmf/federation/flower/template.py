@@ -1,12 +1,18 @@
-"""The shipped Flower app: a tiny "shim" app directory for ``flwr run``.
+"""The Flower app: a tiny "shim" app folder for ``flwr run``.
 
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
 machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
 ``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.app``.
 
-The template lives in Python strings (not package data) so that a plain
-``pip install fedsonmf[flower]`` always has it; :func:`write_app_dir` writes it.
+One source of truth: this module.  :func:`write_app_dir` writes the folder (the
+launcher and the simulation driver write a fresh one per run); the repository's
+``flower-app/`` is its output, committed so that a Flower user can open it and
+``flwr run flower-app <connection>``, and ``tests/test_flower_app_folder.py``
+checks that the two are equal (regenerate with ``fedsonmf flower app flower-app``).
+The template lives in Python strings, not package data, so that a plain
+``pip install`` of fedsonmf always has it; the run-config defaults come from
+:mod:`fedsonmf.protocol.params` (declared once).
 Never write results into the app directory: everything in it with a
 ``.py/.toml/.md/.json/...`` suffix is shipped with the next run.
 """
@@ -53,6 +59,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
+    "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
@@ -67,7 +74,52 @@ import fedsonmf.federation.flower.client_app as _impl
 app = _impl.app
 '''
 
-_LICENSE = "BSD-3-Clause. See the fedsonmf project for the full text.\n"
+# the project's LICENSE, verbatim (tests/test_flower_app_folder.py checks it)
+_LICENSE = """BSD 3-Clause License
+
+Copyright (c) 2026, the fedsonmf developers
+
+Redistribution and use in source and binary forms, with or without
+modification, are permitted provided that the following conditions are met:
+
+1. Redistributions of source code must retain the above copyright notice, this
+   list of conditions and the following disclaimer.
+
+2. Redistributions in binary form must reproduce the above copyright notice,
+   this list of conditions and the following disclaimer in the documentation
+   and/or other materials provided with the distribution.
+
+3. Neither the name of the copyright holder nor the names of its
+   contributors may be used to endorse or promote products derived from
+   this software without specific prior written permission.
+
+THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS AND CONTRIBUTORS "AS IS"
+AND ANY EXPRESS OR IMPLIED WARRANTIES, INCLUDING, BUT NOT LIMITED TO, THE
+IMPLIED WARRANTIES OF MERCHANTABILITY AND FITNESS FOR A PARTICULAR PURPOSE ARE
+DISCLAIMED. IN NO EVENT SHALL THE COPYRIGHT HOLDER OR CONTRIBUTORS BE LIABLE
+FOR ANY DIRECT, INDIRECT, INCIDENTAL, SPECIAL, EXEMPLARY, OR CONSEQUENTIAL
+DAMAGES (INCLUDING, BUT NOT LIMITED TO, PROCUREMENT OF SUBSTITUTE GOODS OR
+SERVICES; LOSS OF USE, DATA, OR PROFITS; OR BUSINESS INTERRUPTION) HOWEVER
+CAUSED AND ON ANY THEORY OF LIABILITY, WHETHER IN CONTRACT, STRICT LIABILITY,
+OR TORT (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
+OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
+"""
+
+
+_HEADER = """\
+# The fedsonmf Flower app (written by fedsonmf.federation.flower.template.write_app_dir; do not edit
+# by hand: regenerate with `fedsonmf flower app flower-app`).  Deploy it on any Flower 1.42 SuperLink:
+#
+#     flwr run flower-app <connection> --stream --run-config 'num-clients=3 out-dir="/abs/dir" ...'
+#
+# Every machine needs fedsonmf installed with the flower extra (pip install "<fedsonmf checkout>[flower]");
+# run-time dependency installation must be off (the SuperLink's --disable-runtime-dependency-installation):
+# "fedsonmf" below is not on a package index.  Each SuperNode names its own view in its node config:
+#     --node-config 'partition-id=<p> num-partitions=<m> data-path="/data/view<p>.npy" state-dir="/data/state"'
+# Simulation (Flower's simulation engine): run config sim-data-dir = a folder of view<p>.* files.
+# The run-config keys and their meaning: docs/flower.md, "The app folder".
+
+"""
 
 
 def _toml_value(v) -> str:
@@ -90,7 +142,7 @@ def write_app_dir(dest, *, client_source: str | None = None, server_source: str 
     pkg.mkdir(parents=True, exist_ok=True)
     conf = {**RUN_CONFIG_DEFAULTS, **(extra_config or {})}
     config_lines = "\n".join(f"{k} = {_toml_value(v)}" for k, v in conf.items())
-    (dest / "pyproject.toml").write_text(f'''[build-system]
+    (dest / "pyproject.toml").write_text(f'''{_HEADER}[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
 

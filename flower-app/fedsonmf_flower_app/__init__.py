@@ -1,0 +1,1 @@
+"""fedsonmf Flower shim app."""

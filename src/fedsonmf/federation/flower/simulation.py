@@ -1,0 +1,387 @@
+"""Flower's simulation engine: the shipped app, many simulated clients on one machine.
+
+:func:`run_simulation` runs the same ServerApp and ClientApp as a deployment
+(:func:`~.launcher.run_flower`), but every client is a virtual node of Flower's
+simulation engine (Ray actors) instead of a SuperNode process.  Simulated nodes
+have only ``partition-id``/``num-partitions`` in their node config, so the run
+config ``sim-data-dir`` names the folder of view files (``view<p>.<ext>``, one per
+partition); :mod:`.nodeconfig` has the rule and why it cannot redirect a real node.
+
+The route, and why: ``flwr run <app> <connection> --federation-config
+"num-supernodes=N ..."`` (the CLI, as a Flower user runs it) against a simulation
+SuperLink (``flower-superlink --simulation``) that :class:`SimulationSuperLink`
+starts in its own session on a free loopback port and stops again.  Our choice
+over the two alternatives: the CLI's managed ``:local:`` SuperLink is detached and
+outlives ``flwr run`` (FLOWER.md §4.5), and ``flwr.simulation.run_simulation`` is
+deprecated in flwr 1.42 and passes an empty run config.
+
+Everything lives in one run folder::
+
+    <run_dir>/flwr-home/   FLWR_HOME (config.toml with the "fedsonmf-sim" connection, installed FAB)
+    <run_dir>/app/         the app (written fresh by write_app_dir)
+    <run_dir>/views/       the sim-data-dir: view<p>.* (written or linked), .fedsonmf-state/p<p>/ (node state)
+    <run_dir>/server/      the ServerApp's out-dir: status.json, result.json, V.npy
+    <run_dir>/logs/        superlink.log, flwr-run.log, run-config.toml
+
+Needs Ray: ``pip install ".[simulation]"`` (``flwr[simulation]``, ≈220 MB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from fedsonmf.exceptions import FlowerRunError, InputError
+from fedsonmf.federation.flower.launcher import (
+    _bin,
+    _check_view_files,
+    _free_port,
+    _read_status,
+    flower_env,
+    load_result,
+    write_views,
+)
+from fedsonmf.federation.flower.nodeconfig import SIM_DATA_DIR, sim_view_path
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, _toml_value, write_app_dir
+from fedsonmf.protocol.history import FitResult
+
+__all__ = ["SimulationSuperLink", "run_simulation", "simulation_run_config", "federation_config"]
+
+CONNECTION = "fedsonmf-sim"
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """{pid: (ppid, start time)} of the live processes (Linux /proc; empty elsewhere)."""
+    table = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # fields after the parenthesised command: state(0) ppid(1) ... starttime(19)
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            table[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def _tree(roots) -> dict[int, int]:
+    """{pid: start time} of ``roots`` (pid -> start time) and all their live descendants."""
+    table = _proc_table()
+    found = {pid: st for pid, st in roots.items() if table.get(pid, (None, None))[1] == st}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, st) in table.items():
+            if ppid in found and pid not in found:
+                found[pid] = st
+                grew = True
+    return found
+
+
+def _alive(procs: dict[int, int]) -> dict[int, int]:
+    """The entries of ``procs`` (pid -> start time) that still run (same pid, same start time)."""
+    table = _proc_table()
+    return {pid: st for pid, st in procs.items() if table.get(pid, (None, None))[1] == st}
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    """The last ``n`` lines of a log file ("" if unreadable)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class SimulationSuperLink:
+    """``flower-superlink --simulation`` on a free loopback port, in its own session.
+
+    Runs submitted to it (``flwr run ... fedsonmf-sim``) execute in Flower's
+    simulation engine.  :meth:`stop` ends the SuperLink and every process
+    descended from it: ``flower-superexec``, ``flwr-simulation`` and the Ray
+    processes (the SuperLink starts ``flower-superexec`` in a new session, so
+    neither a process-group nor a session kill would reach them; the tree is
+    read from /proc before the SuperLink goes).  Telemetry, update checks,
+    run-time dependency installation and Ray's usage statistics are off; Ray gets
+    its own short temporary folder (removed by :meth:`stop`) and never joins
+    another Ray instance on the machine.
+    """
+
+    def __init__(self, run_dir, *, pin_threads: bool = True, log_level: str = "WARNING"):
+        self.run_dir = Path(run_dir).resolve()
+        self.flwr_home = self.run_dir / "flwr-home"
+        self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level)
+        self.env.update({
+            "RAY_ADDRESS": "local",              # always a new Ray instance, never one started by `ray start`
+            "RAY_USAGE_STATS_ENABLED": "0",      # Ray reports usage statistics to a remote server by default
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        })
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.ray_tmp: Path | None = None
+        self.log = self.run_dir / "logs" / "superlink.log"
+
+    def start(self, timeout: float = 120.0) -> "SimulationSuperLink":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        # Ray's unix sockets live in its temp dir: keep the path short (AF_UNIX paths are <= 107 bytes)
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="fedsonmf-ray-"))
+        self.env["RAY_TMPDIR"] = str(self.ray_tmp)
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen(
+                [_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--disable-runtime-dependency-installation"],
+                env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.run_dir)
+        try:
+            self._wait_health(timeout)
+        except BaseException:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
+        return self
+
+    def _wait_health(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.port}/health"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"flower-superlink --simulation exited with code {self.proc.returncode}; "
+                                   f"see {self.log}")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"simulation SuperLink not healthy at {url} after {timeout:g} s; see {self.log}")
+
+    def stop(self) -> None:
+        """TERM the SuperLink and its descendants, then KILL what is left; remove Ray's temp folder."""
+        if self.proc is not None and self.proc.poll() is None:
+            table = _proc_table()
+            root = {self.proc.pid: table[self.proc.pid][1]} if self.proc.pid in table else {}
+            procs = _tree(root)
+            for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+                procs.update(_tree(_alive(procs)))  # children started since the last look
+                for pid in _alive(procs):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                deadline = time.monotonic() + wait
+                while _alive(procs) and time.monotonic() < deadline:
+                    self.proc.poll()  # reap the SuperLink
+                    time.sleep(0.1)
+                if not _alive(procs):
+                    break
+            self.proc.wait(timeout=10)
+        if self.ray_tmp is not None:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+    def simulation_alive(self) -> bool:
+        """True while a ``flwr-simulation`` process (a run in the engine) runs under this SuperLink."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        for pid in _tree({self.proc.pid: _proc_table().get(self.proc.pid, (0, None))[1]}):
+            try:
+                if b"flwr-simulation" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def federation_config(n_clients: int, *, cpus_per_client: int = 1) -> str:
+    """``--federation-config`` of a simulation with ``n_clients`` virtual nodes (one Ray actor per
+    ``cpus_per_client`` CPUs; Flower's default is 2 CPUs per client)."""
+    return (f"num-supernodes={int(n_clients)} client-resources-num-cpus={int(cpus_per_client)} "
+            f'init-args-logging-level="ERROR" init-args-log-to-driver=false')
+
+
+def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorithm: str = "fedsonmf",
+                          max_rounds: int = 10, tol: float = 0.0, seed: int = 0, job_id: str | None = None,
+                          round_timeout: float = 300.0, node_timeout: float = 300.0,
+                          record_wire: bool = False) -> dict:
+    """The run config (keys of the app template) of a simulation run."""
+    rc = {
+        "num-clients": int(n_clients), "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol),
+        "seed": int(seed), "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
+        "job-id": job_id or f"sim-{uuid.uuid4().hex[:12]}", "round-timeout": float(round_timeout),
+        "node-timeout": float(node_timeout), "record-wire": bool(record_wire),
+        "out-dir": str(Path(out_dir).resolve()), SIM_DATA_DIR: str(Path(sim_data_dir).resolve()),
+    }
+    unknown = sorted(set(rc) - set(RUN_CONFIG_DEFAULTS))
+    if unknown:  # pragma: no cover - a programming error
+        raise ValueError(f"unknown run-config keys {unknown}")
+    return rc
+
+
+def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
+    """The sim-data-dir for ``views`` and the number of views.
+
+    A folder is used as it is (its ``view0.*, view1.*, ...``; state goes into it);
+    arrays are written to ``<run_dir>/views``; file paths are linked there as
+    ``view<p><suffix>`` (never copied).
+    """
+    if isinstance(views, (str, os.PathLike)):
+        folder = Path(views).resolve()
+        if not folder.is_dir():
+            raise InputError(f"{folder} is not a folder of view files view0.*, view1.*, ...")
+        found = {int(p.stem[4:]) for p in folder.iterdir() if re.fullmatch(r"view\d+", p.stem) and p.is_file()}
+        if not found:
+            raise InputError(f"{folder} holds no view file view0.<ext>")
+        missing = sorted(set(range(max(found) + 1)) - found)
+        if missing:
+            raise InputError(f"{folder} has view files up to view{max(found)} but none for partitions {missing}")
+        return folder, len(found)
+    views = list(views)
+    if not views:
+        raise InputError("no views given")
+    folder = run_dir / "views"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # this folder is the driver's: drop the previous run's view files
+        if old.name.startswith("view") and (old.is_symlink() or old.is_file()):
+            old.unlink()
+    if all(isinstance(v, (str, os.PathLike)) for v in views):
+        for p, src in enumerate(views):
+            src = Path(src).resolve()
+            if not src.is_file():
+                raise FileNotFoundError(f"view file {src} does not exist")
+            (folder / f"view{p}{''.join(src.suffixes[-1:])}").symlink_to(src)
+    else:
+        write_views(views, folder)
+    return folder, len(views)
+
+
+def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
+                   seed: int = 0, cpus_per_client: int = 1, round_timeout: float = 300.0,
+                   node_timeout: float = 300.0, record_wire: bool = False, pin_threads: bool = True,
+                   timeout: float = 3600.0) -> FitResult:
+    """Run a federation in Flower's simulation engine, one virtual node per view, and return its result.
+
+    Parameters
+    ----------
+    views : list of array-like or sparse of shape (n_samples, d_p), list of paths, or a folder
+        The views: arrays are written to ``<run_dir>/views``; view files are linked there;
+        a folder must hold ``view0.<ext>, view1.<ext>, ...`` (``.npy`` or sparse ``.npz``)
+        and also receives the nodes' state (``.fedsonmf-state/``).
+    cfg : FedConfig
+        Hyper-parameters (``cfg.diagnostics`` is honoured).
+    run_dir : path
+        The run folder (created).
+    cpus_per_client : int
+        Ray CPUs per virtual node: the engine runs ``cores // cpus_per_client`` clients at a time.
+    pin_threads : bool
+        BLAS threads = 1 in every process: the result then equals ``run_inprocess`` under
+        ``threadpool_limits(1)`` bit for bit.
+    record_wire : bool
+        The server writes ``<run_dir>/server/wire.jsonl`` (:func:`~.audit.audit_wire`).
+    node_timeout, round_timeout, timeout : float
+        Seconds for the handshake (it includes Ray's start-up and one message per client; our choice
+        300 s, more than a deployment's 120 s), for one round, for the whole run.
+
+    Returns the :class:`FitResult` of :func:`~.launcher.load_result`, the same as
+    :func:`~.launcher.run_flower`; ``extra["flower"]`` holds ``engine="simulation"``,
+    ``startup_seconds`` (start until round 1 begins), ``superlink_seconds``,
+    ``flwr_run_seconds``, ``wall_seconds``, ``run_dir`` and ``ray_tmp`` (Ray's
+    temporary folder, already removed).  Raises
+    :class:`FlowerRunError` naming the client and round when the run fails.
+    Every process it started (SuperLink, simulation, Ray) is stopped on return.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # else flwr-simulation exits (code 701) before any ServerApp runs
+        raise ImportError("Flower's simulation engine needs Ray: pip install \"fedsonmf[simulation]\" "
+                          "(from a checkout: pip install \".[simulation]\")")
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sim_dir, m = _view_dir(views, run_dir)
+    _check_view_files([sim_view_path(sim_dir, p) for p in range(m)], cfg.n_components)
+    out_dir = run_dir / "server"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("status.json", "result.json", "V.npy"):
+        (out_dir / stale).unlink(missing_ok=True)
+    app_dir = write_app_dir(run_dir / "app")
+    rc = simulation_run_config(cfg, n_clients=m, sim_data_dir=sim_dir, out_dir=out_dir, algorithm=algorithm,
+                               max_rounds=max_rounds, tol=tol, seed=seed, round_timeout=round_timeout,
+                               node_timeout=node_timeout, record_wire=record_wire)
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    overrides = logs / "run-config.toml"
+    overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in rc.items()))
+    log = logs / "flwr-run.log"
+    with SimulationSuperLink(run_dir, pin_threads=pin_threads) as link:
+        t_link = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides),
+                 "--federation-config", federation_config(m, cpus_per_client=cpus_per_client)],
+                env=link.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=run_dir)
+            t_server = None  # when the ServerApp wrote its first status (it starts the handshake next)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None:
+                if t_server is None and (out_dir / "status.json").exists():
+                    t_server = time.perf_counter() - t0
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
+                time.sleep(0.05)
+        flwr_run_seconds = time.perf_counter() - t1
+        # `flwr run` returning says neither that the run succeeded (--stream exits 0 when the ServerApp
+        # fails) nor that it is over (the log stream can end early): the ServerApp's status file is the
+        # truth, and the run is over when it is final or no flwr-simulation process is left
+        status, grace = _read_status(out_dir / "status.json"), None
+        while status.get("status") not in ("completed", "failed") and time.monotonic() < deadline:
+            if link.simulation_alive():
+                grace = None
+            elif grace is None:
+                grace = time.monotonic() + 10.0
+            elif time.monotonic() > grace:
+                break
+            time.sleep(0.2)
+            status = _read_status(out_dir / "status.json")
+    wall = time.perf_counter() - t0
+    if status.get("status") != "completed":
+        why = status.get("error") or (
+            f"the ServerApp {'stopped in state ' + repr(status.get('status')) if status else 'wrote no status'} "
+            f"(flwr run exit code {proc.returncode})")
+        status = {**status, "status": "failed", "error": why}
+        raise FlowerRunError(f"Flower simulation failed: {why} (last completed round "
+                             f"{status.get('last_completed_round')}); see {log} and {link.log}\n"
+                             f"--- end of {log.name}:\n{_tail(log)}", status)
+    res = load_result(out_dir)
+    info = res.extra.setdefault("flower", {})
+    setup_seconds = res.seconds - sum(float(r.get("seconds", 0.0)) for r in res.history.rows)
+    info.update({
+        "engine": "simulation", "num_supernodes": m, "superlink_seconds": t_link,
+        "flwr_run_seconds": flwr_run_seconds, "wall_seconds": wall, "run_dir": str(run_dir),
+        "server_start_seconds": t_server, "setup_seconds": setup_seconds, "ray_tmp": str(link.ray_tmp),
+        # until round 1 began: SuperLink, submission, Ray and ServerApp start, handshake, setup exchange
+        "startup_seconds": (t_server or 0.0) + float(info.get("handshake_seconds", 0.0)) + setup_seconds,
+    })
+    return res
