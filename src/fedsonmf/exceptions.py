@@ -58,7 +58,11 @@ class FlowerRunError(FedSONMFError, RuntimeError):
 
 
 class RunStopped(FedSONMFError, RuntimeError):
-    """A Flower run was ended from outside (``flwr stop``, or a signal to its ServerApp process)."""
+    """A Flower run was ended from outside: ``external`` (``flwr stop``) or a signal to its ServerApp process."""
+
+    def __init__(self, message: str, *, external: bool = False):
+        super().__init__(message)
+        self.external = external
 
 
 class AuditError(FedSONMFError, AssertionError):

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import private_dir, write_atomic
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import CheckpointError
 from fedsonmf.protocol.config import FedConfig
@@ -61,25 +60,13 @@ SERVER_FILE = "server.npz"
 def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
     """Write ``arrays`` (+ a JSON ``meta``) to ``path`` atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     if _META_KEY in payload:
         raise ValueError(f"array key {_META_KEY!r} is reserved")
     payload[_META_KEY] = np.array(json.dumps(meta or {}, default=json_default))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, lambda fh: np.savez(fh, **payload))  # temp ".<name>.<random>.tmp", fsync, replace, 0600
+    _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
     return path
 
 

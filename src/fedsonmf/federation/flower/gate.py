@@ -446,8 +446,9 @@ def run_serverapp_task(spec: dict) -> int:
     stopped = threading.Event()
 
     def on_stop(signum, _frame):
-        raise RunStopped(f"run {run.run_id} was stopped externally (flwr stop)" if stopped.is_set()
-                         else f"the ServerApp got signal {signal.Signals(signum).name}")
+        if stopped.is_set():
+            raise RunStopped(f"run {run.run_id} was stopped externally (flwr stop)", external=True)
+        raise RunStopped(f"the ServerApp got signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGUSR1, on_stop)
     signal.signal(signal.SIGTERM, on_stop)

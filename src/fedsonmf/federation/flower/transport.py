@@ -19,6 +19,7 @@ from typing import Sequence
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
 
+from fedsonmf._io import open_private, private_dir
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
 from fedsonmf.protocol.messages import Message
@@ -31,7 +32,7 @@ class WireRecorder:
 
     def __init__(self, path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
         row = {"direction": direction, "client": client, "node_id": int(node_id),
@@ -40,8 +41,8 @@ class WireRecorder:
             row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
         else:
             row["records"] = codec.describe(flwr_msg.content)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        with open_private(self.path, "ab") as fh:  # an append-only log, 0600
+            fh.write((json.dumps(row) + "\n").encode())
 
 
 def _get(record, key):
