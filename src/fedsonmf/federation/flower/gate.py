@@ -446,7 +446,11 @@ def run_serverapp_task(spec: dict) -> int:
     stopped = threading.Event()
 
     def on_stop(signum, _frame):
-        if stopped.is_set():
+        # SIGINT comes from Flower's own HTTP retry logic when the SuperLink revokes the run's
+        # token (401: ``flwr stop``); SIGUSR1 from our heartbeat watch; SIGTERM from the executor
+        # (or our watch, when the SuperLink is gone)
+        if stopped.is_set() or signum == signal.SIGINT:
+            stopped.set()
             raise RunStopped(f"run {run.run_id} was stopped externally (flwr stop)", external=True)
         raise RunStopped(f"the ServerApp got signal {signal.Signals(signum).name}")
 
@@ -475,15 +479,16 @@ def run_serverapp_task(spec: dict) -> int:
     except BaseException as ex:  # noqa: BLE001 - reported as the task's status
         details = f"ServerApp failed with exception: {ex}"
     finally:
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         if heartbeat.is_running:
             heartbeat.stop()
-        try:
-            client.PushTaskOutput(PushTaskOutputRequest(context=context_to_proto(context), sub_status=sub_status,
-                                                        details=details))
-        except Exception:  # noqa: BLE001 - the SuperLink may be gone
-            pass
+        if not stopped.is_set():  # a stopped run's token is revoked: nothing to push
+            try:
+                client.PushTaskOutput(PushTaskOutputRequest(context=context_to_proto(context),
+                                                            sub_status=sub_status, details=details))
+            except Exception:  # noqa: BLE001 - the SuperLink may be gone
+                pass
         client.close()
         grid.close()
     return 0 if sub_status == SubStatus.COMPLETED else 1

@@ -381,7 +381,11 @@ class LoopbackDeployment:
         return status
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a start that fails half-way must not leave its daemons running
+            self.stop()
+            raise
 
     def __exit__(self, *exc):
         self.stop()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import RunNotRunningException
 
 from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
@@ -176,7 +177,7 @@ def server_main(grid: Grid, context: Context) -> None:
                 "traceback": traceback.format_exc(limit=5)}
         if isinstance(exc, FederationError):
             info.update(client=exc.client, round=exc.round, node_id=exc.node_id)
-        if isinstance(exc, RunStopped) and exc.external:
+        if (isinstance(exc, RunStopped) and exc.external) or isinstance(exc, RunNotRunningException):
             info.update(stopped_status(last_round["completed"]))
         _write_json(status_path, info)
         raise
