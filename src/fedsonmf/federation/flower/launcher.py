@@ -97,6 +97,28 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         proc.wait(timeout=10)
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(d.name))
+    return found
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    # killpg(pgid, 0) would keep succeeding for zombies no one reaps (an orphaned ServerApp child)
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -344,6 +366,10 @@ class LoopbackDeployment:
         which is deterministic) on every host, and sign the run: ``conf`` + the gate token."""
         import tomllib
 
+        out = Path(str(conf.get("out-dir", ""))).resolve()
+        if out != self.run_dir and self.run_dir not in out.parents:
+            raise ValueError(f"out_dir {out} must lie inside the run folder {self.run_dir} "
+                             "(the ServerApp writes only there)")
         fab_hash = _gate().fab_sha256(_gate().build_fab(app_dir))
         if fab_hash not in self._pinned:
             self._pinned.add(fab_hash)
@@ -375,6 +401,10 @@ class LoopbackDeployment:
         written to ``status.json`` (atomically) so that the folder says failed."""
         if self.superlink is None or self.superlink.poll() is None:
             return status
+        # the ServerApp child must not overwrite the report: end its group (with its executor) first
+        if "superlink" in self.executors:
+            _kill_group(self.executors["superlink"], signal.SIGKILL)
+            _wait_group_gone(self.executors["superlink"].pid, 10.0)
         report = superlink_exit_report(self.superlink.returncode, status_path.parent)
         status = {**status, **report}
         write_json_atomic(status_path, status)
