@@ -443,3 +443,20 @@ def test_superlink_kill9_is_reported_and_leaves_no_process(tmp_path, views):
     st = json.loads((run_dir / "server" / "status.json").read_text())
     assert st["status"] == "failed" and st["superlink_exit"] == "SIGKILL"
     assert not _processes_of(run_dir)  # SuperNodes, gate executors, the ServerApp child: all gone
+
+
+def test_a_reader_keeps_a_live_writers_temporary_file(tmp_path):
+    """A monitor polling the server checkpoint must not delete a write in progress (the temp file
+    names its writer's pid); a killed writer's leftover is removed."""
+    from fedsonmf.protocol.messages import ServerState
+
+    d = tmp_path / "checkpoint"
+    ckpt.save_server_checkpoint(d, ServerState(round=1, arrays={"V": np.zeros((2, 3))}), History([]), {})
+    live = d / f".server.npz.{os.getpid()}-abc123.tmp"
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+    dead = d / f".server.npz.{dead_pid}-def456.tmp"
+    live.write_bytes(b"in progress")
+    dead.write_bytes(b"torn")
+    assert ckpt.load_server_checkpoint(d).completed_rounds == 0
+    assert live.exists() and not dead.exists()

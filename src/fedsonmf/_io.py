@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Union
 
-__all__ = ["write_atomic", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
+__all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
            "check_private_file", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
@@ -67,12 +67,13 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
 
     ``data`` is bytes, a str (UTF-8), or a callable ``data(fh)`` that writes to
     the open binary file (e.g. ``lambda fh: np.save(fh, a)``).  The temporary
-    file is ``.<name>.<random>.tmp`` in the same folder; it is removed when the
-    write fails, and the old ``path`` (if any) stays as it was.
+    file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells a
+    cleaner whether its writer is still alive, see :func:`temp_writer_alive`);
+    it is removed when the write fails, and the old ``path`` (if any) stays as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0600
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)  # 0600
     try:
         with os.fdopen(fd, "wb") as fh:
             if callable(data):
@@ -80,8 +81,8 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
             else:
                 fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -91,6 +92,22 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def temp_writer_alive(name: str) -> bool:
+    """Whether the process that is writing temporary file ``name`` (``.<target>.<pid>-<random>.tmp``,
+    from :func:`write_atomic`) is still alive; False for names without a pid (older writers)."""
+    middle = name[:-len(".tmp")].rsplit(".", 1)[-1] if name.endswith(".tmp") else ""
+    pid, sep, _ = middle.partition("-")
+    if not sep or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return int(pid) != 0
 
 
 def write_json_atomic(path, obj, *, default=None, indent: int | None = 1, mode: int = FILE_MODE) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsonmf._io import private_dir, write_atomic
+from fedsonmf._io import private_dir, temp_writer_alive, write_atomic
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import CheckpointError
 from fedsonmf.protocol.config import FedConfig
@@ -76,8 +76,10 @@ _TMP_RE = re.compile(r"^\.(?P<target>.+\.npz)\.[^.]+\.tmp$")
 def _remove_stale_temps(directory, select) -> list[Path]:
     """Remove temporary files ``.<target>.<random>.tmp`` left by a killed write.
 
-    ``select(name)`` picks which ones; a writer of the same target would be a
-    second process writing one file, which no engine does.
+    ``select(name)`` picks which ones.  A temporary file whose writer is still
+    alive (its pid is in the name, :func:`fedsonmf._io.temp_writer_alive`) is
+    kept: a reader in another process (e.g. a monitor polling the server
+    checkpoint) must not delete a write in progress.
     """
     removed = []
     try:
@@ -85,7 +87,7 @@ def _remove_stale_temps(directory, select) -> list[Path]:
     except OSError:
         return removed
     for f in entries:
-        if _TMP_RE.match(f.name) and select(f.name):
+        if _TMP_RE.match(f.name) and select(f.name) and not temp_writer_alive(f.name):
             try:
                 f.unlink()
                 removed.append(f)
