@@ -319,8 +319,21 @@ def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
     assert info["status"] == "finished:failed"
     assert "refused by the fedsonmf gate" in info["status-details"] and "is not the fedsonmf app" in info[
         "status-details"]
-    outcome = _our_run(gated, "after-evil")
-    assert outcome.ok, outcome.status
+    # a stock flower-superexec on the node's host, without the node's SuperExec secret, acquires nothing
+    rogue_log = tmp_path / "rogue.log"
+    with open(rogue_log, "wb") as fh:
+        rogue = subprocess.Popen([_bin("flower-superexec"), "--insecure", "--runtime-api-address",
+                                  f"127.0.0.1:{gated._node_ports[0]}"], env={**gated.env, "FLWR_LOG_LEVEL": "INFO"},
+                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        outcome = _our_run(gated, "after-evil")
+        assert outcome.ok, outcome.status
+        rogue.wait(timeout=60)  # its first AcquireTask is refused (401) and it shuts down
+    finally:
+        if rogue.poll() is None:
+            os.killpg(rogue.pid, signal.SIGKILL)
+            rogue.wait()
+    assert "flwr-clientapp" not in rogue_log.read_text()  # it launched no task
     assert load_result(outcome.out_dir).n_rounds == 1
     assert list(markers.iterdir()) == []  # neither its ServerApp nor any ClientApp ran
     log = (gated.run_dir / "logs" / "gate-superlink.log").read_text()
