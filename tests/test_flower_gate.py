@@ -344,6 +344,28 @@ def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.deploy
+def test_a_node_that_has_not_pinned_the_app_refuses_its_tasks_with_the_reason(gated):
+    """The node's own gate, not only the SuperLink's: node 0's pin holds no app, so it answers every
+    task with an error reply naming the reason, and reads nothing of its view."""
+    gated._gate_run_config(write_app_dir(gated.run_dir / "app"), {"out-dir": str(gated.run_dir / "x")})  # pinned
+    pin = gated.node_dir(0) / "gate" / "pin.json"
+    saved = gate.Pin.load(pin)
+    gate.write_pin(pin, [], saved.public_key)
+    try:
+        outcome = _our_run(gated, "unpinned", **{"node-timeout": 15.0, "record-wire": True})
+    finally:
+        gate.write_pin(pin, saved.fab_sha256, saved.public_key)
+    assert outcome.status["status"] == "failed" and "views [0] did not answer" in outcome.status["error"]
+    errors = [r for r in map(json.loads, open(outcome.out_dir / "wire.jsonl")) if r["direction"] == "up"
+              and "error" in r and r["message_type"] == "query"]  # (the rest: the SuperLink's re-pull notices)
+    assert errors and all("refused by the fedsonmf gate: app bundle sha256" in r["error"]["reason"]
+                          and "is not the fedsonmf app pinned" in r["error"]["reason"] for r in errors)
+    assert "refused by the fedsonmf gate" in (gated.node_dir(0) / "gate" / "gate.log").read_text()
+    assert not (gated.node_dir(0) / "state" / "unpinned").exists()  # no state, no view read for this job
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
 def test_outsider_resubmitting_our_own_app_is_refused(gated, tmp_path):
     """(b) Our FAB (anyone can write the same shim: same sha256) without, or with a copied, token."""
     first = _our_run(gated, "own")
