@@ -4,6 +4,7 @@ so every run is short).  Slow (≈3-4 min in total), run in CI.
 """
 
 import json
+import os
 import signal
 import threading
 import time
@@ -72,7 +73,13 @@ def reference(data):
 def deployment(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("flower")
     paths = write_views(data, root / "views")
-    dep = LoopbackDeployment(root / "run", paths)
+    # the gate runs the node's installed ClientApp, never code from the FAB: the fault-injecting
+    # ClientApp is this node-side module (inert unless the run config sets 'fault')
+    mods = root / "mods"
+    mods.mkdir()
+    (mods / "fedsonmf_fault_client.py").write_text(FAULT_CLIENT)
+    dep = LoopbackDeployment(root / "run", paths, client_app="fedsonmf_fault_client:app")
+    dep.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(mods), dep.env.get("PYTHONPATH", "")) if p)
     dep.start()
     try:
         yield dep

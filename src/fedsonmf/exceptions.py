@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "FedSONMFError", "InputError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
-    "FlowerRunError", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
+    "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
 ]
 
 
@@ -55,6 +55,14 @@ class FlowerRunError(FedSONMFError, RuntimeError):
     def __init__(self, message: str, status: dict | None = None):
         super().__init__(message)
         self.status = status or {}
+
+
+class RunStopped(FedSONMFError, RuntimeError):
+    """A Flower run was ended from outside: ``external`` (``flwr stop``) or a signal to its ServerApp process."""
+
+    def __init__(self, message: str, *, external: bool = False):
+        super().__init__(message)
+        self.external = external
 
 
 class AuditError(FedSONMFError, AssertionError):

@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 import typer
 
+from fedsonmf._io import write_json_atomic
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
 from fedsonmf.exceptions import InputError
 
@@ -181,7 +181,7 @@ def register(app, reproduce_app) -> None:
                                     f"{seeds} seeds (mean ± std, %)"))
         console.print(_describe_defaults(res, params))
         if json_path is not None:
-            json_path.write_text(json.dumps({"params": params, "result": res.to_dict()}, indent=1))
+            write_json_atomic(json_path, {"params": params, "result": res.to_dict()})
             typer.echo(f"wrote {json_path}")
 
     @reproduce_app.command("table1")
@@ -225,8 +225,8 @@ def register(app, reproduce_app) -> None:
                 if prog.progress:
                     prog.progress.console.print(_table([res], res.label))
                 if json_path is not None:
-                    json_path.write_text(json.dumps({"params": params, "methods": methods,
-                                                     "results": [r.to_dict() for r in results]}, indent=1))
+                    write_json_atomic(json_path, {"params": params, "methods": methods,
+                                                  "results": [r.to_dict() for r in results]})
 
             run_table1(root, methods=methods, seeds=range(seeds), params=params, include=include,
                        on_dataset=on_dataset, on_seed=prog.on_seed, on_round=prog.on_round, on_result=on_result)

@@ -91,7 +91,7 @@ def register(app, reproduce_app) -> None:
                                 record_wire=record_wire, record_wire_arrays=record_wire_arrays,
                                 secure_aggregation=secure_aggregation, tls=tuple(tls) if tls else None,
                                 mask_paths=_mask_paths(masks, len(views)))
-        except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
+        except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)
         info = res.extra["flower"]

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import private_dir, temp_writer_alive, write_atomic
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import CheckpointError
 from fedsonmf.protocol.config import FedConfig
@@ -61,25 +60,13 @@ SERVER_FILE = "server.npz"
 def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
     """Write ``arrays`` (+ a JSON ``meta``) to ``path`` atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     if _META_KEY in payload:
         raise ValueError(f"array key {_META_KEY!r} is reserved")
     payload[_META_KEY] = np.array(json.dumps(meta or {}, default=json_default))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, lambda fh: np.savez(fh, **payload))  # temp ".<name>.<random>.tmp", fsync, replace, 0600
+    _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
     return path
 
 
@@ -89,8 +76,10 @@ _TMP_RE = re.compile(r"^\.(?P<target>.+\.npz)\.[^.]+\.tmp$")
 def _remove_stale_temps(directory, select) -> list[Path]:
     """Remove temporary files ``.<target>.<random>.tmp`` left by a killed write.
 
-    ``select(name)`` picks which ones; a writer of the same target would be a
-    second process writing one file, which no engine does.
+    ``select(name)`` picks which ones.  A temporary file whose writer is still
+    alive (its pid is in the name, :func:`fedsonmf._io.temp_writer_alive`) is
+    kept: a reader in another process (e.g. a monitor polling the server
+    checkpoint) must not delete a write in progress.
     """
     removed = []
     try:
@@ -98,7 +87,7 @@ def _remove_stale_temps(directory, select) -> list[Path]:
     except OSError:
         return removed
     for f in entries:
-        if _TMP_RE.match(f.name) and select(f.name):
+        if _TMP_RE.match(f.name) and select(f.name) and not temp_writer_alive(f.name):
             try:
                 f.unlink()
                 removed.append(f)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import csv
-import json
+import io
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import write_atomic, write_json_atomic
 from fedsonmf.core.residuals import normalised
 
 __all__ = ["History", "FitResult", "json_default"]
@@ -63,10 +63,11 @@ class History:
     def to_csv(self, path) -> None:
         recs = self.to_records()
         cols = [c for c in COLUMNS if recs and c in recs[0]]
-        with open(path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=cols)
-            w.writeheader()
-            w.writerows(recs)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        w.writerows(recs)
+        write_atomic(path, buf.getvalue())
 
 
 @dataclass
@@ -118,7 +119,7 @@ class FitResult:
         }
 
     def save_json(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_json_dict(), indent=1, default=json_default))
+        write_json_atomic(path, self.to_json_dict(), default=json_default)  # temp file, fsync, replace; 0600
 
 
 def json_default(o):

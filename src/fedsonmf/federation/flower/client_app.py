@@ -30,7 +30,6 @@ arrays there are subject to a stale-state race (FLOWER.md §3.5).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +38,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlwrMessage
 from flwr.clientapp import ClientApp
 
+from fedsonmf._io import write_json_atomic
 from fedsonmf._validation import as_internal_view, check_views
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
@@ -101,10 +101,7 @@ def view_facts(path, cache: Path, mask=None) -> tuple[object, dict]:
 
     facts = {"key": key, "fingerprint": ckpt.view_fingerprint(X),
              "x_sqnorm": sqnorm(X if held is None else X[:, held])}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(facts))
-    os.replace(tmp, cache)
+    write_json_atomic(cache, facts, indent=None)
     return X, facts
 
 

@@ -7,8 +7,17 @@ Everything lives in one run folder::
     <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
     <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
     <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
-    <run_dir>/logs/           superlink.log, flwr-run-<k>.log
+    <run_dir>/logs/           superlink.log, gate-superlink.log, flwr-run-<k>.log
+    <run_dir>/gate/           the gate's files (all 0600): coordinator.key, the SuperLink's
+                              superexec.secret, pin.json and ledger.json (nodes: nodes/p<i>/gate/)
     <run_dir>/job.json        job id and run config (reused by ``resume``)
+    <run_dir>/.lock           held (fcntl.flock) while a launch uses the folder
+
+Only our code runs (:mod:`.gate`): the SuperLink and the SuperNodes run with
+``--isolation process`` and a per-process SuperExec secret, and the launcher
+starts one gate executor per SuperNode and one for the SuperLink in their
+process groups; each runs only the pinned fedsonmf app, for runs the
+launcher's coordinator key authorised.  Folders are 0700 and files 0600.
 
 Telemetry, update checks and run-time dependency installation are switched off,
 BLAS is pinned to one thread (bit-identical results across engines), and
@@ -17,6 +26,7 @@ BLAS is pinned to one thread (bit-identical results across engines), and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -31,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation.flower.template import (
     RUN_CONFIG_DEFAULTS,
@@ -65,6 +76,48 @@ def flower_env(flwr_home, *, pin_threads: bool = True, log_level: str = "WARNING
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env
+
+
+def _gate():
+    # imported on use: ``python -m fedsonmf.federation.flower.gate`` must not find it imported already
+    from fedsonmf.federation.flower import gate
+
+    return gate
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to ``proc``'s process group (it leads one), then reap ``proc``."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(d.name))
+    return found
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    # killpg(pgid, 0) would keep succeeding for zombies no one reaps (an orphaned ServerApp child)
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _free_port() -> int:
@@ -111,7 +164,8 @@ class LoopbackDeployment:
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
-                 superexec_poll: float = 0.05, tls: tuple | None = None, mask_paths=None):
+                 superexec_poll: float = 0.05, tls: tuple | None = None, mask_paths=None,
+                 client_app: str | None = None):
         #: (ca.crt, server.pem, server.key) for TLS on loopback (the certificate must name 127.0.0.1)
         self.tls = tuple(str(Path(t).resolve()) for t in tls) if tls else None
         self.run_dir = Path(run_dir).resolve()
@@ -127,14 +181,21 @@ class LoopbackDeployment:
         self._node_ports: dict[int, int] = {}
         self._runs = 0
         self.startup_seconds: float | None = None
+        #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
+        self.client_app = client_app
+        self.executors: dict[object, subprocess.Popen] = {}  # "superlink" / view index -> gate executor
+        self._authority = None  # the coordinator key (gate.Authority)
+        self._pinned: set[str] = set()
+        self._lock = None
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log: Path) -> subprocess.Popen:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(log, "ab")
+        private_dir(log.parent)
+        fh = open_private(log, "ab")
         try:
             return subprocess.Popen(args, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                                    umask=0o077)
         finally:
             fh.close()
 
@@ -143,10 +204,13 @@ class LoopbackDeployment:
         for p in self.view_paths:
             if not p.is_file():
                 raise FileNotFoundError(f"view file {p} does not exist")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        private_dir(self.run_dir)
+        self._lock = _lock_run_dir(self.run_dir)
+        private_dir(self.flwr_home)
+        self._setup_gate()
         self.port = _free_port()
-        (self.flwr_home / "config.toml").write_text(
+        write_atomic(
+            self.flwr_home / "config.toml",
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\n'
             + (f'root-certificates = "{self.tls[0]}"\n' if self.tls else "insecure = true\n"))
@@ -154,9 +218,10 @@ class LoopbackDeployment:
                     if self.tls else ["--insecure"])
         self.superlink = self._spawn(
             [_bin("flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(self.port),
-             "--disable-runtime-dependency-installation"],
+             "--disable-runtime-dependency-installation", *self._gate_superlink_args()],
             self.run_dir / "logs" / "superlink.log")
         self._wait_health(timeout)
+        self._start_executor("superlink")
         for p in range(len(self.view_paths)):
             self.start_node(p)
         self.startup_seconds = time.perf_counter() - t0
@@ -193,20 +258,23 @@ class LoopbackDeployment:
         port = self._node_ports.get(p) or _free_port()
         self._node_ports[p] = port
         ndir = self.node_dir(p)
-        (ndir / "state").mkdir(parents=True, exist_ok=True)
+        private_dir(ndir / "state")
         node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
                        f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"'
                        + (f' mask-path="{self.mask_paths[p]}"' if self.mask_paths[p] is not None else ""))
         self.nodes[p] = self._spawn(
             [_bin("flower-supernode"), *(["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]),
              "--superlink", f"127.0.0.1:{self.port}",
-             "--port", str(port), "--node-config", node_config],
+             "--port", str(port), "--node-config", node_config, *self._gate_node_args(p)],
             ndir / "supernode.log")
+        self._start_executor(p)
         return self.nodes[p]
 
     def kill_node(self, p: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to SuperNode ``p``'s process group (its ClientApp processes too)."""
         proc = self.nodes[p]
+        if p in self.executors:  # the node's executor dies with it (as Flower's own SuperExec would)
+            _kill_group(self.executors[p], signal.SIGKILL)
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, sig)
@@ -220,7 +288,8 @@ class LoopbackDeployment:
 
     def stop(self) -> None:
         """Stop exactly the process groups this object started (TERM, then KILL)."""
-        procs = [p for p in list(self.nodes.values()) + [self.superlink] if p is not None]
+        procs = [p for p in list(self.nodes.values()) + [self.superlink] + list(self.executors.values())
+                 if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 try:
@@ -241,9 +310,113 @@ class LoopbackDeployment:
                 pass
             if proc.poll() is None:
                 proc.wait(timeout=10)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # ------------------------------------------------------------------ the gate (see .gate)
+    def _gate_dir(self, who) -> Path:
+        return self.run_dir / "gate" if who == "superlink" else self.node_dir(who) / "gate"
+
+    def _setup_gate(self) -> None:
+        """A fresh coordinator key and, per SuperLink/SuperNode, a SuperExec secret and a pin (all 0600)."""
+        private_dir(self._gate_dir("superlink"))
+        self._authority = _gate().Authority.create(self._gate_dir("superlink") / "coordinator.key")
+        for who in ["superlink", *range(len(self.view_paths))]:
+            d = private_dir(self._gate_dir(who))
+            _gate().write_secret(d / "superexec.secret")
+            _gate().write_pin(d / "pin.json", self._pinned, self._authority.public_key)
+
+    def _gate_superlink_args(self) -> list[str]:
+        return ["--isolation", "process",
+                "--superexec-auth-secret-file", str(self._gate_dir("superlink") / "superexec.secret")]
+
+    def _gate_node_args(self, p: int) -> list[str]:
+        return ["--isolation", "process",
+                "--superexec-auth-secret-file", str(self._gate_dir(p) / "superexec.secret")]
+
+    def _start_executor(self, who) -> subprocess.Popen:
+        """Start the gate executor of the SuperLink (``who="superlink"``) or of SuperNode ``who``,
+        in a process group of its own (its ServerApp children too; a group cannot join another
+        session's), stopped with its daemon; it also exits within 0.2 s when its daemon dies."""
+        leader = self.superlink if who == "superlink" else self.nodes[who]
+        d = self._gate_dir(who)
+        if who == "superlink":
+            role, api, certs, log = "serverapp", f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None, \
+                self.run_dir / "logs" / "gate-superlink.log"
+        else:
+            role, api, certs, log = "clientapp", f"127.0.0.1:{self._node_ports[who]}", None, d / "gate.log"
+        args = [sys.executable, "-m", "fedsonmf.federation.flower.gate", "--role", role, "--runtime-api", api,
+                "--pin", str(d / "pin.json"), "--secret", str(d / "superexec.secret"),
+                "--ledger", str(d / "ledger.json"), "--parent-pid", str(leader.pid)]
+        if certs:
+            args += ["--root-certificates", certs]
+        if role == "clientapp" and self.client_app:
+            args += ["--app", self.client_app]
+        env = dict(self.env)
+        if role == "serverapp":  # the ServerApp writes only below the run folder
+            env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
+        with open_private(log, "ab") as fh:
+            proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=self.run_dir, umask=0o077)
+        self.executors[who] = proc
+        return proc
+
+    def _gate_run_config(self, app_dir, conf: dict) -> dict:
+        """Pin the FAB that ``flwr run app_dir`` will submit (built here with Flower's builder,
+        which is deterministic) on every host, and sign the run: ``conf`` + the gate token."""
+        import tomllib
+
+        out = Path(str(conf.get("out-dir", ""))).resolve()
+        if out != self.run_dir and self.run_dir not in out.parents:
+            raise ValueError(f"out_dir {out} must lie inside the run folder {self.run_dir} "
+                             "(the ServerApp writes only there)")
+        fab_hash = _gate().fab_sha256(_gate().build_fab(app_dir))
+        if fab_hash not in self._pinned:
+            self._pinned.add(fab_hash)
+            for who in ["superlink", *range(len(self.view_paths))]:
+                _gate().write_pin(self._gate_dir(who) / "pin.json", self._pinned, self._authority.public_key)
+        conf = {k: v for k, v in conf.items() if k != _gate().TOKEN_KEY}
+        # sign exactly what the executors will see: the values as flwr parses the overrides file
+        parsed = tomllib.loads("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        token = self._authority.token(job_id=str(conf.get("job-id", "")), fab_hash=fab_hash, run_config=parsed)
+        return {**conf, _gate().TOKEN_KEY: token}
+
+    # ------------------------------------------------------------------ faults
+    def _wait_flwr_run(self, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+        """Wait for ``flwr run``; stop waiting (and end it) as soon as the SuperLink dies."""
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if self.superlink is not None and self.superlink.poll() is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return
+            if time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
+            time.sleep(0.1)
+
+    def _failure_report(self, status: dict, status_path: Path) -> dict:
+        """The status of a run whose SuperLink died: signal, round, last checkpoint; also
+        written to ``status.json`` (atomically) so that the folder says failed."""
+        if self.superlink is None or self.superlink.poll() is None:
+            return status
+        # the ServerApp child must not overwrite the report: end its group (with its executor) first
+        if "superlink" in self.executors:
+            _kill_group(self.executors["superlink"], signal.SIGKILL)
+            _wait_group_gone(self.executors["superlink"].pid, 10.0)
+        report = superlink_exit_report(self.superlink.returncode, status_path.parent)
+        status = {**status, **report}
+        write_json_atomic(status_path, status)
+        return status
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a start that fails half-way must not leave its daemons running
+            self.stop()
+            raise
 
     def __exit__(self, *exc):
         self.stop()
@@ -258,7 +431,7 @@ class LoopbackDeployment:
         """
         self._runs += 1
         out_dir = Path(out_dir or self.run_dir / "server").resolve()
-        out_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(out_dir)
         status_path = out_dir / "status.json"
         if status_path.exists():
             status_path.unlink()
@@ -268,22 +441,18 @@ class LoopbackDeployment:
         unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
         if unknown:
             raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")
+        conf = self._gate_run_config(app_dir, conf)
         overrides = self.run_dir / "logs" / f"run-config-{self._runs}.toml"
-        overrides.parent.mkdir(parents=True, exist_ok=True)
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        private_dir(overrides.parent)
+        write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
         log = self.run_dir / "logs" / f"flwr-run-{self._runs}.log"
         t0 = time.perf_counter()
-        with open(log, "wb") as fh:
+        with open_private(log, "wb") as fh:
             proc = subprocess.Popen(
                 [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.run_dir)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}") from None
+                start_new_session=True, cwd=self.run_dir, umask=0o077)
+            self._wait_flwr_run(proc, timeout, log)
         # --stream exits 0 even when the ServerApp fails: the status file is the truth
         status = _read_status(status_path)
         deadline = time.monotonic() + 10
@@ -293,7 +462,94 @@ class LoopbackDeployment:
         if not status:
             status = {"status": "failed",
                       "error": f"the ServerApp wrote no status (flwr run exit code {proc.returncode}); see {log}"}
+        status = self._failure_report(status, status_path)
         return RunOutcome(status, out_dir, time.perf_counter() - t0, log)
+
+
+class _RunDirLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock``, shared (counted) within this process."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd, self.count = path, fd, 1
+
+    def release(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            _HELD_LOCKS.pop(self.path, None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+_HELD_LOCKS: dict[Path, _RunDirLock] = {}
+
+
+def _lock_run_dir(run_dir) -> _RunDirLock:
+    """Hold the run folder for this launch; a second launch on it fails at once naming the first.
+
+    The lock file records who holds it (pid, command line, start time); the lock
+    itself is the kernel's, so it goes with the process that held it (no stale locks).
+    """
+    path = Path(run_dir).resolve() / ".lock"
+    held = _HELD_LOCKS.get(path)
+    if held is not None:
+        held.count += 1
+        return held
+    private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            holder = {}
+        os.close(fd)
+        who = (f"pid {holder.get('pid')}, started {holder.get('started')}: {holder.get('command')}"
+               if holder else "another process")
+        raise FlowerRunError(f"run folder {path.parent} is in use by a running launch ({who}); lock {path}. "
+                             "Wait for it to finish, or give another --out") from None
+    info = json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "command": " ".join(sys.argv)}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info, 0)
+    lock = _RunDirLock(path, fd)
+    _HELD_LOCKS[path] = lock
+    return lock
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def superlink_exit_report(returncode: int | None, out_dir) -> dict:
+    """Status fields for a run whose SuperLink exited: its signal/exit code, the round that
+    was running and the last checkpointed round (read from ``out_dir/checkpoint``)."""
+    from fedsonmf.federation import checkpoint as ckpt
+
+    try:
+        last = ckpt.load_server_checkpoint(Path(out_dir) / "checkpoint").completed_rounds
+    except Exception:  # noqa: BLE001 - no (readable) checkpoint: nothing completed
+        last = 0
+    how = _signal_name(returncode)
+    text = (f"SuperLink exited ({how}) during round {last + 1}; last checkpointed round {last}; "
+            + ("resume with --resume" if last else "nothing to resume, start again"))
+    return {"status": "failed", "error": text, "report": text, "superlink_exit": how,
+            "last_completed_round": last, "round": last + 1}
+
+
+def failure_message(status: dict) -> str:
+    """One line for a failed or stopped run (the CLI prints it)."""
+    if status.get("report"):
+        return str(status["report"])
+    return (f"Flower run failed: {status.get('error')} (last completed round "
+            f"{status.get('last_completed_round')}; resume with --resume)")
 
 
 def _app_config_keys(app_dir) -> list[str]:
@@ -420,7 +676,18 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     """
     _check_view_files(view_paths, cfg.n_components)
     run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_run_dir(run_dir)  # before job.json: a second launch must not touch the first's files
+    try:
+        return _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume,
+                                  round_timeout, node_timeout, record_wire, pin_threads, timeout, tls,
+                                  startup_timeout, mask_paths, participation)
+    finally:
+        lock.release()
+
+
+def _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume, round_timeout,
+                       node_timeout, record_wire, pin_threads, timeout, tls, startup_timeout, mask_paths,
+                       participation) -> FitResult:
     job_file = run_dir / "job.json"
     if resume:
         if not job_file.is_file():
@@ -439,16 +706,14 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     if participation is not None:
         run_config.update({"min-clients": float(participation.min_clients or 0),
                            "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
-    job_file.write_text(json.dumps({"job-id": job_id, "run-config": run_config,
-                                    "views": [str(Path(p).resolve()) for p in view_paths]}, indent=1))
+    write_json_atomic(job_file, {"job-id": job_id, "run-config": run_config,
+                                 "views": [str(Path(p).resolve()) for p in view_paths]})
     t0 = time.perf_counter()
     with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, mask_paths=mask_paths) as dep:
         outcome = dep.run(run_config, timeout=timeout)
     wall = time.perf_counter() - t0
     if not outcome.ok:
-        st = outcome.status
-        raise FlowerRunError(f"Flower run failed: {st.get('error')} (last completed round "
-                             f"{st.get('last_completed_round')}; resume with resume=True)", st)
+        raise FlowerRunError(failure_message(outcome.status), outcome.status)
     res = load_result(outcome.out_dir)
     res.extra.setdefault("flower", {}).update(
         {"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds, "wall_seconds": wall,

@@ -23,12 +23,13 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import RunNotRunningException
 
+from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
-from fedsonmf.exceptions import FederationError
+from fedsonmf.exceptions import FederationError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
@@ -78,9 +79,38 @@ def participation_from_run_config(rc) -> Participation | None:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=json_default))
-    os.replace(tmp, path)
+    write_json_atomic(_inside(path, path.parent), obj, default=json_default)
+
+
+#: set by the launcher for the SuperLink host's executor: out-dirs must lie below it
+OUT_ROOT_ENV = "FEDSONMF_OUT_ROOT"
+
+
+def _inside(path: Path, root: Path) -> Path:
+    """``path`` resolved (symlinks followed); refused unless it lies in ``root`` (resolved)."""
+    real, base = Path(path).resolve(), Path(root).resolve()
+    if real != base and base not in real.parents:
+        raise PermissionError(f"the ServerApp writes only inside {base}; {path} resolves to {real}")
+    return real
+
+
+def resolve_out_dir(out: str) -> Path:
+    """The run's out-dir: absolute, below ``$FEDSONMF_OUT_ROOT`` when set, created 0700."""
+    path = Path(out)
+    if not path.is_absolute():
+        raise ValueError(f"run config 'out-dir' must be an absolute path on the SuperLink host, got {out!r}")
+    root = os.environ.get(OUT_ROOT_ENV)
+    if root:
+        _inside(path, root)  # before anything is created
+    private_dir(path)
+    return _inside(path, root) if root else path.resolve()
+
+
+def stopped_status(last_completed_round: int) -> dict:
+    """Status fields of a run stopped from outside (``flwr stop``): where it was and where to resume."""
+    k = int(last_completed_round) + 1
+    text = f"stopped externally at round {k}; resume with --resume from round {k}"
+    return {"status": "stopped", "error": text, "report": text, "round": k}
 
 
 def server_main(grid: Grid, context: Context) -> None:
@@ -88,8 +118,7 @@ def server_main(grid: Grid, context: Context) -> None:
     out = str(rc.get("out-dir", "") or "")
     if not out:
         raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out_dir(out)
     status_path = out / "status.json"
     cfg = config_from_run_config(rc)
     alg = get_algorithm(str(rc.get("algorithm", "fedsonmf")))
@@ -102,12 +131,13 @@ def server_main(grid: Grid, context: Context) -> None:
     # node start-up (handshake + the setup exchange) has its own timeout, separate from the round timeout
     startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
     participation = participation_from_run_config(rc)
-    ckpt_dir = out / "checkpoint"
+    ckpt_dir = _inside(out / "checkpoint", out)
     run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
     recorder = None
     if bool(rc.get("record-wire", False)):
-        recorder = WireRecorder(out / "wire.jsonl",
-                                arrays_dir=out / "wire-arrays" if bool(rc.get("record-wire-arrays", False)) else None)
+        recorder = WireRecorder(_inside(out / "wire.jsonl", out),
+                                arrays_dir=_inside(out / "wire-arrays", out) if bool(rc.get("record-wire-arrays", False))
+                                else None)
     status = {"status": "running", "run_id": int(context.run_id), "job_id": job_id, "pid": os.getpid()}
     _write_json(status_path, status)
     t0 = time.perf_counter()
@@ -135,8 +165,7 @@ def server_main(grid: Grid, context: Context) -> None:
 
         res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
                              on_round_end=on_round_end, resume=resume, participation=participation)
-        np.save(out / ".V.tmp.npy", res.V)
-        os.replace(out / ".V.tmp.npy", out / "V.npy")
+        save_npy_atomic(_inside(out / "V.npy", out), res.V)
         res.extra["flower"] = {
             "node_ids": node_ids, "job_id": job_id, "run_id": int(context.run_id),
             "handshake_seconds": t_hs, "wire_bytes": transport.wire_bytes,
@@ -153,6 +182,8 @@ def server_main(grid: Grid, context: Context) -> None:
                 "traceback": traceback.format_exc(limit=5)}
         if isinstance(exc, FederationError):
             info.update(client=exc.client, round=exc.round, node_id=exc.node_id)
+        if (isinstance(exc, RunStopped) and exc.external) or isinstance(exc, RunNotRunningException):
+            info.update(stopped_status(last_round["completed"]))
         _write_json(status_path, info)
         raise
 

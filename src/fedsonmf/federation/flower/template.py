@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedsonmf._io import private_dir, write_atomic
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
@@ -60,6 +61,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
     "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
+    "gate-token": "",           # the coordinator's signed authorisation of this run (set by the launcher; see .gate)
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
@@ -139,10 +141,11 @@ def write_app_dir(dest, *, client_source: str | None = None, server_source: str 
     """
     dest = Path(dest)
     pkg = dest / PACKAGE
-    pkg.mkdir(parents=True, exist_ok=True)
+    private_dir(dest)
+    private_dir(pkg)
     conf = {**RUN_CONFIG_DEFAULTS, **(extra_config or {})}
     config_lines = "\n".join(f"{k} = {_toml_value(v)}" for k, v in conf.items())
-    (dest / "pyproject.toml").write_text(f'''{_HEADER}[build-system]
+    write_atomic(dest / "pyproject.toml", f'''{_HEADER}[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
 
@@ -168,8 +171,8 @@ clientapp = "{PACKAGE}.client_app:app"
 [tool.flwr.app.config]
 {config_lines}
 ''')
-    (dest / "LICENSE").write_text(_LICENSE)
-    (pkg / "__init__.py").write_text('"""fedsonmf Flower shim app."""\n')
-    (pkg / "server_app.py").write_text(server_source or _SERVER)
-    (pkg / "client_app.py").write_text(client_source or _CLIENT)
+    write_atomic(dest / "LICENSE", _LICENSE)
+    write_atomic(pkg / "__init__.py", '"""fedsonmf Flower shim app."""\n')
+    write_atomic(pkg / "server_app.py", server_source or _SERVER)
+    write_atomic(pkg / "client_app.py", client_source or _CLIENT)
     return dest

@@ -19,6 +19,7 @@ from typing import Sequence
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
 
+from fedsonmf._io import open_private, private_dir
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
 from fedsonmf.protocol.messages import Message
@@ -37,10 +38,10 @@ class WireRecorder:
 
     def __init__(self, path, arrays_dir=None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self.arrays_dir = None if arrays_dir is None else Path(arrays_dir)
         if self.arrays_dir is not None:
-            self.arrays_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.arrays_dir)
         self._count = 0
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
@@ -53,8 +54,8 @@ class WireRecorder:
             if self.arrays_dir is not None and direction == "up":
                 row["saved"] = self._save_arrays(client, flwr_msg.content)
         self._count += 1
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        with open_private(self.path, "ab") as fh:  # an append-only log, 0600
+            fh.write((json.dumps(row) + "\n").encode())
 
     def _save_arrays(self, client, content) -> dict:
         import numpy as np

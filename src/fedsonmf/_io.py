@@ -1,0 +1,152 @@
+"""Result files: atomic writes and private modes, in one place.
+
+Every result, status, checkpoint, key and ``--json`` output of fedsonmf goes
+through :func:`write_atomic`: the bytes go to a temporary file in the target's
+own folder (same file system, so the rename is atomic), are flushed and
+``fsync``-ed, get their mode, and then replace the target with ``os.replace``;
+the folder is ``fsync``-ed too.  A crash or a full disk at any point leaves the
+old file or the new one, never a torn one.
+
+Files are created 0600 and folders 0700 (our choice: a run folder holds
+private views' fingerprints, node state and keys; nobody but the owner needs
+to read it).  :func:`check_private_file` refuses a key or secret that group or
+others may read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Callable, Union
+
+__all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
+           "check_private_file", "FILE_MODE", "DIR_MODE"]
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+Payload = Union[bytes, str, Callable]
+
+
+def private_dir(path, mode: int = DIR_MODE) -> Path:
+    """Create ``path`` (and missing parents) with ``mode``; an existing folder gets ``mode`` too."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):  # the parents we create get ``mode`` too, not the umask's default
+        try:
+            p.mkdir(mode=mode)
+        except FileExistsError:
+            pass
+        os.chmod(p, mode)
+    os.chmod(path, mode)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. a platform without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
+    """Write ``data`` to ``path`` atomically and give it ``mode``.
+
+    ``data`` is bytes, a str (UTF-8), or a callable ``data(fh)`` that writes to
+    the open binary file (e.g. ``lambda fh: np.save(fh, a)``).  The temporary
+    file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells a
+    cleaner whether its writer is still alive, see :func:`temp_writer_alive`);
+    it is removed when the write fails, and the old ``path`` (if any) stays as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def temp_writer_alive(name: str) -> bool:
+    """Whether the process that is writing temporary file ``name`` (``.<target>.<pid>-<random>.tmp``,
+    from :func:`write_atomic`) is still alive; False for names without a pid (older writers)."""
+    middle = name[:-len(".tmp")].rsplit(".", 1)[-1] if name.endswith(".tmp") else ""
+    pid, sep, _ = middle.partition("-")
+    if not sep or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return int(pid) != 0
+
+
+def write_json_atomic(path, obj, *, default=None, indent: int | None = 1, mode: int = FILE_MODE) -> Path:
+    """``json.dumps(obj)`` written with :func:`write_atomic` (serialised first, so a bad object leaves no file)."""
+    return write_atomic(path, json.dumps(obj, indent=indent, default=default), mode=mode)
+
+
+def save_npy_atomic(path, array, *, mode: int = FILE_MODE) -> Path:
+    """``np.save`` (no pickle) written with :func:`write_atomic`."""
+    import numpy as np
+
+    return write_atomic(path, lambda fh: np.save(fh, array, allow_pickle=False), mode=mode)
+
+
+def open_private(path, flags: str = "ab"):
+    """Open ``path`` for appending (``"ab"``) or writing (``"wb"``), created 0600 (logs)."""
+    if flags not in ("ab", "wb"):
+        raise ValueError(f"flags must be 'ab' or 'wb', got {flags!r}")
+    os_flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if flags == "ab" else os.O_TRUNC)
+    fd = os.open(path, os_flags, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
+    return os.fdopen(fd, flags)
+
+
+def check_private_file(path, what: str = "key file") -> Path:
+    """Refuse ``path`` unless it is a regular file that only its owner may read or write.
+
+    Raises PermissionError naming the file, its mode and the fix (``chmod 600``).
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionError(f"{what} {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{what} {path} is readable or writable by group/others (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise PermissionError(f"{what} {path} belongs to another user (uid {st.st_uid})")
+    return path

@@ -1,0 +1,547 @@
+"""The gate: our own executor on every SuperNode and on the SuperLink host, so
+that only fedsonmf's code runs there, and only for runs the coordinator authorised.
+
+Why.  Flower OSS runs whatever app any client of the SuperLink port submits
+(``flwr run``), with the node's config (its view's path) in hand.  FAB
+verification (``--trusted-entities``) only accepts Flower-Hub-signed bundles and
+Control-API authentication is Flower Enterprise.  So the launcher starts the
+SuperLink and the SuperNodes with ``--isolation process`` (they spawn no app
+process) and ``--superexec-auth-secret-file`` (only a process that holds the
+secret may acquire tasks), and runs this executor in place of
+``flower-superexec``.  For every task it pulls the task input over Flower's
+Runtime (AppIo) API and:
+
+(a) refuses any app bundle (FAB) whose sha256 is not pinned in its 0600 pin
+    file (the launcher builds the FAB itself, hashes it and pins it);
+(b) never installs or imports code from the FAB: it runs the installed
+    ``fedsonmf`` ClientApp / ServerApp objects (or the node operator's own
+    ``--app module:attr``);
+(c) checks the run's authorisation, our choice: a ``gate-token`` run-config
+    value, signed (Ed25519) by the coordinator's per-deployment key, binding the
+    job id, the FAB hash and a digest of the whole run config, used by exactly
+    one run id (a node-local ledger binds its nonce to the first run id that
+    presents it) and fresh when first seen.  A re-submission of our own FAB,
+    with or without a copied token, is refused; so is any change of the run
+    config (out-dir, diagnostics, ...).
+
+A refused task gets an error reply (ClientApp) or a failed task status
+(ServerApp) whose text names the reason; nothing of the node's data is read.
+
+ClientApp tasks run *in this long-lived process*, one after the other: no
+process spawn and no imports per round (FLOWER.md §3.4: 1.2-2.5 s/round saved).
+That is safe for fedsonmf because the ClientApp keeps its private state in
+node-local files with a round check (module state is never used), and tasks
+are sequential: the context is pushed (PushTaskOutput) before the next task
+is acquired, so the next PullTaskInput sees it (no stale-state race, §3.5).
+ServerApp tasks (one per run, long) run in a child process, so that this
+executor keeps refusing foreign runs meanwhile, and so that an external
+``flwr stop`` ends that run only (reported as :class:`RunStopped`).
+
+Command line (started by :class:`~fedsonmf.federation.flower.launcher.LoopbackDeployment`)::
+
+    python -m fedsonmf.federation.flower.gate --role clientapp|serverapp \\
+        --runtime-api HOST:PORT --pin PIN.json --secret SECRET --ledger LEDGER.json \\
+        [--parent-pid PID] [--root-certificates CA.pem] [--app module:attr]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import importlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsonmf._io import check_private_file, write_atomic, write_json_atomic
+from fedsonmf.exceptions import RunStopped
+
+__all__ = [
+    "TOKEN_KEY", "DEFAULT_CLIENT_APP", "DEFAULT_SERVER_APP", "Authority", "Pin", "Gate", "Refused",
+    "fab_sha256", "build_fab", "config_digest", "write_pin", "write_secret", "serve",
+]
+
+#: run-config key of the coordinator's signed authorisation
+TOKEN_KEY = "gate-token"
+DEFAULT_CLIENT_APP = "fedsonmf.federation.flower.client_app:app"
+DEFAULT_SERVER_APP = "fedsonmf.federation.flower.server_app:app"
+#: seconds a token may be old when a node first sees it (our choice: generous for slow starts)
+TOKEN_MAX_AGE = 900.0
+_ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+
+
+class Refused(Exception):
+    """A task the gate does not run; the message is the reason sent back."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def fab_sha256(content: bytes) -> str:
+    """sha256 (hex) of a FAB's bytes: computed here, never taken from the bundle's own claim."""
+    return hashlib.sha256(content).hexdigest()
+
+
+def build_fab(app_dir) -> bytes:
+    """The FAB ``flwr run APP_DIR`` submits (Flower's own builder: fixed zip dates, sorted files)."""
+    import warnings
+
+    from flwr.cli.build import build_fab_from_disk
+
+    with warnings.catch_warnings():  # pathspec's 'gitwildmatch' deprecation, inside Flower's builder
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return build_fab_from_disk(Path(app_dir))
+
+
+def config_digest(run_config: dict) -> str:
+    """sha256 of the run config (every key but the token), as canonical JSON."""
+    items = {str(k): v for k, v in run_config.items() if k != TOKEN_KEY}
+    return hashlib.sha256(json.dumps(items, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_secret(path, nbytes: int = 32) -> Path:
+    """A fresh random SuperExec auth secret, 0600."""
+    return write_atomic(path, secrets.token_bytes(nbytes))
+
+
+# ----------------------------------------------------------------------------- coordinator
+
+
+class Authority:
+    """The coordinator's Ed25519 key (per deployment, 0600) and the tokens it signs."""
+
+    def __init__(self, private_key):
+        self._key = private_key
+
+    @classmethod
+    def create(cls, path) -> "Authority":
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        key = Ed25519PrivateKey.generate()
+        write_atomic(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption()))
+        return cls(key)
+
+    @classmethod
+    def load(cls, path) -> "Authority":
+        from cryptography.hazmat.primitives import serialization
+
+        check_private_file(path, "coordinator key file")
+        return cls(serialization.load_pem_private_key(Path(path).read_bytes(), password=None))
+
+    @property
+    def public_key(self) -> str:
+        """The raw 32-byte public key, base64url (what the pin files hold)."""
+        from cryptography.hazmat.primitives import serialization
+
+        return _b64(self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+
+    def token(self, *, job_id: str, fab_hash: str, run_config: dict) -> str:
+        """Authorise one run: ``base64url(payload) . base64url(signature)``."""
+        payload = {"v": 1, "job-id": str(job_id), "fab-sha256": fab_hash, "config-sha256": config_digest(run_config),
+                   "nonce": secrets.token_hex(16), "issued": time.time()}
+        body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+        return f"{_b64(body)}.{_b64(self._key.sign(body))}"
+
+
+# ----------------------------------------------------------------------------- node side
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What one host accepts: the app bundles' sha256 and the coordinator's public key."""
+
+    fab_sha256: frozenset
+    public_key: str
+
+    @classmethod
+    def load(cls, path) -> "Pin":
+        check_private_file(path, "gate pin file")
+        d = json.loads(Path(path).read_text())
+        return cls(frozenset(d["fab-sha256"]), str(d["coordinator-public-key"]))
+
+
+def write_pin(path, fab_hashes, public_key: str) -> Path:
+    """Write (replace) a pin file, 0600."""
+    return write_json_atomic(path, {"fab-sha256": sorted(set(fab_hashes)), "coordinator-public-key": public_key})
+
+
+class Gate:
+    """The checks of one host: pinned FAB hash, signed single-use run authorisation.
+
+    ``pin_path`` is re-read for every task (the launcher pins each app it
+    submits); ``ledger_path`` is this host's record {nonce: run id} (0600).
+    """
+
+    def __init__(self, pin_path, ledger_path, *, max_age: float = TOKEN_MAX_AGE):
+        self.pin_path = Path(pin_path)
+        self.ledger_path = Path(ledger_path)
+        self.max_age = max_age
+
+    def _ledger(self) -> dict:
+        try:
+            check_private_file(self.ledger_path, "gate ledger")
+            return json.loads(self.ledger_path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def check(self, fab_content: bytes, run_id: int, run_config: dict) -> dict:
+        """Raise :class:`Refused` naming the reason, else return the token's payload."""
+        pin = Pin.load(self.pin_path)
+        sha = fab_sha256(fab_content)
+        if sha not in pin.fab_sha256:
+            raise Refused(f"app bundle sha256 {sha[:16]}... is not the fedsonmf app pinned for this deployment")
+        token = str(run_config.get(TOKEN_KEY, "") or "")
+        if not token:
+            raise Refused(f"run {run_id} carries no coordinator authorisation ('{TOKEN_KEY}')")
+        payload = self._verify(token, pin.public_key)
+        if payload.get("fab-sha256") != sha:
+            raise Refused(f"run {run_id}: the authorisation is for another app bundle")
+        if payload.get("config-sha256") != config_digest(run_config):
+            raise Refused(f"run {run_id}: the run config differs from the one the coordinator authorised")
+        ledger = self._ledger()
+        nonce = str(payload.get("nonce"))
+        bound = ledger.get(nonce)
+        if bound is None:
+            age = time.time() - float(payload.get("issued", 0.0))
+            if not (-60.0 <= age <= self.max_age):
+                raise Refused(f"run {run_id}: the authorisation is {age:.0f} s old (limit {self.max_age:.0f} s)")
+            ledger[nonce] = int(run_id)
+            write_json_atomic(self.ledger_path, ledger)
+        elif int(bound) != int(run_id):
+            raise Refused(f"run {run_id}: the authorisation was issued for run {bound} (a re-submission)")
+        return payload
+
+    @staticmethod
+    def _verify(token: str, public_key: str) -> dict:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            body_b64, sig_b64 = token.split(".")
+            body, sig = _unb64(body_b64), _unb64(sig_b64)
+            Ed25519PublicKey.from_public_bytes(_unb64(public_key)).verify(sig, body)
+            return json.loads(body)
+        except (ValueError, InvalidSignature):
+            raise Refused("the run's authorisation is not signed by this deployment's coordinator") from None
+
+
+def _load_object(ref: str):
+    """``module:attr`` from the installed environment (never from a FAB)."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--app must be 'module:attribute', got {ref!r}")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ----------------------------------------------------------------------------- executor
+
+
+def _runtime_client(address: str, root_certificates: str | None, interceptors):
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=root_certificates is None,
+        root_certificates=validate_and_resolve_root_certificates(root_certificates, root_certificates is None),
+        interceptors=interceptors, retry_invoker=make_simple_http_retry_invoker())
+
+
+def _task_client(address: str, root_certificates: str | None, token: str, component: str):
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+
+    return _runtime_client(address, root_certificates,
+                           [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)])
+
+
+def _heartbeat_fn(client, stopped: threading.Event):
+    """Flower's task heartbeat, except that a stopped run sets ``stopped`` instead of
+    signalling the whole process (which would end this long-lived executor)."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    def fn() -> bool:
+        try:
+            res = client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except httpx.HTTPError:
+            return False
+        if not res.success:
+            stopped.set()
+        return True
+
+    return fn
+
+
+def _error_reason(ex: BaseException) -> str:
+    # Flower's own format of a ClientApp exception ("<class 'X'>:<'text'>")
+    return str(type(ex)) + ":<'" + str(ex) + "'>"
+
+
+class Executor:
+    """Poll the Runtime API for tasks of one role and handle them (see the module docstring)."""
+
+    def __init__(self, role: str, runtime_api: str, gate: Gate, secret: bytes, *, app_ref: str | None = None,
+                 root_certificates: str | None = None, parent_pid: int | None = None, poll: float = 0.05,
+                 log=None):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+
+        if role not in ("clientapp", "serverapp"):
+            raise ValueError(f"role must be 'clientapp' or 'serverapp', got {role!r}")
+        self.role, self.runtime_api, self.gate = role, runtime_api, gate
+        self.root_certificates, self.parent_pid, self.poll = root_certificates, parent_pid, poll
+        self.task_type = TaskType.CLIENT_APP if role == "clientapp" else TaskType.SERVER_APP
+        self.app_ref = app_ref or (DEFAULT_CLIENT_APP if role == "clientapp" else DEFAULT_SERVER_APP)
+        # the app is imported once, here, from the installed environment
+        self.app = _load_object(self.app_ref) if role == "clientapp" else None
+        self.log = log or (lambda text: print(f"[fedsonmf-gate {role}] {text}", file=sys.stderr, flush=True))
+        self.client = _runtime_client(runtime_api, root_certificates, [
+            RuntimeVersionHttpInterceptor(component_name="SuperExec"),
+            SuperExecAuthHttpInterceptor(master_secret=secret, protected_methods={_ACQUIRE})])
+        self.children: list[subprocess.Popen] = []
+        self.timings: list[float] = []
+
+    def serve_forever(self) -> None:
+        import httpx
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+
+        while True:
+            if self.parent_pid is not None and not _alive(self.parent_pid):
+                self.log(f"parent process {self.parent_pid} is gone; exiting")
+                return
+            self.children = [c for c in self.children if c.poll() is None]
+            try:
+                res = self.client.AcquireTask(AcquireTaskRequest(supported_task_types=[self.task_type],
+                                                                 agentapp_fab_hashes=[]))
+            except httpx.HTTPError as exc:  # the Runtime API is not up yet, or going down
+                self.log(f"Runtime API {self.runtime_api} not reachable ({type(exc).__name__}); retrying")
+                time.sleep(max(self.poll, 0.2))
+                continue
+            if res.HasField("task") and res.token:
+                t0 = time.perf_counter()
+                if self.role == "clientapp":
+                    self.handle_client_task(res.token)
+                else:
+                    self.handle_server_task(res.token)
+                self.timings.append(time.perf_counter() - t0)
+                if self.role == "clientapp":  # what a spawned flwr-clientapp would add on top: ~1.2-2.5 s
+                    self.log(f"task handled in {self.timings[-1]:.3f} s")
+                continue  # another task may be waiting
+            time.sleep(self.poll)
+
+    # ---------------------------------------------------------------- ClientApp, in this process
+    def handle_client_task(self, token: str) -> None:
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender
+        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+        client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-clientapp")
+        stopped = threading.Event()
+        heartbeat = HeartbeatSender(_heartbeat_fn(client, stopped))
+        context, sub_status, details = None, SubStatus.FAILED, "task failed before its input was pulled"
+        try:
+            heartbeat.start()
+            message, context, run, fab = pull_task_input(client)
+            try:
+                self.gate.check(fab.content, run.run_id, dict(run.override_config))
+            except Refused as why:
+                details = f"refused by the fedsonmf gate: {why}"
+                self.log(f"run {run.run_id}: {details}")
+                reply = Message(Error(code=ErrorCode.INVALID_FAB, reason=details), reply_to=message)
+            else:
+                try:
+                    reply = self.app(message=message, context=context)
+                    sub_status, details = SubStatus.COMPLETED, ""
+                except Exception as ex:  # noqa: BLE001 - becomes the error reply, as in flwr-clientapp
+                    details = _error_reason(ex)
+                    self.log(f"run {run.run_id}: ClientApp raised {details}")
+                    reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
+                                    reply_to=message)
+            if not stopped.is_set():
+                push_message(client, reply, context)
+        except Exception as ex:  # noqa: BLE001 - a broken task must not end the executor
+            details = f"task failed: {_error_reason(ex)}"
+            self.log(details)
+        finally:
+            if heartbeat.is_running:
+                heartbeat.stop()
+            # the context is pushed before the next task is acquired: no stale state (FLOWER.md §3.5)
+            push_task_output(client=client, context=context, sub_status=sub_status, details=details)
+            client.close()
+
+    # ---------------------------------------------------------------- ServerApp, in a child process
+    def handle_server_task(self, token: str) -> None:
+        from flwr.common.constant import SubStatus
+        from flwr.common.serde import fab_from_proto, run_from_proto
+        from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
+
+        client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-serverapp")
+        try:
+            res = client.PullTaskInput(PullTaskInputRequest())
+            run, fab = run_from_proto(res.run), fab_from_proto(res.fab)
+            try:
+                self.gate.check(fab.content, run.run_id, dict(run.override_config))
+            except Refused as why:
+                details = f"refused by the fedsonmf gate: {why}"
+                self.log(f"run {run.run_id}: {details}")
+                client.PushTaskOutput(PushTaskOutputRequest(sub_status=SubStatus.FAILED, details=details))
+                return
+        finally:
+            client.close()
+        spec = {"token": token, "task_input": _b64(res.SerializeToString()), "runtime_api": self.runtime_api,
+                "root_certificates": self.root_certificates, "app": self.app_ref, "parent_pid": self.parent_pid}
+        # the token goes through stdin, not argv (argv is readable by every local user in /proc)
+        child = subprocess.Popen([sys.executable, "-m", "fedsonmf.federation.flower.gate", "--serverapp-task"],
+                                 stdin=subprocess.PIPE)
+        child.stdin.write(json.dumps(spec).encode())
+        child.stdin.close()
+        self.children.append(child)
+        self.log(f"run {run.run_id}: authorised; ServerApp started (pid {child.pid})")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_serverapp_task(spec: dict) -> int:
+    """The child of a ServerApp task: run the installed ServerApp on the pulled input."""
+    from flwr.common.config import get_fused_config_from_fab
+    from flwr.common.constant import SubStatus
+    from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
+    from flwr.proto.runtime_pb2 import PullTaskInputResponse, PushTaskOutputRequest
+    from flwr.superlink.grid import HttpGrid
+    from flwr.supercore.heartbeat import HeartbeatSender
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    # the FAB's bytes were checked by the parent; only its declared default config is read (no code)
+    context.run_config = get_fused_config_from_fab(fab.content, run)
+    certs = Path(spec["root_certificates"]).read_bytes() if spec.get("root_certificates") else None
+    grid = HttpGrid(runtime_api_address=spec["runtime_api"], insecure=certs is None, root_certificates=certs,
+                    token=spec["token"])
+    grid.set_run(run)
+    client = _task_client(spec["runtime_api"], spec.get("root_certificates"), spec["token"], "flwr-serverapp")
+    stopped = threading.Event()
+
+    def on_stop(signum, _frame):
+        # SIGINT comes from Flower's own HTTP retry logic when the SuperLink revokes the run's
+        # token (401: ``flwr stop``); SIGUSR1 from our heartbeat watch; SIGTERM from the executor
+        # (or our watch, when the SuperLink is gone)
+        if stopped.is_set() or signum == signal.SIGINT:
+            stopped.set()
+            raise RunStopped(f"run {run.run_id} was stopped externally (flwr stop)", external=True)
+        raise RunStopped(f"the ServerApp got signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGUSR1, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    parent = spec.get("parent_pid")
+
+    def watch() -> None:  # a stopped run (heartbeat) or a dead SuperLink ends this process's main loop
+        while True:
+            time.sleep(0.2)
+            if stopped.is_set() or (parent is not None and not _alive(int(parent))):
+                os.kill(os.getpid(), signal.SIGUSR1 if stopped.is_set() else signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    heartbeat = HeartbeatSender(_heartbeat_fn(client, stopped))
+    heartbeat.start()
+    sub_status, details = SubStatus.FAILED, "ServerApp failed"
+    try:
+        app = _load_object(spec["app"])
+        app(grid=grid, context=context)
+        sub_status, details = SubStatus.COMPLETED, ""
+    except RunStopped as ex:
+        sub_status, details = (SubStatus.STOPPED if stopped.is_set() else SubStatus.FAILED), str(ex)
+    except BaseException as ex:  # noqa: BLE001 - reported as the task's status
+        details = f"ServerApp failed with exception: {ex}"
+    finally:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        if heartbeat.is_running:
+            heartbeat.stop()
+        if not stopped.is_set():  # a stopped run's token is revoked: nothing to push
+            try:
+                client.PushTaskOutput(PushTaskOutputRequest(context=context_to_proto(context),
+                                                            sub_status=sub_status, details=details))
+            except Exception:  # noqa: BLE001 - the SuperLink may be gone
+                pass
+        client.close()
+        grid.close()
+    return 0 if sub_status == SubStatus.COMPLETED else 1
+
+
+def serve(argv=None) -> int:
+    """Entry point of ``python -m fedsonmf.federation.flower.gate``."""
+    ap = argparse.ArgumentParser(prog="fedsonmf-gate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--role", choices=["clientapp", "serverapp"])
+    ap.add_argument("--runtime-api")
+    ap.add_argument("--pin")
+    ap.add_argument("--secret")
+    ap.add_argument("--ledger")
+    ap.add_argument("--app", default=None)
+    ap.add_argument("--parent-pid", type=int, default=None)
+    ap.add_argument("--root-certificates", default=None)
+    ap.add_argument("--poll", type=float, default=float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 0.05)))
+    ap.add_argument("--serverapp-task", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serverapp_task:
+        return run_serverapp_task(json.loads(sys.stdin.read()))
+    missing = [f"--{k}" for k in ("role", "runtime_api", "pin", "secret", "ledger") if getattr(args, k) is None]
+    if missing:
+        ap.error(f"missing {', '.join(m.replace('_', '-') for m in missing)}")
+    secret = Path(check_private_file(args.secret, "SuperExec auth secret")).read_bytes()
+    check_private_file(args.pin, "gate pin file")
+    ex = Executor(args.role, args.runtime_api, Gate(args.pin, args.ledger), secret, app_ref=args.app,
+                  root_certificates=args.root_certificates, parent_pid=args.parent_pid, poll=args.poll)
+
+    def bye(signum, _frame):
+        for c in ex.children:  # the ServerApp children go with us
+            if c.poll() is None:
+                c.terminate()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, bye)
+    signal.signal(signal.SIGINT, bye)
+    if args.parent_pid is not None:  # our daemon died (e.g. kill -9): exit, even in the middle of a task
+        def watch() -> None:
+            while _alive(args.parent_pid):
+                time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True).start()
+    ex.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
