@@ -18,7 +18,7 @@ import numpy as np
 import typer
 
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
-from fedsonmf.exceptions import InputError
+from fedsonmf.exceptions import InputError, ParameterError
 
 #: the paper's literal protocol (FedMultiViewClustering.paper)
 PAPER = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
@@ -147,23 +147,23 @@ def _load(paths: list[Path], *, views_key, labels_key, missing, labels_path, id_
     for p in paths:  # an unsupported extension is refused before any file is read
         check_format(p)
     if missing not in ("auto", "mask", "zeros"):
-        raise typer.BadParameter(f"must be 'auto', 'mask' or 'zeros', got {missing!r}", param_hint="--missing")
+        raise ParameterError(f"--missing must be 'auto', 'mask' or 'zeros', got {missing!r}")
     if len(paths) == 1 and paths[0].suffix.lower() == ".mat":
         for flag, value in (("--labels", labels_path), ("--id-column", id_column), ("--delimiter", delimiter),
                             ("--header/--no-header", header)):
             if value is not None:
-                raise typer.BadParameter(f"is for view files (one per view); a multi-view .mat file carries its "
-                                         "labels (--labels-key picks them)", param_hint=flag)
+                raise ParameterError(f"{flag} is for view files (one per view); a multi-view .mat file carries its "
+                                     "labels (--labels-key picks them)")
         vk = None if views_key is None else (views_key.split(",") if "," in views_key else views_key)
         return load_mat(paths[0], views_key=vk, labels_key=labels_key, missing=missing)
     if labels_key is not None:
-        raise typer.BadParameter("is for a multi-view .mat file given alone; give the labels of view files with "
-                                 "--labels FILE", param_hint="--labels-key")
+        raise ParameterError("--labels-key is for a multi-view .mat file given alone; give the labels of view "
+                             "files with --labels FILE")
     key = None
     if views_key is not None:
         key = views_key.split(",") if "," in views_key else views_key
         if isinstance(key, list) and len(key) != len(paths):
-            raise typer.BadParameter(f"{len(key)} names for {len(paths)} view files", param_hint="--views-key")
+            raise ParameterError(f"--views-key: {len(key)} names for {len(paths)} view files")
     # our choice: with view files 'auto' means the complete case (every file must hold the same sample ids)
     return load_views(paths, labels=labels_path, id_column=id_column, key=key, delimiter=delimiter,
                       header="infer" if header is None else header,
@@ -255,13 +255,12 @@ def register(app, reproduce_app) -> None:
                    id_column=id_column, header=header, delimiter=delimiter)
         if ds.labels is None:
             if clusters is None:
-                raise typer.BadParameter("is needed when there are no labels (--labels)", param_hint="--clusters")
+                raise ParameterError("--clusters is needed when there are no labels (--labels)")
             if context:
-                raise typer.BadParameter("the context methods are scored against labels: give --labels",
-                                         param_hint="--context")
+                raise ParameterError("--context: the context methods are scored against labels: give --labels")
             if seeds is not None and seeds != 1:
-                raise typer.BadParameter("without --labels there are no scores to average over seeds: one fit "
-                                         "(seed 0) is run", param_hint="--seeds")
+                raise ParameterError("--seeds: without --labels there are no scores to average over seeds; one "
+                                     "fit (seed 0) is run")
             n_seeds = 1
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
         params["n_components"] = "auto" if rank is None else rank

@@ -97,7 +97,7 @@ def sidecar_ids_path(path) -> Path:
 
 
 def read_view(path, *, id_column=None, header="infer", delimiter: str | None = None, key: str | None = None,
-              ids="auto", mmap_mode: str | None = None, validate: bool = True):
+              ids="auto", mmap_mode: str | None = None, validate: bool = True, order_by_id: bool = False):
     """Read one view (samples x features) and its sample ids from one file.
 
     Parameters
@@ -125,6 +125,9 @@ def read_view(path, *, id_column=None, header="infer", delimiter: str | None = N
     validate : bool, default=True
         Refuse NaN/Inf entries (naming the first one).  False skips that pass over the data
         (for a file validated before).
+    order_by_id : bool, default=False
+        Return the rows (and ids) sorted by id, as each client orders its rows locally (ids that are
+        all integer literals sort as integers); duplicate ids are refused.  No effect without ids.
 
     Returns
     -------
@@ -140,6 +143,11 @@ def read_view(path, *, id_column=None, header="infer", delimiter: str | None = N
     """
     X, row_ids, _ = _read_view(path, id_column=id_column, header=header, delimiter=delimiter, key=key, ids=ids,
                                mmap_mode=mmap_mode, validate=validate)
+    if order_by_id and row_ids is not None:
+        (keyed,), _ = _id_keys([row_ids])
+        _refuse_duplicates(keyed, path)
+        order = np.argsort(keyed, kind="stable")
+        X, row_ids = X[order], row_ids[order]
     return X, row_ids
 
 
@@ -636,6 +644,12 @@ def _id_keys(all_ids: list[np.ndarray]) -> tuple[list[np.ndarray], bool]:
     return [None if ids is None else np.asarray(ids, dtype=str) for ids in all_ids], False
 
 
+def _refuse_duplicates(keyed: np.ndarray, path) -> None:
+    uniq, counts = np.unique(keyed, return_counts=True)
+    if uniq.size != keyed.size:
+        raise InputError(f"{path}: duplicate sample ids: {_shown(uniq[counts > 1])}")
+
+
 def _shown(values, k: int = 5) -> str:
     values = list(values)
     head = ", ".join(str(v) for v in values[:k])
@@ -732,12 +746,10 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     if with_ids:
         keyed, numeric = _id_keys(raw_ids)
         for p in range(n_views):  # each client orders its rows by id, locally
-            uniq, counts = np.unique(keyed[p], return_counts=True)
-            if uniq.size != keyed[p].size:
-                raise InputError(f"{paths[p]}: duplicate sample ids: {_shown(uniq[counts > 1])}")
+            _refuse_duplicates(keyed[p], paths[p])
             order = np.argsort(keyed[p], kind="stable")
             keyed[p] = keyed[p][order]
-            views[p] = views[p][order] if not sp.issparse(views[p]) else views[p][order]
+            views[p] = views[p][order]
         same = all(np.array_equal(keyed[0], keyed[p]) for p in range(1, n_views))
         if same:
             common = keyed[0]
