@@ -393,6 +393,7 @@ def _bad_cases():
         "mat-several": (files(m_mat=lambda p: scipy.io.savemat(p, {"V1": A, "V2": A})), "m.mat", "key="),
         "not-mat": (files(m_mat="not a mat file at all" * 20), "m.mat", "MAT"),
         "missing-file": (lambda tmp: ([tmp / "nope.csv"], {}), "nope.csv", "does not exist"),
+        "ids-twice": (files(t_csv="id,a\n1,5\n2,6\n", t_ids_txt="1\n2\n"), "t.csv", "ids given twice"),
     }
 
 
@@ -426,22 +427,6 @@ def test_read_ids_header_rules(tmp_path):
     assert read_ids(tmp_path / "b.ids.txt").tolist() == ["3", "1"]
     (tmp_path / "c.ids.txt").write_text("x\ny\n")
     assert read_ids(tmp_path / "c.ids.txt").tolist() == ["x", "y"]
-
-
-# ----------------------------------------------------------------------------- load_mat (issue 20)
-
-
-def test_load_mat_refuses_a_view_that_does_not_fit_the_labels(tmp_path):
-    rng = np.random.default_rng(0)
-    path = tmp_path / "short.mat"
-    scipy.io.savemat(path, {"V1": rng.random((40, 15)), "V2": rng.random((30, 12)), "y": np.arange(40) % 4})
-    with pytest.raises(InputError, match=r"short\.mat.*'V2' \(30x12 float64\) has no axis of length n_samples=40"):
-        load_mat(path)
-    cell = np.empty((1, 2), dtype=object)
-    cell[0, 0], cell[0, 1] = rng.random((40, 15)), rng.random((30, 12))
-    scipy.io.savemat(path, {"X": cell, "y": np.arange(40) % 4})
-    with pytest.raises(InputError, match=r"'X\{2\}' \(30x12 float64\) has no axis"):
-        load_mat(path)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -535,6 +520,29 @@ def test_cli_one_mat_file_works_as_before(tmp_path, capsys):
     rows = list(csv.reader(out.open()))[1:]
     assert [int(r[0]) for r in rows] == list(range(60))  # no ids in a .mat file: 0..n-1
     assert clustering_scores(y, np.array([int(r[1]) for r in rows]))["acc"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- Flower node side
+
+
+def test_flower_node_reads_every_format_ordered_by_id(tmp_path, views):
+    pytest.importorskip("flwr")
+    from fedsonmf.federation.flower.client_app import load_view
+    from fedsonmf.federation.flower.launcher import _view_file_shape
+
+    A, B = views
+    ids = np.arange(15)[::-1] * 3  # rows stored in decreasing id order
+    order = np.argsort(ids)
+    for ext, X in ((".csv", A), (".npz", B), (".mtx", B), (".mat", A), (".npy", A)):
+        path = write_view(tmp_path / f"v{ext}", X, ids=ids)
+        internal = load_view(path)
+        assert internal.shape == (X.shape[1], 15)  # the (d_p, n) internal view
+        np.testing.assert_array_equal(dense(internal), dense(X)[order].T)  # the node orders its rows locally
+        assert _view_file_shape(path) == X.shape
+    np.save(tmp_path / "obj.npy", np.array([None], dtype=object), allow_pickle=True)
+    with pytest.raises(InputError, match="obj.npy: holds an array of Python objects") as info:
+        _view_file_shape(tmp_path / "obj.npy")
+    assert "allow_pickle" not in str(info.value)
 
 
 # ----------------------------------------------------------------------------- real data

@@ -119,7 +119,8 @@ def read_view(path, *, id_column=None, header="infer", delimiter: str | None = N
         a cell array.
     ids : "auto", None, path or array-like, default="auto"
         "auto": the id column if there is one, else the sidecar ``<stem>.ids.txt`` if it exists,
-        else none.  None: no ids.  A path or a sequence: the ids of the rows, in order.
+        else none.  None: no sidecar (an id column still gives the ids; ``id_column=False`` drops
+        that too).  A path or a sequence: the ids of the rows, in order.
     mmap_mode : {None, "r"}, default=None
         ``.npy`` only: memory-map the array (no copy when it is float32/float64).
     validate : bool, default=True
@@ -195,9 +196,12 @@ def _ids_for(path: Path, ids, col_ids, shape) -> tuple[np.ndarray | None, str | 
     and where they came from."""
     n, d = shape
     if isinstance(ids, str) and ids == "auto":
-        if col_ids is not None:
-            return col_ids, "id column"
         side = sidecar_ids_path(path)
+        if col_ids is not None:
+            if side.is_file():
+                raise InputError(f"{path}: ids given twice: the file's id column and {side.name} (remove one, or "
+                                 "pass ids=None to ignore the sidecar)")
+            return col_ids, "id column"
         if not side.is_file():
             return None, None
         out, source = read_ids(side), str(side)
@@ -405,7 +409,7 @@ def _read_npy(path: Path, mmap_mode):
         obj = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
     except ValueError as exc:
         msg = str(exc)
-        if "Object arrays" in msg:
+        if "Object arrays" in msg or "Python objects" in msg:  # (the second: memory-mapped)
             raise InputError(f"{path}: holds an array of Python objects, not numbers; save a numeric array "
                              "(np.save(path, np.asarray(X, dtype=float)))") from None
         if "pickled" in msg:
@@ -569,7 +573,10 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
         arr = _read_npy(path, None)
         if arr.ndim != 1 and not (arr.ndim == 2 and 1 in arr.shape):
             raise InputError(f"{path}: labels must be a 1-D array, got shape {arr.shape}")
-        return np.array([str(v) for v in _ids_array(arr.ravel(), path)], dtype=str), None
+        arr = arr.ravel()
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)  # 1.0 and 1 are the same class
+        return np.array([str(v).strip() for v in arr.tolist()], dtype=str), None
     if ext not in (".csv", ".tsv", ".txt"):
         raise InputError(f"{path}: unsupported labels file extension {path.suffix or '(none)'!r}; supported: "
                          ".csv, .tsv, .txt, .npy")
@@ -610,11 +617,15 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     return np.array([r[1] for r in rows], dtype=str), np.array([r[0] for r in rows], dtype=str)
 
 
-def _encode_labels(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
     """(labels 0..c-1 as int64, the classes): numeric classes sorted as numbers."""
     if all(_is_number(v) for v in values):
         nums = values.astype(np.float64)
-        if np.all(nums == np.round(nums)) and np.all(np.isfinite(nums)):
+        if not np.all(np.isfinite(nums)):
+            k = int(np.argmax(~np.isfinite(nums)))
+            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {values[k]!r}: every sample "
+                             "needs a class")
+        if np.all(nums == np.round(nums)):
             nums = nums.astype(np.int64)
         classes, labels = np.unique(nums, return_inverse=True)
     else:
@@ -666,8 +677,8 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         One file per view (client), in any of the formats of :func:`read_view`.
     ids : "auto", None or sequence, default="auto"
         "auto": each view's id column or sidecar ``<stem>.ids.txt`` (see :func:`read_view`); None:
-        no ids (rows are matched by position); a list with one entry per view (a path, an
-        array-like or None).
+        no sidecar files (rows are matched by position unless a CSV/TSV view has an id column); a
+        list with one entry per view (a path, an array-like or None).
     labels : path or array-like, optional
         Ground-truth labels, for scoring only: a ``.csv``/``.tsv``/``.txt``/``.npy`` file of one
         label per sample (in row order; views without ids only) or of ``id,label`` pairs (aligned
@@ -840,7 +851,7 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
                 hint = (f"; it equals every view's number of columns ({values.shape[0]}): are the views stored "
                         "features x samples? Views are samples x features")
             raise InputError(f"{source} holds {values.shape[0]} labels for {n} samples{hint}")
-        return _encode_labels(values)
+        return _encode_labels(values, source)
     # id,label pairs
     want = np.arange(n) if ids is None else ids
     if ids is None or numeric:
@@ -863,7 +874,7 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
             parts.append(f"{unknown.size} labels for ids no view holds ({_shown(unknown, 3)})")
         raise InputError(f"{source}: {len(keys)} labels for {n} samples: " + "; ".join(parts))
     pos = np.searchsorted(uniq, want)
-    return _encode_labels(values[first[pos]])
+    return _encode_labels(values[first[pos]], source)
 
 
 # ----------------------------------------------------------------------------- output
