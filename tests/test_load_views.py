@@ -134,6 +134,10 @@ def test_csv_header_and_id_column_rules(tmp_path, views):
     (tmp_path / "g.csv").write_text("0,1,2,3\n" + "\n".join(",".join(map(repr, r)) for r in A.tolist()))
     Y, _ = read_view(tmp_path / "g.csv")
     assert np.array_equal(Y, A)
+    # a sidecar ids file beside a CSV without an id column
+    (tmp_path / "f.ids.txt").write_text("\n".join(ids[1:]) + "\n")
+    assert read_view(tmp_path / "f.csv", header=True)[1].tolist() == ids[1:]
+    assert read_view(tmp_path / "f.csv", header=True, ids=None)[1] is None
     # another delimiter; a trailing delimiter on every line
     Y, _ = read_view(write_csv(tmp_path / "h.csv", A, delimiter=";"), delimiter=";")
     assert np.array_equal(Y, A)
