@@ -549,6 +549,41 @@ def test_flower_node_reads_every_format_ordered_by_id(tmp_path, views):
     assert "allow_pickle" not in str(info.value)
 
 
+def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp_path, small_problem):
+    """The ServerApp against a fake grid of ClientApps (test_flower_apps.FakeGrid, no processes) whose nodes hold
+    their views as CSV / Matrix Market / MATLAB files with rows shuffled and ids: V equals the in-process run on
+    the views in the common id order."""
+    pytest.importorskip("flwr")
+    import test_flower_apps as fa
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedsonmf._validation import check_views
+    from fedsonmf.federation.flower.client_app import make_client_app
+    from fedsonmf.federation.inprocess import run_inprocess
+
+    views = small_problem.views[:3]
+    n = views[0].shape[0]
+    rng = np.random.default_rng(4)
+    ids = rng.choice(10_000, size=n, replace=False)
+    order = np.argsort(ids)
+    nodes = {}
+    for p, (X, ext) in enumerate(zip(views, (".csv", ".mtx", ".mat"))):
+        perm = rng.permutation(n)
+        (tmp_path / f"node{p}").mkdir()  # each node holds only its own view file (and its ids) in its folder
+        path = write_view(tmp_path / f"node{p}" / f"view{ext}", (sp.csr_array(X) if ext == ".mtx" else X)[perm],
+                          ids=ids[perm])
+        nodes[101 * (p + 1)] = {"partition-id": p, "data-path": str(path), "state-dir": str(tmp_path / f"node{p}" / "s")}
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    try:
+        V, _ = fa._server(fa.FakeGrid(make_client_app(), nodes), fa._run_config(tmp_path))
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+    aligned = [sp.csr_array(X)[order] if p == 1 else dense(X)[order] for p, X in enumerate(views)]
+    ref = run_inprocess(check_views(aligned, fa.R), fa.CFG, "fedsonmf", max_rounds=3, seed=9)
+    np.testing.assert_array_equal(V, ref.V)
+
+
 # ----------------------------------------------------------------------------- real data
 
 DATA = default_data_dir()
