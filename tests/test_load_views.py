@@ -572,7 +572,8 @@ def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp
         (tmp_path / f"node{p}").mkdir()  # each node holds only its own view file (and its ids) in its folder
         path = write_view(tmp_path / f"node{p}" / f"view{ext}", (sp.csr_array(X) if ext == ".mtx" else X)[perm],
                           ids=ids[perm])
-        nodes[101 * (p + 1)] = {"partition-id": p, "data-path": str(path), "state-dir": str(tmp_path / f"node{p}" / "s")}
+        nodes[101 * (p + 1)] = {"partition-id": p, "data-path": str(path),
+                                "state-dir": str(tmp_path / f"node{p}" / "state")}
     old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
     try:
@@ -622,3 +623,15 @@ def test_bbcsport_as_csv_and_npz_files_clusters_as_the_mat_file(tmp_path, capsys
     assert np.array_equal(loaded.labels, ds.labels[order])
     assert np.array_equal(loaded.views[0], ds.views[0].toarray()[order])
     assert sp.issparse(loaded.views[1]) and np.array_equal(loaded.views[1].toarray(), ds.views[1].toarray()[order])
+
+
+def test_one_folder_per_client_with_the_same_file_name(tmp_path, views):
+    A, _ = views
+    paths = []
+    for p, rows in enumerate((slice(None), slice(0, 10))):
+        (tmp_path / f"client{p}").mkdir()
+        paths.append(write_view(tmp_path / f"client{p}" / "view.npy", A[rows], ids=np.arange(15)[rows]))
+    with pytest.raises(InputError, match=r"client1/view\.npy lacks 5"):
+        load_views(paths)
+    ds = load_views(paths, missing="mask")
+    assert ds.view_names == [str(p) for p in paths] and ds.mask[:, 1].sum() == 10

@@ -388,7 +388,8 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
                 if not _is_number(cell):
                     hint = ""
                     if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
-                        hint = f" (is the file separated by another character? pass delimiter=, the default is {delim!r})"
+                        hint = (" (is the file separated by another character? pass delimiter=, the default "
+                                f"is {delim!r})")
                     elif icol is None and jj == 0 and cell.strip():
                         hint = " (if this column holds sample ids, pass id_column / --id-column)"
                     what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
@@ -738,6 +739,9 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         id_cols = [c if p.suffix.lower() in (".csv", ".tsv") else None for c, p in zip(id_cols, paths)]
     keys = _per_view("key", key, n_views, (str,))
 
+    names = [path.name for path in paths]
+    if len(set(names)) < n_views:  # e.g. one folder per client, each with its view.csv: name them by path
+        names = [str(path) for path in paths]
     views, raw_ids, info = [], [], []
     for p, path in enumerate(paths):
         X, vid, facts = _read_view(path, id_column=id_cols[p], header=header, delimiter=delimiter, key=keys[p],
@@ -749,10 +753,10 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
 
     with_ids = [p for p in range(n_views) if raw_ids[p] is not None]
     if with_ids and len(with_ids) != n_views:
-        lacking = [paths[p].name for p in range(n_views) if raw_ids[p] is None]
-        raise InputError(f"sample ids for some views only: {', '.join(paths[p].name for p in with_ids)} carry ids, "
-                         f"{', '.join(lacking)} do not (add {sidecar_ids_path(paths[next(p for p in range(n_views) if raw_ids[p] is None)]).name}"
-                         " or an id column, or pass ids=None to match rows by position)")
+        lacking = [p for p in range(n_views) if raw_ids[p] is None]
+        raise InputError(f"sample ids for some views only: {', '.join(names[p] for p in with_ids)} carry ids, "
+                         f"{', '.join(names[p] for p in lacking)} do not (add "
+                         f"{sidecar_ids_path(paths[lacking[0]]).name} or an id column)")
     mask = None
     if with_ids:
         keyed, numeric = _id_keys(raw_ids)
@@ -770,7 +774,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
             for p in range(n_views):
                 lacks = np.setdiff1d(union, keyed[p], assume_unique=True)
                 if lacks.size:
-                    parts.append(f"{paths[p].name} lacks {lacks.size} ({_shown(lacks, 3)})")
+                    parts.append(f"{names[p]} lacks {lacks.size} ({_shown(lacks, 3)})")
             raise InputError("the views hold different sample ids: " + "; ".join(parts) + f" of {union.size} ids in "
                              "all; every view must hold the same samples, or pass missing='mask' (--missing mask) "
                              "for incomplete views")
@@ -786,11 +790,11 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     else:
         ns = [X.shape[0] for X in views]
         if len(set(ns)) > 1:
-            listing = ", ".join(f"{path.name} {n}" for path, n in zip(paths, ns))
+            listing = ", ".join(f"{name} {n}" for name, n in zip(names, ns))
             hint = ""
             counts = {n: ns.count(n) for n in ns}
             major = max(counts, key=counts.get)
-            flipped = [paths[p].name for p, X in enumerate(views) if X.shape[0] != major and X.shape[1] == major]
+            flipped = [names[p] for p, X in enumerate(views) if X.shape[0] != major and X.shape[1] == major]
             if counts[major] > 1 and flipped:
                 hint = (f"; {', '.join(flipped)} has {major} columns: stored features x samples? Views are samples x "
                         "features (one row per sample)")
@@ -808,7 +812,6 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     y, classes = None, None
     if labels is not None:
         y, classes = _aligned_labels(labels, out_ids, numeric, n, views, labels_delimiter)
-    names = [path.name for path in paths]
     return MultiViewDataset(
         views=views, labels=y, view_names=names, name="+".join(path.stem for path in paths),
         source=", ".join(str(path) for path in paths), mask=mask, ids=out_ids, paths=tuple(map(str, paths)),
