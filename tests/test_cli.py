@@ -38,3 +38,38 @@ def test_usage_errors_are_one_error_line(capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: "), err
         assert "╭" not in err[0]
+
+
+def test_cluster_view_files_with_different_ids_needs_missing_mask(tmp_path, capsys):
+    """Views holding different sample ids: refused in the complete case (one error line, exit 2), clustered
+    over the union of ids with ``--missing mask``; the assignments cover every id once."""
+    import csv
+
+    import numpy as np
+    import pytest
+
+    from fedsonmf.cli.app import main
+
+    rng = np.random.default_rng(0)
+    n, c = 45, 3
+    y = np.repeat(np.arange(c), n // c)
+    ids = np.arange(1000, 1000 + n)
+    paths = []
+    for p, d in enumerate((6, 9)):
+        X = np.kron(np.eye(c), np.ones((1, d // c)))[y] + 0.05 * rng.random((n, d))
+        keep = np.flatnonzero(np.arange(n) % 5 != p)  # each view lacks a fifth of the samples
+        path = tmp_path / f"v{p}.npy"
+        np.save(path, X[keep])
+        (tmp_path / f"v{p}.ids.txt").write_text("\n".join(map(str, ids[keep])) + "\n")
+        paths.append(str(path))
+    out = tmp_path / "out.csv"
+    with pytest.raises(SystemExit) as info:
+        main(["cluster", *paths, "-k", "3", "-q", "--labels-out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "different sample ids" in err[0] and "--missing mask" in err[0]
+    assert not out.exists()
+    with pytest.raises(SystemExit) as info:
+        main(["cluster", *paths, "-k", "3", "-q", "--missing", "mask", "--labels-out", str(out)])
+    assert info.value.code == 0, capsys.readouterr().err
+    rows = list(csv.reader(out.open()))[1:]
+    assert [int(r[0]) for r in rows] == ids.tolist()

@@ -11,6 +11,7 @@ from fedsonmf.datasets.mat import (
     find_datasets,
     load_mat,
 )
+from fedsonmf.exceptions import InputError
 
 # local path -> (n_samples, view widths, n_classes, class sizes or None), from the data README.
 EXPECTED = {
@@ -300,3 +301,30 @@ def test_missing_rule_for_incomplete_files(data_root, tmp_path):
     assert np.array_equal(load_mat(stripped, missing="mask").mask, auto.mask)
     with pytest.raises(ValueError, match="missing"):
         load_mat(path, missing="nope")
+
+
+# ------------------------------------------------------------------ issue 20: no view dropped silently
+
+
+def test_load_mat_refuses_a_view_that_does_not_fit_the_labels(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "short.mat"
+    scipy.io.savemat(path, {"V1": rng.random((40, 15)), "V2": rng.random((30, 12)), "y": np.arange(40) % 4})
+    with pytest.raises(InputError, match=r"short\.mat.*'V2' \(30x12 float64\) has no axis of length n_samples=40"):
+        load_mat(path)
+    cell = np.empty((1, 2), dtype=object)
+    cell[0, 0], cell[0, 1] = rng.random((40, 15)), rng.random((30, 12))
+    scipy.io.savemat(path, {"X": cell, "y": np.arange(40) % 4})
+    with pytest.raises(InputError, match=r"'X\{2\}' \(30x12 float64\) has no axis"):
+        load_mat(path)
+
+
+def test_load_mat_records_paths_classes_and_masks(tmp_path, views_and_labels):
+    views, labels = views_and_labels
+    path = tmp_path / "rec.mat"
+    scipy.io.savemat(path, {"V1": views[0], "V2": views[1], "y": labels, "ind": np.ones((12, 2))})
+    ds = load_mat(path)
+    assert ds.paths == (str(path),) and ds.ids is None
+    assert ds.classes.tolist() == [3, 5, 9] and np.array_equal(ds.classes[ds.labels], labels)
+    assert [i["key"] for i in ds.view_info] == ["V1", "V2"] and ds.view_info[1]["n_features"] == 4
+    assert [m.tolist() for m in ds.masks] == [[True] * 12] * 2

@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         # standalone_mode=False: click's usage errors reach us instead of being drawn as a
         # multi-line box, so they too become one ``error:`` line (exit 2)
         code = app(args=argv, standalone_mode=False, prog_name="fedsonmf")
-        if isinstance(code, int) and code:
-            sys.exit(code)
+        sys.exit(code if isinstance(code, int) else 0)  # as click's standalone mode: always SystemExit
     except click.exceptions.UsageError as exc:
         if not exc.format_message():  # no arguments: the help was printed (click's exit code 2)
             sys.exit(2)

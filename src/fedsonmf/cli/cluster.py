@@ -1,6 +1,8 @@
 """CLI commands of the cluster area (registered by :mod:`fedsonmf.cli`).
 
-* ``fedsonmf cluster PATH.mat`` -- the real-data protocol on one file;
+* ``fedsonmf cluster PATH.mat`` -- the real-data protocol on one multi-view file;
+  ``fedsonmf cluster A.csv B.npz ... --clusters c [--labels y.csv]`` -- one file per view
+  (:func:`fedsonmf.datasets.load_views`), rows aligned by sample id;
 * ``fedsonmf reproduce table1`` -- every dataset of the data folder, beside the paper's Table 1.
 """
 
@@ -14,7 +16,7 @@ import typer
 
 from fedsonmf._io import write_json_atomic
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
-from fedsonmf.exceptions import InputError
+from fedsonmf.exceptions import InputError, ParameterError
 
 #: the paper's literal protocol (FedMultiViewClustering.paper)
 PAPER = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
@@ -118,6 +120,56 @@ def _describe_defaults(res, params) -> str:
 
 
 
+def _load(paths: list[Path], *, views_key, labels_key, missing, labels_path, id_column, header, delimiter):
+    """One multi-view .mat file (load_mat, as before) or one file per view (load_views)."""
+    from fedsonmf.datasets.files import check_format, load_views
+    from fedsonmf.datasets.mat import load_mat
+
+    for p in paths:  # an unsupported extension is refused before any file is read
+        check_format(p)
+    if missing not in ("auto", "mask", "zeros"):
+        raise ParameterError(f"--missing must be 'auto', 'mask' or 'zeros', got {missing!r}")
+    if len(paths) == 1 and paths[0].suffix.lower() == ".mat":
+        for flag, value in (("--labels", labels_path), ("--id-column", id_column), ("--delimiter", delimiter),
+                            ("--header/--no-header", header)):
+            if value is not None:
+                raise ParameterError(f"{flag} is for view files (one per view); a multi-view .mat file carries its "
+                                     "labels (--labels-key picks them)")
+        vk = None if views_key is None else (views_key.split(",") if "," in views_key else views_key)
+        return load_mat(paths[0], views_key=vk, labels_key=labels_key, missing=missing)
+    if labels_key is not None:
+        raise ParameterError("--labels-key is for a multi-view .mat file given alone; give the labels of view "
+                             "files with --labels FILE")
+    key = None
+    if views_key is not None:
+        key = views_key.split(",") if "," in views_key else views_key
+        if isinstance(key, list) and len(key) != len(paths):
+            raise ParameterError(f"--views-key: {len(key)} names for {len(paths)} view files")
+    # our choice: with view files 'auto' means the complete case (every file must hold the same sample ids)
+    return load_views(paths, labels=labels_path, id_column=id_column, key=key, delimiter=delimiter,
+                      header="infer" if header is None else header,
+                      missing={"auto": "error"}.get(missing, missing))
+
+
+def _fit_assignments(ds, c: int, algorithm: str, params: dict, seed: int, on_round=None):
+    """The clusters of one seed's fit, exactly as the protocol's fit of that seed (evaluate_clustering)."""
+    import warnings
+
+    from fedsonmf.estimators.clustering import FedMultiViewClustering
+
+    model = FedMultiViewClustering(c, random_state=seed, **{**params, "algorithm": algorithm})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as run_dataset: capped runs report their rounds
+        labels = model.fit_predict(ds.views, callback=on_round, masks=ds.masks if algorithm == "fedsonmf" else None)
+    return labels, model
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
 def _paper_key(path: Path, stem: str) -> str:
     """The Table 1 name of a file: a known dataset name among its parent folders, else its stem."""
     from fedsonmf.experiments.table1 import PAPER_TABLE1
@@ -135,18 +187,33 @@ def register(app, reproduce_app) -> None:
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
                  "n_init")
     def cluster(
-        path: Path = typer.Argument(..., exists=True, dir_okay=False, help="A multi-view .mat file."),
+        paths: List[Path] = typer.Argument(..., help="A multi-view .mat file, or one file per view: .csv, .tsv, "
+                                           ".npy, .npz (scipy.sparse), .mtx, .mat (samples x features)."),
         clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Clusters (default: #classes)."),
         rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1,
                                            help="Rank r (default: the 'auto' rule, 2 x clusters)."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
-        seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
+        seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds 0..seeds-1 (default: 10 with labels, "
+                                            "1 without)."),
+        labels_path: Optional[Path] = typer.Option(None, "--labels", help="View files: the labels to score "
+                                                   "against (.csv/.tsv/.txt/.npy: one per row, or id,label pairs)."),
+        labels_out: Optional[Path] = typer.Option(None, "--labels-out", "--assignments", help="Write the "
+                                                  "clusters of seed 0 here as CSV sample_id,cluster."),
+        id_column: Optional[str] = typer.Option(None, "--id-column", help="CSV/TSV views: the sample-id column "
+                                                "(header name or 0-based index; default: a column named id or "
+                                                "sample_id). Other views: <stem>.ids.txt beside the file."),
+        header: Optional[bool] = typer.Option(None, "--header/--no-header", help="CSV/TSV views: the first row "
+                                              "is (not) a header (default: inferred)."),
+        delimiter: Optional[str] = typer.Option(None, "--delimiter", help="CSV/TSV views: the field separator "
+                                                "(default: ',' for .csv, tab for .tsv)."),
         views_key: Optional[str] = typer.Option(None, "--views-key", help="Variable holding the views (comma-"
-                                                "separated names for one variable per view) if not guessed."),
+                                                "separated names for one variable per view) if not guessed; "
+                                                "with view files: the variable of each .mat view."),
         labels_key: Optional[str] = typer.Option(None, "--labels-key", help="Variable holding the labels."),
         missing: str = typer.Option("auto", "--missing", help="Incomplete views: 'auto' (the file's availability "
-                                    "variable, if any), 'mask' (also: an all-zero row is a missing sample) or "
-                                    "'zeros' (zero-filling, no mask)."),
+                                    "variable, if any; view files: every file must hold the same sample ids), "
+                                    "'mask' (view files: different ids become the availability masks; .mat: also "
+                                    "an all-zero row is a missing sample) or 'zeros' (zero-filling, no mask)."),
         context: bool = typer.Option(False, "--context", help="Also run the centralized context methods."),
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
@@ -154,34 +221,68 @@ def register(app, reproduce_app) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
         params: dict = None,
     ):
-        """Cluster the samples of one multi-view .mat file (one client per view) and score them."""
+        """Cluster the samples of a multi-view .mat file, or of one file per view (one client per view); with
+        labels, score them (ACC/NMI/purity over seeds)."""
         from rich.console import Console
         from threadpoolctl import threadpool_limits
 
-        from fedsonmf.datasets.mat import load_mat
+        from fedsonmf.datasets.files import write_assignments
         from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset
 
-        _check_common(seeds, nmi_average, json_path)
-        vk = None if views_key is None else (views_key.split(",") if "," in views_key else views_key)
-        ds = load_mat(path, views_key=vk, labels_key=labels_key, missing=missing)
+        n_seeds = seeds if seeds is not None else 10
+        _check_common(n_seeds, nmi_average, json_path)
+        check_output_path(labels_out, "--labels-out")
+        ds = _load(paths, views_key=views_key, labels_key=labels_key, missing=missing, labels_path=labels_path,
+                   id_column=id_column, header=header, delimiter=delimiter)
         if ds.labels is None:
-            raise typer.BadParameter("the file has no labels to score against", param_hint="PATH")
+            if clusters is None:
+                raise ParameterError("--clusters is needed when there are no labels (--labels)")
+            if context:
+                raise ParameterError("--context: the context methods are scored against labels: give --labels")
+            if seeds is not None and seeds != 1:
+                raise ParameterError("--seeds: without --labels there are no scores to average over seeds; one "
+                                     "fit (seed 0) is run")
+            n_seeds = 1
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
         params["n_components"] = "auto" if rank is None else rank
         if paper:
             params.update(PAPER)
-        methods = [algorithm, *(CONTEXT_METHODS if context else ())]
-        with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
-            res = run_dataset(ds, key=_paper_key(path, ds.name), label=path.name, methods=methods, seeds=range(seeds), params=params,
-                              average_method=nmi_average, n_clusters=clusters, on_seed=prog.on_seed, on_round=prog.on_round)
-        if algorithm not in res.reports:  # the method could not run (e.g. r above a view's width)
-            raise InputError(res.note or f"{algorithm} did not run")
+        label = paths[0].name if len(paths) == 1 else ", ".join(p.name for p in paths)
         console = Console()
-        console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
-                                    f"{seeds} seeds (mean ± std, %)"))
-        console.print(_describe_defaults(res, params))
+        assignments = None
+        with threadpool_limits(threads), _Progress(not quiet, n_seeds, rounds) as prog:
+            if ds.labels is not None:
+                methods = [algorithm, *(CONTEXT_METHODS if context else ())]
+                res = run_dataset(ds, key=_paper_key(paths[0], ds.name), label=label, methods=methods,
+                                  seeds=range(n_seeds), params=params, average_method=nmi_average,
+                                  n_clusters=clusters, on_seed=prog.on_seed, on_round=prog.on_round)
+                if algorithm not in res.reports:  # the method could not run (e.g. r above a view's width)
+                    raise InputError(res.note or f"{algorithm} did not run")
+                if labels_out is not None:  # seed 0's fit again: the report keeps scores, not partitions
+                    assignments, _ = _fit_assignments(ds, clusters or ds.n_classes, algorithm, params, 0)
+            else:
+                prog.start(algorithm)
+                assignments, model = _fit_assignments(ds, clusters, algorithm, params, 0, on_round=prog.on_round)
+        if ds.labels is not None:
+            console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
+                                        f"{n_seeds} seeds (mean ± std, %)"))
+            console.print(_describe_defaults(res, params))
+            doc = {"params": params, "result": res.to_dict()}
+        else:
+            sizes = np.bincount(assignments, minlength=clusters).tolist()
+            console.print(f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, {clusters} clusters of sizes "
+                          f"{sizes} (seed 0; r={model.n_components_}, mu={model.mu_:.4g}, {model.n_rounds_} rounds, "
+                          f"effective rank {model.effective_rank_}); no labels, no scores")
+            doc = {"params": params, "result": {"label": label, "n_samples": ds.n_samples, "n_views": ds.n_views,
+                                                "n_features": ds.n_features, "n_clusters": clusters, "seed": 0,
+                                                "cluster_sizes": sizes, "n_components": model.n_components_,
+                                                "mu": model.mu_, "n_rounds": model.n_rounds_,
+                                                "effective_rank": model.effective_rank_}}
+        if labels_out is not None:
+            write_assignments(labels_out, ds.ids, assignments)
+            typer.echo(f"wrote {labels_out} ({ds.n_samples} rows: sample_id,cluster)")
         if json_path is not None:
-            write_json_atomic(json_path, {"params": params, "result": res.to_dict()})
+            write_json_atomic(json_path, doc, default=_json_default)
             typer.echo(f"wrote {json_path}")
 
     @reproduce_app.command("table1")

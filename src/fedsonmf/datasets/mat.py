@@ -51,6 +51,15 @@ class MultiViewDataset:
     mask : ndarray of bool of shape (n_samples, n_views) or None
         View-availability mask of an incomplete dataset (``mask[i, p]`` is False when sample
         ``i`` is missing from view ``p``), or None when every sample has every view.
+    ids : ndarray of shape (n_samples,) or None
+        Sample ids of the rows (int64 or str), when the files carry them
+        (:func:`fedsonmf.datasets.load_views`); None otherwise (the ids are then ``0..n-1``).
+    paths : tuple of str
+        The file(s) read: one ``.mat`` file, or one file per view.
+    view_info : tuple of dict
+        One dict per view: the file, its format, the shape and dtype as read, where the ids came from.
+    classes : ndarray or None
+        The original label values: ``labels == k`` is class ``classes[k]``.
     """
 
     views: list
@@ -59,6 +68,10 @@ class MultiViewDataset:
     name: str
     source: str = ""
     mask: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    paths: tuple = ()
+    view_info: tuple = ()
+    classes: np.ndarray | None = None
 
     @property
     def n_samples(self) -> int:
@@ -74,6 +87,11 @@ class MultiViewDataset:
     def n_features(self) -> list[int]:
         """Number of features ``d_p`` of each view."""
         return [v.shape[1] for v in self.views]
+
+    @property
+    def masks(self) -> list | None:
+        """The availability mask as the per-view list ``fit(Xs, masks=...)`` takes, or None."""
+        return None if self.mask is None else [self.mask[:, p].copy() for p in range(self.n_views)]
 
     @property
     def n_classes(self) -> int | None:
@@ -196,7 +214,7 @@ def load_mat(
         n = labels.shape[0]
         names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
         views = [_orient(v, n, name) for name, v in zip(names, raw_views, strict=True)]
-        _, labels = np.unique(labels, return_inverse=True)
+        classes, labels = np.unique(labels, return_inverse=True)
         mask = None if missing == "zeros" else _find_mask(variables, n, len(views))
         if mask is None and missing == "mask":
             mask = np.column_stack([_nonzero_rows(v) for v in views])
@@ -213,6 +231,11 @@ def load_mat(
         name=path.stem,
         source=str(path),
         mask=mask,
+        paths=(str(path),),
+        view_info=tuple({"path": str(path), "format": "mat", "key": name, "n_rows": v.shape[0],
+                         "n_features": v.shape[1], "sparse": sp.issparse(v), "dtype": str(v.dtype), "ids": None}
+                        for name, v in zip(names, views)),
+        classes=classes,
     )
 
 
@@ -485,20 +508,40 @@ def _find_views(variables: dict, views_key, n: int, seen: str, exclude: set) -> 
         elements = variables[key].ravel(order="F")
         if elements.size and all(_has_sample_axis(e, n) for e in elements):
             return _cell_views(key, variables[key])
+    if preferred:  # the views' cell, with a matrix that does not fit the labels: never dropped silently
+        elements = variables[preferred].ravel(order="F")
+        if any(_has_sample_axis(e, n) for e in elements):
+            names, _ = _cell_views(preferred, variables[preferred])
+            _refuse_misfits(names, list(elements), n)
 
     groups: dict[str, list[tuple[int, str]]] = {}
     for key, v in variables.items():
         match = _NUMBERED.match(key)
-        if match and key not in exclude and _has_sample_axis(v, n):
+        if match and key not in exclude and _is_numeric(v) and v.ndim == 2:
             groups.setdefault(match["prefix"], []).append((int(match["num"]), key))
-    if groups:
-        best = max(groups.values(), key=len)
-        keys = [k for _, k in sorted(best)]
+    fitting = {prefix: sum(_has_sample_axis(variables[k], n) for _, k in members)
+               for prefix, members in groups.items()}
+    if groups and max(fitting.values()) > 0:
+        prefix = max(groups, key=lambda g: (fitting[g], len(groups[g])))
+        keys = [k for _, k in sorted(groups[prefix])]
+        _refuse_misfits(keys, [variables[k] for k in keys], n)
         return keys, [variables[k] for k in keys]
     raise InputError(
         f"no views found: expected a cell array of matrices (e.g. {', '.join(VIEW_KEYS)}) or "
         f"numbered variables (V1, V2, ...) with an axis of length n_samples={n}; variables: {seen}"
     )
+
+
+def _refuse_misfits(names: list, values: list, n: int) -> None:
+    """An InputError naming the views none of whose axes has the labels' length n (issue 20: such a
+    view used to be left out of the dataset without a word)."""
+    bad = [f"{name!r} {_describe(v)}" for name, v in zip(names, values) if not _has_sample_axis(v, n)]
+    if bad:
+        raise InputError(
+            f"view {', '.join(bad)} has no axis of length n_samples={n} (the length of the labels), unlike the "
+            f"other views ({', '.join(repr(k) for k, v in zip(names, values) if _has_sample_axis(v, n))}); every "
+            "view needs one row per labelled sample -- fix the file, or pick the views with views_key"
+        )
 
 
 def _cell_views(key: str, cell: np.ndarray) -> tuple[list, list]:

