@@ -51,6 +51,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
+    "node-pins": "",            # pins file {view: node id, key} on the SuperLink host (node auth); "" = unpinned
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
