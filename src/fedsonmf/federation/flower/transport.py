@@ -102,6 +102,10 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     return by_id, got, pending
 
 
+#: seconds the handshake waits for an unpinned online node's claim once every view is found
+UNKNOWN_NODE_GRACE = 10.0
+
+
 def check_claim(pins: dict[int, Pin] | None, owner: dict[int, int], node_id: int, partition: int,
                 n_clients: int) -> None:
     """Refuse node ``node_id``'s claim on view ``partition``: out of range, pinned to another
@@ -137,6 +141,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     the pinned key (no first-answer-wins).
     """
     deadline = time.monotonic() + timeout
+    complete_at = None  # when every view had its pinned node
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
@@ -167,14 +172,17 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             if info is not None:
                 info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
         if len(owner) == n_clients:
-            if pins is not None:
-                unknown = sorted(set(grid.get_node_ids()) - set(owner.values()))
-                if unknown:
-                    raise FederationError(
-                        f"node {unknown[0]} is online but pinned to no view (a key registered with the SuperLink "
-                        f"by someone else{'; also nodes ' + str(unknown[1:]) if unknown[1:] else ''}): refused",
-                        round=0, node_id=unknown[0])
-            return [owner[p] for p in range(n_clients)]
+            unknown = sorted(set(grid.get_node_ids()) - set(owner.values())) if pins is not None else []
+            if not unknown:
+                return [owner[p] for p in range(n_clients)]
+            # an unpinned node is online: give its answer a few seconds, so that the error names the view
+            # it claims (check_claim above); a silent one is refused as it is
+            grace = min(deadline, (complete_at := complete_at or time.monotonic()) + UNKNOWN_NODE_GRACE)
+            if time.monotonic() >= grace:
+                raise FederationError(
+                    f"node {unknown[0]} is online but pinned to no view (a key registered with the SuperLink "
+                    f"by someone else{'; also nodes ' + str(unknown[1:]) if unknown[1:] else ''}): refused",
+                    round=0, node_id=unknown[0])
         if time.monotonic() >= deadline:
             missing = sorted(set(range(n_clients)) - set(owner))
             raise FederationError(
