@@ -207,17 +207,9 @@ class LoopbackDeployment:
                           InsecureDeploymentWarning, stacklevel=2)
         t_sec = time.perf_counter() - t0
         self.port = _free_port()
-        (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\n'
-            + (f'root-certificates = "{self.tls[0]}"\n' if self.tls else "insecure = true\n"))
-        security = (["--ssl-ca-certfile", self.tls[0], "--ssl-certfile", self.tls[1], "--ssl-keyfile", self.tls[2]]
-                    if self.tls else ["--insecure"])
-        if self.auth:
-            security.append("--enable-supernode-auth")
+        sec.write_connection(self.flwr_home, CONNECTION, f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None)
         self.superlink = self._spawn(
-            [_bin("flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(self.port),
-             "--disable-runtime-dependency-installation"],
+            [_bin("flower-superlink"), *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=self.auth)],
             self.run_dir / "logs" / "superlink.log")
         self._wait_health(timeout)
         if self.auth:
@@ -288,15 +280,11 @@ class LoopbackDeployment:
         self._node_ports[p] = port
         ndir = self.node_dir(p)
         (ndir / "state").mkdir(parents=True, exist_ok=True)
-        node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
-                       f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"'
-                       + (f' mask-path="{self.mask_paths[p]}"' if self.mask_paths[p] is not None else ""))
-        security = ["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]
-        if self.auth:
-            security += ["--auth-supernode-private-key", str(self.node_keys[p].private)]
+        node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p])
         self.nodes[p] = self._spawn(
-            [_bin("flower-supernode"), *security, "--superlink", f"127.0.0.1:{self.port}",
-             "--port", str(port), "--node-config", node_config],
+            [_bin("flower-supernode"),
+             *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,
+                                 self.node_keys[p].private if self.auth else None, node_config, port=port)],
             ndir / "supernode.log")
         return self.nodes[p]
 

@@ -53,7 +53,8 @@ from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = ["TLSFiles", "NodeKey", "Pin", "make_tls", "make_node_key", "load_node_key", "check_private_file",
            "key_fingerprint", "write_pins", "read_pins", "check_pin", "register_node_key", "register_node_keys",
-           "unregister_node", "write_private", "InsecureDeploymentWarning"]
+           "unregister_node", "write_private", "InsecureDeploymentWarning", "superlink_args", "supernode_args",
+           "node_config", "write_connection", "add_pin"]
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,56 @@ def unregister_node(flwr: str, node_id: int, connection: str, *, env: dict, cwd=
     return proc.returncode == 0
 
 
+# ---------------------------------------------------------------------------------------------- commands
+def superlink_args(host: str, port: int, tls: tuple | None, *, auth: bool = True) -> list[str]:
+    """The ``flower-superlink`` flags of a deployment (without the program name).
+
+    ``tls = (ca.crt, server.pem, server.key)`` or None (plain HTTP, no auth possible).
+    Run-time dependency installation is off: every host has fedsonmf installed.
+    """
+    args = (["--ssl-ca-certfile", str(tls[0]), "--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
+            if tls else ["--insecure"])
+    if auth:
+        if not tls:
+            raise InputError("SuperNode authentication needs TLS (flower-superlink refuses --enable-supernode-auth "
+                             "with --insecure)")
+        args.append("--enable-supernode-auth")
+    return [*args, "--host", str(host), "--port", str(int(port)), "--disable-runtime-dependency-installation"]
+
+
+def supernode_args(superlink: str, ca_cert, private_key, node_config: str, *, port: int = 9094) -> list[str]:
+    """The ``flower-supernode`` flags of one node (without the program name).
+
+    ``ca_cert`` None: plain HTTP; ``private_key`` None: no SuperNode authentication.
+    ``port`` is the node's own local runtime API (unique per node on one host).
+    """
+    args = ["--root-certificates", str(ca_cert)] if ca_cert else ["--insecure"]
+    if private_key:
+        args += ["--auth-supernode-private-key", str(private_key)]
+    return [*args, "--superlink", str(superlink), "--port", str(int(port)), "--node-config", node_config]
+
+
+def node_config(partition: int, partitions: int, view, state_dir=None, mask=None) -> str:
+    """The ``--node-config`` string of the node holding view ``partition`` (file ``view``)."""
+    text = f'partition-id={int(partition)} num-partitions={int(partitions)} data-path="{Path(view).resolve()}"'
+    if state_dir is not None:
+        text += f' state-dir="{Path(state_dir).resolve()}"'
+    if mask is not None:
+        text += f' mask-path="{Path(mask).resolve()}"'
+    return text
+
+
+def write_connection(flwr_home, name: str, address: str, ca_cert=None) -> Path:
+    """Write ``FLWR_HOME/config.toml`` with the one connection ``name`` (the default) to ``address``,
+    verifying the SuperLink against ``ca_cert`` (None: plain HTTP, ``insecure = true``)."""
+    home = Path(flwr_home)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.toml"
+    path.write_text(f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n'
+                    + (f'root-certificates = "{Path(ca_cert).resolve()}"\n' if ca_cert else "insecure = true\n"))
+    return path
+
+
 # ---------------------------------------------------------------------------------------------- pins
 def write_pins(path, pins: dict[int, Pin]) -> Path:
     """Write the pins ``{partition: Pin}`` to ``path`` (JSON, atomically, 0600)."""
@@ -342,3 +393,17 @@ def check_pin(pins: dict[int, Pin], node_id: int, partition: int) -> None:
     who = f"node {node_id} (pinned to view {mine[0]})" if mine else f"node {node_id} (no pinned key)"
     raise FederationError(f"{who} claims view {partition}, which is pinned to node {pin.node_id} "
                           f"(key {pin.fingerprint}): refused", client=partition, round=0, node_id=node_id)
+
+
+def add_pin(path, partition: int, pin: Pin, *, replace: bool = False) -> dict[int, Pin]:
+    """Pin view ``partition`` to ``pin`` in the pins file ``path`` (created 0600 when absent).
+    A view already pinned to another node is refused unless ``replace``.  Returns all pins."""
+    path = Path(path)
+    pins = read_pins(path) if path.exists() else {}
+    old = pins.get(partition)
+    if old is not None and old != pin and not replace:
+        raise InputError(f"view {partition} is already pinned to node {old.node_id} (key {old.fingerprint}) in "
+                         f"{path}; unregister that node first or pass --replace")
+    pins[int(partition)] = pin
+    write_pins(path, pins)
+    return pins
