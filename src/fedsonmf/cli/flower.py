@@ -296,7 +296,8 @@ def _register_machine_commands(flower_app) -> None:
         superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
         ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
         pins: Optional[Path] = typer.Option(None, "--pins", help="Pins file on the SuperLink host."),
-        out: Path = typer.Option(..., "--out", help="Absolute out-dir on the SuperLink host."),
+        out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
+                                 "here: submit on the SuperLink host, or give an absolute path)."),
         clients: int = typer.Option(..., "--clients", min=1, help="Number of views (SuperNodes)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
         job_id: str = typer.Option("", "--job-id", help="Names the nodes' state files (keep it to resume)."),
@@ -327,14 +328,15 @@ def _register_machine_commands(flower_app) -> None:
         app_dir = write_app_dir(home / "fedsonmf-app")
         conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                 "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
-                "out-dir": str(out), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
+                "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
                 "node-timeout": node_timeout, "node-pins": "" if insecure else str(pins.resolve())}
         overrides = home / "run-config.toml"
         overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
         typer.echo(f"flwr run {app_dir} {CONNECTION} --stream --run-config {overrides}", err=True)
         proc = subprocess.run([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config",
                                str(overrides)], env=flower_env(home), stdin=subprocess.DEVNULL)
-        status = _read_status(Path(out) / "status.json")  # readable when submitting on the SuperLink host
+        out = out.resolve()
+        status = _read_status(out / "status.json")  # readable when submitting on the SuperLink host
         if not status:
             typer.echo(f"flwr run exited {proc.returncode}; the ServerApp's status is {out}/status.json on the "
                        "SuperLink host")
