@@ -357,3 +357,53 @@ def test_insecure_opt_out_warns_and_lets_a_keyless_node_in(tmp_path):
             _stop(rogue)
     finally:
         dep.stop()
+
+
+# =============================================================================== fast: the machine commands
+def test_keys_commands_write_0600_private_files(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    r = CliRunner().invoke(app, ["flower", "keys", "tls", str(tmp_path / "tls"), "--host", "198.18.0.1"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "tls" / "server.key").stat().st_mode & 0o777 == 0o600
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "server.pem").read_bytes())
+    ips = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.IPAddress)
+    assert [str(a) for a in ips] == ["198.18.0.1", "127.0.0.1"]
+    r = CliRunner().invoke(app, ["flower", "keys", "node", str(tmp_path / "k"), "--name", "n0"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "k" / "n0").stat().st_mode & 0o777 == 0o600 and "fingerprint SHA256:" in r.output
+
+
+def test_machine_commands_refuse_readable_keys_and_missing_credentials(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    key = sec.make_node_key(tmp_path, "n0")
+    os.chmod(key.private, 0o644)
+    np.save(tmp_path / "v.npy", np.ones((4, 3)))
+    base = ["flower", "supernode", "--superlink", "198.18.0.1:9092", "--view", str(tmp_path / "v.npy"),
+            "--partition", "0", "--partitions", "2", "--home", str(tmp_path / "h")]
+    r = CliRunner().invoke(app, [*base, "--key", str(key.private), "--ca", str(tmp_path / "ca.crt")])
+    assert r.exit_code == 1 and "has mode 0644" in r.output, r.output
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 2 and "give --key and --ca, or --insecure" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--home", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "--tls DIR" in r.output, r.output
+    tls = sec.make_tls(tmp_path / "tls")
+    os.chmod(tls.server_key, 0o640)
+    r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--tls", str(tmp_path / "tls"),
+                                 "--home", str(tmp_path / "h")])
+    assert r.exit_code == 1 and "server.key has mode 0640" in r.output, r.output
+
+
+def test_a_second_pin_on_a_view_is_refused(tmp_path):
+    path = tmp_path / "pins.json"
+    sec.add_pin(path, 0, sec.Pin(1, "SHA256:a"))
+    with pytest.raises(InputError, match=r"view 0 is already pinned to node 1 \(key SHA256:a\)"):
+        sec.add_pin(path, 0, sec.Pin(2, "SHA256:b"))
+    assert sec.add_pin(path, 0, sec.Pin(2, "SHA256:b"), replace=True) == {0: sec.Pin(2, "SHA256:b")}

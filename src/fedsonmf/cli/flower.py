@@ -242,7 +242,8 @@ def _register_machine_commands(flower_app) -> None:
         ca: Path = typer.Option(..., "--ca", help="The deployment's ca.crt."),
         pins: Path = typer.Option(..., "--pins", help="Pins file on the SuperLink host (created 0600)."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the coordinator."),
-        replace: bool = typer.Option(False, "--replace", help="Re-pin a view that is already pinned."),
+        replace: bool = typer.Option(False, "--replace", help="Re-pin a view that is already pinned (the old "
+                                     "node is unregistered: its key can no longer connect)."),
     ):
         """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
         sec = _sec()
@@ -251,8 +252,15 @@ def _register_machine_commands(flower_app) -> None:
         try:
             line = public_key.read_text()
             sec.write_connection(home, CONNECTION, superlink_addr, ca)
-            nid = sec.register_node_key(_bin("flwr"), public_key, CONNECTION, env=flower_env(home.resolve()))
+            old = sec.read_pins(pins).get(partition) if pins.exists() else None
+            if old is not None and not replace:  # before registering anything
+                raise sec.InputError(f"view {partition} is already pinned to node {old.node_id} (key "
+                                     f"{old.fingerprint}) in {pins}; pass --replace to re-pin it")
+            env = flower_env(home.resolve())
+            nid = sec.register_node_key(_bin("flwr"), public_key, CONNECTION, env=env)
             sec.add_pin(pins, partition, sec.Pin(nid, sec.key_fingerprint(line)), replace=replace)
+            if old is not None and old.node_id != nid:  # the replaced key can no longer connect
+                sec.unregister_node(_bin("flwr"), old.node_id, CONNECTION, env=env)
         except (OSError, sec.InputError, sec.FederationError) as exc:
             _fail(exc)
         typer.echo(f"view {partition} pinned to node {nid} (key {sec.key_fingerprint(line)}) in {pins}")

@@ -196,9 +196,10 @@ class LoopbackDeployment:
                 raise FileNotFoundError(f"view file {p} does not exist")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
-        if self._make_tls:
+        if self._make_tls or self.auth:
             self.security_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.security_dir, 0o700)
+        if self._make_tls:
             self.tls = sec.make_tls(self.security_dir / "tls", ["127.0.0.1"]).as_tuple()
         if self.tls is None or not self.auth:
             what = "TLS" if self.tls is None else "SuperNode authentication"
@@ -249,8 +250,12 @@ class LoopbackDeployment:
     def _register(self, views: list[int]) -> None:
         """Give each of ``views`` a fresh key pair, register it with the SuperLink (from the
         launcher's own FLWR_HOME), pin the view to the node id it got and rewrite the pins file.
-        A view that had a key before (a restart) has its old node id unregistered: a SIGKILLed
-        node stays "online" for the heartbeat patience (~60 s), and its key could not re-activate."""
+
+        A restart gets a new key because a SIGKILLed node stays "online" for the heartbeat
+        patience (~60 s), during which its key cannot re-activate.  The old node id stays
+        registered but pinned to nothing (the handshake refuses it); it is not unregistered,
+        because the SuperLink refuses (``None`` message id) any message still addressed to an
+        unregistered node, which a round in flight may do."""
         keys = {}
         for p in views:
             gen = self._key_generation.get(p, -1) + 1
@@ -263,11 +268,8 @@ class LoopbackDeployment:
         node_ids = sec.register_node_keys(_bin("flwr"), [keys[p].public for p in views], CONNECTION, env=self.env,
                                           cwd=self.run_dir)
         for p, nid in zip(views, node_ids):
-            old = self.pins.get(p)
             self.node_keys[p] = keys[p]
             self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
-            if old is not None:
-                sec.unregister_node(_bin("flwr"), old.node_id, CONNECTION, env=self.env, cwd=self.run_dir)
         sec.write_pins(self.pins_path, self.pins)
 
     def start_node(self, p: int) -> subprocess.Popen:
