@@ -407,3 +407,37 @@ def test_a_second_pin_on_a_view_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"view 0 is already pinned to node 1 \(key SHA256:a\)"):
         sec.add_pin(path, 0, sec.Pin(2, "SHA256:b"))
     assert sec.add_pin(path, 0, sec.Pin(2, "SHA256:b"), replace=True) == {0: sec.Pin(2, "SHA256:b")}
+
+
+@pytest.mark.parametrize("repinned", [True, False])
+def test_a_returning_node_is_adopted_only_if_the_launcher_repinned_its_view(tmp_path, _task_identity, repinned):
+    """Partial rounds: a restarted node (new key, new node id) takes its view back once the
+    launcher has rewritten the pins file; an unpinned newcomer claiming it fails the run."""
+    import test_flower_apps as apps
+
+    from fedsonmf.federation.flower.server_app import server_main
+
+    views = make_synthetic(n_clients=3, n_samples=N, n_features=8, rank=R, random_state=1).views
+    pins_path = tmp_path / "pins.json"
+    sec.write_pins(pins_path, {p: sec.Pin(nid, f"SHA256:k{nid}") for p, nid in enumerate((101, 202, 303))})
+
+    class Restart(apps.FlakyGrid):
+        def get_node_ids(self):
+            ids = super().get_node_ids()
+            if self.new in ids and repinned:  # what LoopbackDeployment.start_node does on a restart
+                sec.add_pin(pins_path, 2, sec.Pin(self.new, "SHA256:k404"), replace=True)
+            return ids
+
+    grid = Restart(make_client_app(), apps._nodes(tmp_path, views), dead=303, new=404, k=2, back=4)
+    rc = apps._run_config(tmp_path, **{"num-rounds": 5, "round-timeout": 0.3, "min-clients": 2.0,
+                                       "rejoin": "refresh", "node-pins": str(pins_path)})
+    if repinned:
+        _, result = apps._server(grid, rc)
+        assert [r["participants"] for r in result["history"]][-1] == [0, 1, 2]
+        assert result["flower"]["node_ids"] == [101, 202, 303]  # the handshake's nodes
+    else:
+        with pytest.raises(FederationError, match=r"node 404 \(no pinned key\) claims view 2, which is pinned to "
+                                                  r"node 303 \(key SHA256:k303\)"):
+            server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+        st = json.loads((Path(rc["out-dir"]) / "status.json").read_text())
+        assert st["status"] == "failed" and st["node_id"] == 404
