@@ -441,3 +441,21 @@ def test_a_returning_node_is_adopted_only_if_the_launcher_repinned_its_view(tmp_
             server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
         st = json.loads((Path(rc["out-dir"]) / "status.json").read_text())
         assert st["status"] == "failed" and st["node_id"] == 404
+
+
+def test_handshake_ignores_the_deployments_retired_nodes(tmp_path, _task_identity, monkeypatch):
+    """A SIGKILLed node restarted with a new key: the SuperLink lists the dead old node id as
+    online for ~1 min; it is this deployment's own (retired in the pins file), so a resume
+    right away must not be refused for it."""
+    import fedsonmf.federation.flower.transport as tr
+
+    monkeypatch.setattr(tr, "UNKNOWN_NODE_GRACE", 0.2)
+    path = tmp_path / "pins.json"
+    sec.write_pins(path, {0: sec.Pin(101, "SHA256:a"), 1: sec.Pin(202, "SHA256:b")})
+    sec.add_pin(path, 1, sec.Pin(909, "SHA256:c"), replace=True)  # node 202 restarted as 909
+    assert sec.read_retired(path) == {202}
+    grid = _fake_nodes(tmp_path, {101: 0, 202: 1, 909: 1})(drop={202})
+    assert handshake(grid, 2, job_id="j", timeout=2.0, poll=0.001, pins=sec.read_pins(path),
+                     retired=sec.read_retired(path)) == [101, 909]
+    with pytest.raises(FederationError, match="node 202 is online but pinned to no view"):  # unknown otherwise
+        handshake(grid, 2, job_id="j", timeout=2.0, poll=0.001, pins=sec.read_pins(path))

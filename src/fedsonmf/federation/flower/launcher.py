@@ -168,6 +168,8 @@ class LoopbackDeployment:
         #: view -> its node's key and registration (node id, fingerprint); a restart re-keys
         self.node_keys: dict[int, sec.NodeKey] = {}
         self.pins: dict[int, sec.Pin] = {}
+        #: node ids of replaced keys (restarts): ignored by the handshake while the SuperLink still lists them
+        self.retired: set[int] = set()
         self._key_generation: dict[int, int] = {}
         self._runs = 0
         self.startup_seconds: float | None = None
@@ -253,7 +255,8 @@ class LoopbackDeployment:
 
         A restart gets a new key because a SIGKILLed node stays "online" for the heartbeat
         patience (~60 s), during which its key cannot re-activate.  The old node id stays
-        registered but pinned to nothing (the handshake refuses it); it is not unregistered,
+        registered, pinned to nothing and listed as retired (the handshake ignores it, and refuses
+        it a view); it is not unregistered,
         because the SuperLink refuses (``None`` message id) any message still addressed to an
         unregistered node, which a round in flight may do."""
         keys = {}
@@ -268,9 +271,11 @@ class LoopbackDeployment:
         node_ids = sec.register_node_keys(_bin("flwr"), [keys[p].public for p in views], CONNECTION, env=self.env,
                                           cwd=self.run_dir)
         for p, nid in zip(views, node_ids):
+            if p in self.pins:
+                self.retired.add(self.pins[p].node_id)
             self.node_keys[p] = keys[p]
             self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
-        sec.write_pins(self.pins_path, self.pins)
+        sec.write_pins(self.pins_path, self.pins, self.retired)
 
     def start_node(self, p: int) -> subprocess.Popen:
         """Start (or restart) the SuperNode of view ``p`` (a restart gets a new key and node id)."""

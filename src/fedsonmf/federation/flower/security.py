@@ -52,7 +52,7 @@ from pathlib import Path
 from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = ["TLSFiles", "NodeKey", "Pin", "make_tls", "make_node_key", "load_node_key", "check_private_file",
-           "key_fingerprint", "write_pins", "read_pins", "check_pin", "register_node_key", "register_node_keys",
+           "key_fingerprint", "write_pins", "read_pins", "read_retired", "check_pin", "register_node_key", "register_node_keys",
            "unregister_node", "write_private", "InsecureDeploymentWarning", "superlink_args", "supernode_args",
            "node_config", "write_connection", "add_pin"]
 
@@ -352,11 +352,21 @@ def write_connection(flwr_home, name: str, address: str, ca_cert=None) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- pins
-def write_pins(path, pins: dict[int, Pin]) -> Path:
-    """Write the pins ``{partition: Pin}`` to ``path`` (JSON, atomically, 0600)."""
+def write_pins(path, pins: dict[int, Pin], retired=()) -> Path:
+    """Write the pins ``{partition: Pin}`` to ``path`` (JSON, atomically, 0600).
+
+    ``retired``: node ids this deployment used before (a SuperNode restarted with a new key);
+    the SuperLink may list such a dead node as online for ~1 min, and the handshake ignores it."""
     body = {"pins": {str(p): {"node-id": int(pin.node_id), "fingerprint": pin.fingerprint}
-                     for p, pin in sorted(pins.items())}}
+                     for p, pin in sorted(pins.items())},
+            "retired": sorted(int(n) for n in retired)}
     return write_private(path, json.dumps(body, indent=1).encode())
+
+
+def read_retired(path) -> set[int]:
+    """The retired node ids of the pins file ``path`` (see :func:`write_pins`); checked like :func:`read_pins`."""
+    read_pins(path)
+    return {int(n) for n in json.loads(Path(path).read_text()).get("retired", [])}
 
 
 def read_pins(path) -> dict[int, Pin]:
@@ -404,6 +414,9 @@ def add_pin(path, partition: int, pin: Pin, *, replace: bool = False) -> dict[in
     if old is not None and old != pin and not replace:
         raise InputError(f"view {partition} is already pinned to node {old.node_id} (key {old.fingerprint}) in "
                          f"{path}; unregister that node first or pass --replace")
+    retired = read_retired(path) if path.exists() else set()
+    if old is not None and old.node_id != pin.node_id:
+        retired.add(old.node_id)
     pins[int(partition)] = pin
-    write_pins(path, pins)
+    write_pins(path, pins, retired)
     return pins

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation import checkpoint as ckpt
-from fedsonmf.federation.flower.security import read_pins
+from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
     WireRecorder,
@@ -121,7 +121,8 @@ def server_main(grid: Grid, context: Context) -> None:
         view_info: dict = {}
         pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
         node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
-                             info=view_info, pins=read_pins(pins_path) if pins_path else None)
+                             info=view_info, pins=read_pins(pins_path) if pins_path else None,
+                             retired=read_retired(pins_path) if pins_path else frozenset())
         check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
         t_hs = time.perf_counter() - t0
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,

@@ -21,7 +21,7 @@ from flwr.app import Message as FlwrMessage
 
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
-from fedsonmf.federation.flower.security import Pin, check_pin, read_pins
+from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "WireRecorder"]
@@ -124,7 +124,7 @@ def check_claim(pins: dict[int, Pin] | None, owner: dict[int, int], node_id: int
 
 def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
               recorder: WireRecorder | None = None, info: dict | None = None,
-              pins: dict[int, Pin] | None = None) -> list[int]:
+              pins: dict[int, Pin] | None = None, retired=frozenset()) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
     Asks every online node for its ``partition-id`` (a QUERY message); nodes
@@ -138,7 +138,9 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     ``pins`` (``{view: Pin}``, from the launcher's pins file): a node may hold only
     the view pinned to its node id, and once every view is found no other node may
     be online; either is a :class:`FederationError` naming the node, the view and
-    the pinned key (no first-answer-wins).
+    the pinned key (no first-answer-wins).  ``retired`` node ids (this deployment's
+    replaced keys, which the SuperLink may still list as online) are neither asked nor
+    counted as unknown.
     """
     deadline = time.monotonic() + timeout
     complete_at = None  # when every view had its pinned node
@@ -146,7 +148,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     owner: dict[int, int] = {}  # view -> node id
     content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
     while True:
-        online = set(grid.get_node_ids())
+        online = set(grid.get_node_ids()) - set(retired)
         new = sorted(online - set(asked.values()))
         if new:
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="handshake",
@@ -172,7 +174,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             if info is not None:
                 info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
         if len(owner) == n_clients:
-            unknown = sorted(set(grid.get_node_ids()) - set(owner.values())) if pins is not None else []
+            unknown = sorted(set(grid.get_node_ids()) - set(owner.values()) - set(retired)) if pins is not None else []
             if not unknown:
                 return [owner[p] for p in range(n_clients)]
             # an unpinned node is online: give its answer a few seconds, so that the error names the view
@@ -250,7 +252,10 @@ class FlowerTransport:
         seconds); its answer is collected here in this or a later round, waiting at most
         ``timeout`` seconds when new nodes were just asked.
         """
-        new = sorted(set(self.grid.get_node_ids()) - self._seen)
+        new = set(self.grid.get_node_ids()) - self._seen
+        if new and self.pins_path is not None:
+            new -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
+        new = sorted(new)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
                                                             "job-id": self.job_id})})
