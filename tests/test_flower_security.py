@@ -459,3 +459,14 @@ def test_handshake_ignores_the_deployments_retired_nodes(tmp_path, _task_identit
                      retired=sec.read_retired(path)) == [101, 909]
     with pytest.raises(FederationError, match="node 202 is online but pinned to no view"):  # unknown otherwise
         handshake(grid, 2, job_id="j", timeout=2.0, poll=0.001, pins=sec.read_pins(path))
+
+
+def test_flower_run_insecure_and_tls_exclude_each_other(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    np.save(tmp_path / "v.npy", np.ones((5, 3)))
+    r = CliRunner().invoke(app, ["flower", "run", str(tmp_path / "v.npy"), "--out", str(tmp_path / "run"), "--rank",
+                                 "2", "--insecure", "--tls", "a", "--tls", "b", "--tls", "c"])
+    assert r.exit_code == 2 and "--insecure and --tls exclude each other" in r.output, r.output
