@@ -193,7 +193,8 @@ def _register_machine_commands(flower_app) -> None:
 
         Give ca.crt to every node and submitter; server.key stays on the SuperLink host."""
         sec = _sec()
-        hosts = list(dict.fromkeys([*host, "127.0.0.1"]))  # the SuperLink's own SuperExec dials 127.0.0.1 with --host 0.0.0.0
+        # the SuperLink's own SuperExec dials 127.0.0.1 when it listens on 0.0.0.0
+        hosts = list(dict.fromkeys([*host, "127.0.0.1"]))
         files = sec.make_tls(dest, hosts, days=days)
         for f in files.as_tuple():
             typer.echo(f)

@@ -52,8 +52,8 @@ from pathlib import Path
 from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = ["TLSFiles", "NodeKey", "Pin", "make_tls", "make_node_key", "load_node_key", "check_private_file",
-           "key_fingerprint", "write_pins", "read_pins", "read_retired", "check_pin", "register_node_key", "register_node_keys",
-           "unregister_node", "write_private", "InsecureDeploymentWarning", "superlink_args", "supernode_args",
+           "key_fingerprint", "write_pins", "read_pins", "read_retired", "check_pin", "register_node_key",
+           "register_node_keys", "unregister_node", "write_private", "InsecureDeploymentWarning", "superlink_args", "supernode_args",
            "node_config", "write_connection", "add_pin"]
 
 
