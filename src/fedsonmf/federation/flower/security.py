@@ -30,7 +30,12 @@ What Flower 1.42 (OSS) gives and what this module adds:
   0600 — :func:`read_pins` refuses a file that is group/world-writable or owned by
   another user).  A pins file of one deployment is useless for another: its
   node ids exist only in the SuperLink that issued them.  Stopping other apps
-  from running at all is the node-side gate's job, not the pins'.
+  from running at all is the node-side gate's job, not the pins'.  A restarted node
+  gets a new key; the old node id is kept in the file as *retired* (ignored by the
+  handshake while the SuperLink still lists the dead node as online).
+* **Commands**: :func:`superlink_args` / :func:`supernode_args` / :func:`node_config`
+  are the exact daemon flags the launcher and ``fedsonmf flower superlink/supernode``
+  use.
 
 Everything here is plain files and the ``cryptography`` package (a dependency of
 ``flwr``); no Flower import, so the CLI can create keys without a deployment.
@@ -51,10 +56,12 @@ from pathlib import Path
 
 from fedsonmf.exceptions import FederationError, InputError
 
-__all__ = ["TLSFiles", "NodeKey", "Pin", "make_tls", "make_node_key", "load_node_key", "check_private_file",
-           "key_fingerprint", "write_pins", "read_pins", "read_retired", "check_pin", "register_node_key",
-           "register_node_keys", "unregister_node", "write_private", "InsecureDeploymentWarning", "superlink_args", "supernode_args",
-           "node_config", "write_connection", "add_pin"]
+__all__ = [
+    "TLSFiles", "NodeKey", "Pin", "InsecureDeploymentWarning", "make_tls", "make_node_key", "load_node_key",
+    "check_private_file", "key_fingerprint", "write_private", "register_node_key", "register_node_keys",
+    "unregister_node", "superlink_args", "supernode_args", "node_config", "write_connection", "write_pins",
+    "read_pins", "read_retired", "add_pin", "check_pin",
+]
 
 
 @dataclass(frozen=True)
