@@ -5,6 +5,15 @@
 ``fedsonmf flower views DEST``    write synthetic view files (one per client) to try it out
 ``fedsonmf flower simulate DIR``  the same app in Flower's simulation engine, one simulated client per view
 
+Separate machines (docs/flower.md, "Separate machines"; each a thin wrapper that prints what it runs):
+
+``fedsonmf flower keys tls DIR --host ADDR``   CA + SuperLink certificate (server.key 0600; no CA key kept)
+``fedsonmf flower keys node DIR --name N``     a SuperNode key pair (ECDSA P-384, private 0600)
+``fedsonmf flower superlink --host ADDR ...``  flower-superlink with TLS + SuperNode authentication
+``fedsonmf flower register N.pub --partition P ...``  register a node key, pin view P to its node id
+``fedsonmf flower supernode --view FILE ...``  flower-supernode for one view with its own key
+``fedsonmf flower submit --superlink ...``     flwr run of the shipped app with the pins, then the status
+
 Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
 uses secure aggregation unless ``--no-secure-aggregation`` is given.
 """
@@ -66,8 +75,11 @@ def register(app, reproduce_app) -> None:
                                                 help="Pairwise-masked uploads: the server learns only their sums "
                                                      "(on by default in deployments; docs/privacy.md)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
-        tls: Optional[List[Path]] = typer.Option(None, "--tls", help="TLS on loopback: give three times, "
-                                                  "CA certificate, server certificate, server key."),
+        tls: Optional[List[Path]] = typer.Option(None, "--tls", help="Your own TLS files instead of the "
+                                                  "per-deployment CA: give three times, CA certificate, server "
+                                                  "certificate, server key (0600)."),
+        insecure: bool = typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
+                                      "(secure by default: per-deployment CA, node keys, views pinned to keys)."),
         masks: Optional[List[str]] = typer.Option(None, "--mask", help="Incomplete views: one .npy availability "
                                                   "mask (bool, length n) per view, in view order; '-' for a "
                                                   "complete view."),
@@ -84,14 +96,22 @@ def register(app, reproduce_app) -> None:
             typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
                        err=True)
             raise typer.Exit(2)
+        if insecure and tls:
+            typer.echo("error: --insecure and --tls exclude each other", err=True)
+            raise typer.Exit(2)
+        if insecure:
+            typer.echo("WARNING: --insecure: no TLS and no SuperNode authentication; any process that can reach "
+                       "127.0.0.1 can join the federation as a node, read the traffic and submit its own app",
+                       err=True)
         typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
         try:
             res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol, seed=seed,
                                 resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
                                 record_wire=record_wire, record_wire_arrays=record_wire_arrays,
-                                secure_aggregation=secure_aggregation, tls=tuple(tls) if tls else None,
+                                secure_aggregation=secure_aggregation,
+                                tls=False if insecure else (tuple(tls) if tls else True), auth=not insecure,
                                 mask_paths=_mask_paths(masks, len(views)))
-        except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError) as exc:
+        except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)
         info = res.extra["flower"]
@@ -172,3 +192,216 @@ def register(app, reproduce_app) -> None:
                               heterogeneity=heterogeneity, random_state=seed)
         for p in write_views(data.views, dest):
             typer.echo(str(p))
+
+    _register_machine_commands(flower_app)
+
+
+# ------------------------------------------------------------------------------------------ separate machines
+# Thin wrappers around flower-superlink / flower-supernode / flwr with the exact flags of a secure
+# deployment (docs/flower.md, "Separate machines"); each prints the command it runs.
+
+DEFAULT_HOME = Path("flwr-home")
+
+
+def _sec():
+    _flower()
+    from fedsonmf.federation.flower import security
+
+    return security
+
+
+def _exec(program: str, args: list[str], home: Path) -> None:
+    """Replace this process by ``program args`` with the deployment environment (signals reach it directly)."""
+    import os
+    import shlex
+
+    from fedsonmf.federation.flower.launcher import _bin, flower_env
+
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = flower_env(home)
+    exe = _bin(program)
+    typer.echo(f"FLWR_HOME={home} {shlex.join([exe, *args])}", err=True)
+    os.execve(exe, [exe, *args], env)
+
+
+def _fail(exc) -> None:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(1)
+
+
+def _register_machine_commands(flower_app) -> None:
+    keys_app = typer.Typer(help="Create TLS certificates and SuperNode key pairs.", no_args_is_help=True,
+                           context_settings=CONTEXT)
+    flower_app.add_typer(keys_app, name="keys")
+
+    @keys_app.command("tls")
+    def keys_tls(
+        dest: Path = typer.Argument(..., help="Folder for ca.crt, server.pem, server.key (0600)."),
+        host: List[str] = typer.Option(..., "--host", help="Address or DNS name the nodes dial (repeatable)."),
+        days: int = typer.Option(365, "--days", min=1, help="Validity."),
+    ):
+        """A fresh CA and a SuperLink certificate for --host (and 127.0.0.1); the CA key is not kept.
+
+        Give ca.crt to every node and submitter; server.key stays on the SuperLink host."""
+        sec = _sec()
+        # the SuperLink's own SuperExec dials 127.0.0.1 when it listens on 0.0.0.0
+        hosts = list(dict.fromkeys([*host, "127.0.0.1"]))
+        files = sec.make_tls(dest, hosts, days=days)
+        for f in files.as_tuple():
+            typer.echo(f)
+
+    @keys_app.command("node")
+    def keys_node(
+        dest: Path = typer.Argument(..., help="Folder for the key pair."),
+        name: str = typer.Option("node", "--name", help="File name of the private key (public: NAME.pub)."),
+    ):
+        """A SuperNode key pair (ECDSA P-384, private key 0600): send only NAME.pub to the coordinator."""
+        sec = _sec()
+        key = sec.make_node_key(dest, name)
+        typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}")
+
+    @flower_app.command("superlink")
+    def superlink(
+        host: str = typer.Option(..., "--host", help="Address to listen on (Fleet AND Control API: firewall it)."),
+        port: int = typer.Option(9092, "--port", help="The one HTTPS port."),
+        tls_dir: Optional[Path] = typer.Option(None, "--tls", help="Folder with ca.crt, server.pem, server.key."),
+        home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the SuperLink."),
+        insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no node authentication (warns)."),
+    ):
+        """Run flower-superlink with TLS and SuperNode authentication (foreground)."""
+        sec = _sec()
+        try:
+            if insecure:
+                typer.echo("WARNING: --insecure: plain HTTP and no SuperNode authentication; anyone who reaches "
+                           f"{host}:{port} can join as a node, read the traffic and submit runs", err=True)
+                tls = None
+            else:
+                if tls_dir is None:
+                    raise typer.BadParameter("give --tls DIR (from `fedsonmf flower keys tls`) or --insecure",
+                                             param_hint="--tls")
+                key = sec.check_private_file(tls_dir / "server.key", "TLS server key")
+                tls = (tls_dir.resolve() / "ca.crt", tls_dir.resolve() / "server.pem", key)
+            args = sec.superlink_args(host, port, tls, auth=not insecure)
+        except sec.InputError as exc:
+            _fail(exc)
+        _exec("flower-superlink", args, home)
+
+    @flower_app.command("register")
+    def register_cmd(
+        public_key: Path = typer.Argument(..., help="The node operator's NAME.pub."),
+        partition: int = typer.Option(..., "--partition", min=0, help="The view this node holds."),
+        superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
+        ca: Path = typer.Option(..., "--ca", help="The deployment's ca.crt."),
+        pins: Path = typer.Option(..., "--pins", help="Pins file on the SuperLink host (created 0600)."),
+        home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the coordinator."),
+        replace: bool = typer.Option(False, "--replace", help="Re-pin a view that is already pinned (the old "
+                                     "node is unregistered: its key can no longer connect)."),
+    ):
+        """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
+        sec = _sec()
+        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, flower_env
+
+        try:
+            line = public_key.read_text()
+            sec.write_connection(home, CONNECTION, superlink_addr, ca)
+            old = sec.read_pins(pins).get(partition) if pins.exists() else None
+            if old is not None and not replace:  # before registering anything
+                raise sec.InputError(f"view {partition} is already pinned to node {old.node_id} (key "
+                                     f"{old.fingerprint}) in {pins}; pass --replace to re-pin it")
+            env = flower_env(home.resolve())
+            nid = sec.register_node_key(_bin("flwr"), public_key, CONNECTION, env=env)
+            sec.add_pin(pins, partition, sec.Pin(nid, sec.key_fingerprint(line)), replace=replace)
+            if old is not None and old.node_id != nid:  # the replaced key can no longer connect
+                sec.unregister_node(_bin("flwr"), old.node_id, CONNECTION, env=env)
+        except (OSError, sec.InputError, sec.FederationError) as exc:
+            _fail(exc)
+        typer.echo(f"view {partition} pinned to node {nid} (key {sec.key_fingerprint(line)}) in {pins}")
+
+    @flower_app.command("supernode")
+    def supernode(
+        superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
+        view: Path = typer.Option(..., "--view", help="This node's own view file (.npy or sparse .npz)."),
+        partition: int = typer.Option(..., "--partition", min=0, help="The view index (pinned at registration)."),
+        partitions: int = typer.Option(..., "--partitions", min=1, help="Number of views in the federation."),
+        key: Optional[Path] = typer.Option(None, "--key", help="This node's private key (0600; NAME.pub beside)."),
+        ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
+        state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Node-local private state."),
+        mask: Optional[Path] = typer.Option(None, "--mask", help="Availability mask (incomplete views)."),
+        runtime_port: int = typer.Option(9094, "--runtime-port", help="The node's local runtime API port."),
+        home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of this node."),
+        insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no key (warns)."),
+    ):
+        """Run flower-supernode for one view, with TLS and its own key (foreground)."""
+        sec = _sec()
+        try:
+            if not view.is_file():
+                raise sec.InputError(f"view file {view} does not exist")
+            if insecure:
+                typer.echo("WARNING: --insecure: plain HTTP, no node key", err=True)
+                ca_cert = private = None
+            else:
+                if key is None or ca is None:
+                    raise typer.BadParameter("give --key and --ca, or --insecure", param_hint="--key/--ca")
+                private = sec.load_node_key(key).private  # refuses a group/world-readable key
+                ca_cert = ca.resolve()
+            args = sec.supernode_args(superlink_addr, ca_cert, private,
+                                      sec.node_config(partition, partitions, view, state_dir, mask), port=runtime_port)
+        except sec.InputError as exc:
+            _fail(exc)
+        _exec("flower-supernode", args, home)
+
+    @flower_app.command("submit")
+    @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
+    def submit(
+        superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
+        ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
+        pins: Optional[Path] = typer.Option(None, "--pins", help="Pins file on the SuperLink host."),
+        out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
+                                 "here: submit on the SuperLink host, or give an absolute path)."),
+        clients: int = typer.Option(..., "--clients", min=1, help="Number of views (SuperNodes)."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        job_id: str = typer.Option("", "--job-id", help="Names the nodes' state files (keep it to resume)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue from out-dir/checkpoint."),
+        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
+        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
+        home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the submitter."),
+        insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP and no pins (warns)."),
+        params: dict = None,
+    ):
+        """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status."""
+        import json
+        import subprocess
+
+        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, _read_status, flower_env
+        from fedsonmf.federation.flower.template import _toml_value, write_app_dir
+        from fedsonmf.protocol.config import FedConfig
+
+        sec = _sec()
+        if not insecure and (ca is None or pins is None):
+            raise typer.BadParameter("give --ca and --pins, or --insecure", param_hint="--ca/--pins")
+        if insecure:
+            typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
+        algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
+        cfg = FedConfig(**params)
+        home = home.resolve()
+        sec.write_connection(home, CONNECTION, superlink_addr, None if insecure else ca)
+        app_dir = write_app_dir(home / "fedsonmf-app")
+        conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
+                "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
+                "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
+                "node-timeout": node_timeout, "node-pins": "" if insecure else str(pins.resolve())}
+        overrides = home / "run-config.toml"
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        typer.echo(f"flwr run {app_dir} {CONNECTION} --stream --run-config {overrides}", err=True)
+        proc = subprocess.run([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config",
+                               str(overrides)], env=flower_env(home), stdin=subprocess.DEVNULL)
+        out = out.resolve()
+        status = _read_status(out / "status.json")  # readable when submitting on the SuperLink host
+        if not status:
+            typer.echo(f"flwr run exited {proc.returncode}; the ServerApp's status is {out}/status.json on the "
+                       "SuperLink host")
+            raise typer.Exit(0 if proc.returncode == 0 else 1)
+        if status.get("status") != "completed":
+            _fail(f"the run failed: {status.get('error')} (last completed round {status.get('last_completed_round')})")
+        typer.echo(f"completed {status.get('n_rounds')} rounds; V: {Path(out) / 'V.npy'}")

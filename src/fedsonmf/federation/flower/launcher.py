@@ -11,6 +11,8 @@ Everything lives in one run folder::
     <run_dir>/gate/           the gate's files (all 0600): coordinator.key, the SuperLink's
                               superexec.secret, pin.json and ledger.json (nodes: nodes/p<i>/gate/)
     <run_dir>/job.json        job id and run config (reused by ``resume``)
+    <run_dir>/security/       (0700) tls/ (per-deployment CA + server certificate), pins.json (0600)
+    <run_dir>/nodes/p<i>/key/ (0700) SuperNode i's key pair (private key 0600)
     <run_dir>/.lock           held (fcntl.flock) while a launch uses the folder
 
 Only our code runs (:mod:`.gate`): the SuperLink and the SuperNodes run with
@@ -18,6 +20,11 @@ Only our code runs (:mod:`.gate`): the SuperLink and the SuperNodes run with
 starts one gate executor per SuperNode and one for the SuperLink in their
 process groups; each runs only the pinned fedsonmf app, for runs the
 launcher's coordinator key authorised.  Folders are 0700 and files 0600.
+
+Secure by default (:mod:`.security`): TLS with a per-deployment CA, SuperNode
+authentication with one registered key per node, and each view pinned to its
+node's key (the ServerApp refuses any other node).  ``tls=False, auth=False``
+opt out (with a warning).
 
 Telemetry, update checks and run-time dependency installation are switched off,
 BLAS is pinned to one thread (bit-identical results across engines), and
@@ -36,6 +43,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +51,7 @@ import numpy as np
 
 from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
+from fedsonmf.federation.flower import security as sec
 from fedsonmf.federation.flower.template import (
     RUN_CONFIG_DEFAULTS,
     _toml_value,
@@ -51,10 +60,12 @@ from fedsonmf.federation.flower.template import (
 from fedsonmf.protocol.history import FitResult, History
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
 
-__all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "flower_env", "run_flower", "load_result",
-           "write_views", "write_masks"]
+__all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "InsecureDeploymentWarning", "flower_env",
+           "run_flower", "load_result", "write_views", "write_masks"]
 
 CONNECTION = "fedsonmf"
+
+InsecureDeploymentWarning = sec.InsecureDeploymentWarning
 
 
 def flower_env(flwr_home, *, pin_threads: bool = True, log_level: str = "WARNING",
@@ -159,16 +170,46 @@ class LoopbackDeployment:
         OMP/OpenBLAS/MKL threads = 1 in every process.
     log_level : str
         FLWR_LOG_LEVEL of the daemons.
+    tls : True, False or (ca.crt, server.pem, server.key), default=True
+        True (or None): a fresh per-deployment CA and a certificate for 127.0.0.1
+        (``<run_dir>/security/tls``); a tuple: your own files (the certificate must
+        name 127.0.0.1; the key must be mode 0600); False: plain HTTP (warns).
+    auth : bool, default=True
+        SuperNode authentication: one ECDSA key pair per node (created 0600),
+        registered with ``flwr supernode register``; each view pinned to its node's
+        key (the ServerApp refuses other nodes).  Needs TLS (Flower refuses
+        authentication over plain HTTP).  False warns.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
-                 superexec_poll: float = 0.05, tls: tuple | None = None, mask_paths=None,
+                 superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
                  client_app: str | None = None):
-        #: (ca.crt, server.pem, server.key) for TLS on loopback (the certificate must name 127.0.0.1)
-        self.tls = tuple(str(Path(t).resolve()) for t in tls) if tls else None
+        if tls is None:
+            tls = True
+        if auth and tls is False:
+            raise InputError("SuperNode authentication needs TLS (flower-superlink refuses --enable-supernode-auth "
+                             "with --insecure): pass auth=False with tls=False")
+        if isinstance(tls, (tuple, list)):
+            if len(tls) != 3:
+                raise InputError(f"tls must be (ca.crt, server.pem, server.key), got {len(tls)} paths")
+            ca, cert = (Path(t).expanduser().resolve() for t in tls[:2])
+            for what, f in (("TLS CA certificate", ca), ("TLS server certificate", cert)):
+                if not f.is_file():
+                    raise InputError(f"{what} {f} does not exist")
+            key = sec.check_private_file(tls[2], "TLS server key")
+            #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
+            self.tls = (str(ca), str(cert), str(key))
+            self._make_tls = False
+        else:
+            self.tls = None
+            self._make_tls = bool(tls)
+        self.auth = bool(auth)
         self.run_dir = Path(run_dir).resolve()
+        self.security_dir = self.run_dir / "security"
+        #: the pins file named in every run config (``node-pins``) when ``auth``
+        self.pins_path = self.security_dir / "pins.json" if self.auth else None
         self.view_paths = [Path(p).resolve() for p in view_paths]
         #: optional per-view availability masks (node config ``mask-path``, §15.1)
         self.mask_paths = [None if m is None else Path(m).resolve() for m in (mask_paths or [None] * len(view_paths))]
@@ -179,6 +220,12 @@ class LoopbackDeployment:
         self.nodes: dict[int, subprocess.Popen] = {}
         self.port: int | None = None
         self._node_ports: dict[int, int] = {}
+        #: view -> its node's key and registration (node id, fingerprint); a restart re-keys
+        self.node_keys: dict[int, sec.NodeKey] = {}
+        self.pins: dict[int, sec.Pin] = {}
+        #: node ids of replaced keys (restarts): ignored by the handshake while the SuperLink still lists them
+        self.retired: set[int] = set()
+        self._key_generation: dict[int, int] = {}
         self._runs = 0
         self.startup_seconds: float | None = None
         #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
@@ -187,6 +234,8 @@ class LoopbackDeployment:
         self._authority = None  # the coordinator key (gate.Authority)
         self._pinned: set[str] = set()
         self._lock = None
+        #: seconds spent on certificates, keys and registration at start-up (part of startup_seconds)
+        self.security_seconds: float = 0.0
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log: Path) -> subprocess.Popen:
@@ -199,6 +248,11 @@ class LoopbackDeployment:
         finally:
             fh.close()
 
+    @property
+    def secure(self) -> bool:
+        """TLS and SuperNode authentication both on."""
+        return self.tls is not None and self.auth
+
     def start(self, timeout: float = 60.0) -> "LoopbackDeployment":
         t0 = time.perf_counter()
         for p in self.view_paths:
@@ -208,22 +262,31 @@ class LoopbackDeployment:
         self._lock = _lock_run_dir(self.run_dir)
         private_dir(self.flwr_home)
         self._setup_gate()
+        if self._make_tls or self.auth:
+            private_dir(self.security_dir)
+        if self._make_tls:
+            self.tls = sec.make_tls(self.security_dir / "tls", ["127.0.0.1"]).as_tuple()
+        if self.tls is None or not self.auth:
+            what = "TLS" if self.tls is None else "SuperNode authentication"
+            warnings.warn(f"insecure Flower deployment in {self.run_dir}: no {what}; any process that can reach "
+                          "127.0.0.1 can join as a SuperNode" + (" or read the traffic" if self.tls is None else ""),
+                          InsecureDeploymentWarning, stacklevel=2)
+        t_sec = time.perf_counter() - t0
         self.port = _free_port()
-        write_atomic(
-            self.flwr_home / "config.toml",
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\n'
-            + (f'root-certificates = "{self.tls[0]}"\n' if self.tls else "insecure = true\n"))
-        security = (["--ssl-ca-certfile", self.tls[0], "--ssl-certfile", self.tls[1], "--ssl-keyfile", self.tls[2]]
-                    if self.tls else ["--insecure"])
+        sec.write_connection(self.flwr_home, CONNECTION, f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None)
         self.superlink = self._spawn(
-            [_bin("flower-superlink"), *security, "--host", "127.0.0.1", "--port", str(self.port),
-             "--disable-runtime-dependency-installation", *self._gate_superlink_args()],
+            [_bin("flower-superlink"), *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=self.auth),
+             *self._gate_superlink_args()],
             self.run_dir / "logs" / "superlink.log")
         self._wait_health(timeout)
         self._start_executor("superlink")
+        if self.auth:
+            t1 = time.perf_counter()
+            self._register(list(range(len(self.view_paths))))
+            t_sec += time.perf_counter() - t1
         for p in range(len(self.view_paths)):
             self.start_node(p)
+        self.security_seconds = t_sec
         self.startup_seconds = time.perf_counter() - t0
         return self
 
@@ -251,21 +314,50 @@ class LoopbackDeployment:
     def node_dir(self, p: int) -> Path:
         return self.run_dir / "nodes" / f"p{p}"
 
+    def _register(self, views: list[int]) -> None:
+        """Give each of ``views`` a fresh key pair, register it with the SuperLink (from the
+        launcher's own FLWR_HOME), pin the view to the node id it got and rewrite the pins file.
+
+        A restart gets a new key because a SIGKILLed node stays "online" for the heartbeat
+        patience (~60 s), during which its key cannot re-activate.  The old node id stays
+        registered, pinned to nothing and listed as retired (the handshake ignores it, and refuses
+        it a view); it is not unregistered,
+        because the SuperLink refuses (``None`` message id) any message still addressed to an
+        unregistered node, which a round in flight may do."""
+        keys = {}
+        for p in views:
+            gen = self._key_generation.get(p, -1) + 1
+            self._key_generation[p] = gen
+            kdir = self.node_dir(p) / "key"
+            kdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(kdir, 0o700)
+            keys[p] = sec.make_node_key(kdir, f"node{p}-{gen}")
+        # the registrations are independent: run the `flwr` CLIs side by side (each ~1 s of imports)
+        node_ids = sec.register_node_keys(_bin("flwr"), [keys[p].public for p in views], CONNECTION, env=self.env,
+                                          cwd=self.run_dir)
+        for p, nid in zip(views, node_ids):
+            if p in self.pins:
+                self.retired.add(self.pins[p].node_id)
+            self.node_keys[p] = keys[p]
+            self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
+        sec.write_pins(self.pins_path, self.pins, self.retired)
+
     def start_node(self, p: int) -> subprocess.Popen:
-        """Start (or restart) the SuperNode of view ``p``."""
+        """Start (or restart) the SuperNode of view ``p`` (a restart gets a new key and node id)."""
         if p in self.nodes and self.nodes[p].poll() is None:
             raise RuntimeError(f"SuperNode {p} is already running")
+        if self.auth and p in self.nodes:
+            self._register([p])
         port = self._node_ports.get(p) or _free_port()
         self._node_ports[p] = port
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
-        node_config = (f'partition-id={p} num-partitions={len(self.view_paths)} '
-                       f'data-path="{self.view_paths[p]}" state-dir="{ndir / "state"}"'
-                       + (f' mask-path="{self.mask_paths[p]}"' if self.mask_paths[p] is not None else ""))
+        node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p])
         self.nodes[p] = self._spawn(
-            [_bin("flower-supernode"), *(["--root-certificates", self.tls[0]] if self.tls else ["--insecure"]),
-             "--superlink", f"127.0.0.1:{self.port}",
-             "--port", str(port), "--node-config", node_config, *self._gate_node_args(p)],
+            [_bin("flower-supernode"),
+             *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,
+                                 self.node_keys[p].private if self.auth else None, node_config, port=port),
+             *self._gate_node_args(p)],
             ndir / "supernode.log")
         self._start_executor(p)
         return self.nodes[p]
@@ -438,6 +530,8 @@ class LoopbackDeployment:
         if app_dir is None:
             app_dir = write_app_dir(self.run_dir / "app")
         conf = {"num-clients": len(self.view_paths), **run_config, "out-dir": str(out_dir)}
+        if self.pins_path is not None:
+            conf["node-pins"] = str(self.pins_path)  # ours, not the caller's: every run of this deployment is pinned
         unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
         if unknown:
             raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")
@@ -645,8 +739,8 @@ def _check_view_files(view_paths, n_components: int) -> None:
 def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
                record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
-               tls: tuple | None = None, startup_timeout: float | None = None, mask_paths=None,
-               participation=None, secure_aggregation: bool | None = None,
+               tls: tuple | bool | None = True, auth: bool = True, startup_timeout: float | None = None,
+               mask_paths=None, participation=None, secure_aggregation: bool | None = None,
                record_wire_arrays: bool = False) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
@@ -657,7 +751,10 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ends with the same V as an uninterrupted run.  Raises
     :class:`FlowerRunError` naming the client and round when the run fails.
     The result's ``extra["flower"]`` holds start-up and wire numbers.
-    ``tls = (ca.crt, server.pem, server.key)`` runs the loopback deployment over TLS.
+    Secure by default: ``tls=True`` (a per-deployment CA), ``auth=True`` (SuperNode
+    keys, each view pinned to its node's key); ``tls=(ca.crt, server.pem,
+    server.key)`` uses your own certificate; ``tls=False, auth=False`` opt out
+    (an :class:`InsecureDeploymentWarning`).  See :class:`LoopbackDeployment`.
     ``startup_timeout``: seconds for the nodes' start-up (the setup exchange),
     separate from ``round_timeout``; None uses ``node_timeout``.
 
@@ -679,14 +776,15 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     try:
         return _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume,
                                   round_timeout, node_timeout, record_wire, pin_threads, timeout, tls,
-                                  startup_timeout, mask_paths, participation)
+                                  startup_timeout, mask_paths, participation, auth=auth,
+                                  secure_aggregation=secure_aggregation, record_wire_arrays=record_wire_arrays)
     finally:
         lock.release()
 
 
 def _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume, round_timeout,
                        node_timeout, record_wire, pin_threads, timeout, tls, startup_timeout, mask_paths,
-                       participation) -> FitResult:
+                       participation, *, auth, secure_aggregation, record_wire_arrays) -> FitResult:
     job_file = run_dir / "job.json"
     if resume:
         if not job_file.is_file():
@@ -708,7 +806,8 @@ def _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, see
     write_json_atomic(job_file, {"job-id": job_id, "run-config": run_config,
                                  "views": [str(Path(p).resolve()) for p in view_paths]})
     t0 = time.perf_counter()
-    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, mask_paths=mask_paths) as dep:
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
+                            mask_paths=mask_paths) as dep:
         outcome = dep.run(run_config, timeout=timeout)
     wall = time.perf_counter() - t0
     if not outcome.ok:
@@ -716,5 +815,6 @@ def _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, see
     res = load_result(outcome.out_dir)
     res.extra.setdefault("flower", {}).update(
         {"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds, "wall_seconds": wall,
-         "run_dir": str(run_dir)})
+         "run_dir": str(run_dir), "tls": dep.tls is not None, "auth": dep.auth,
+         "security_seconds": dep.security_seconds})
     return res

@@ -31,6 +31,7 @@ from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.exceptions import FederationError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
     WireRecorder,
@@ -152,12 +153,14 @@ def server_main(grid: Grid, context: Context) -> None:
             resume = (saved.state, saved.history)
             last_round["completed"] = saved.completed_rounds
         view_info: dict = {}
+        pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
         node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
-                             info=view_info)
+                             info=view_info, pins=read_pins(pins_path) if pins_path else None,
+                             retired=read_retired(pins_path) if pins_path else frozenset())
         check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
         t_hs = time.perf_counter() - t0
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
-                                    recorder=recorder, startup_timeout=startup_timeout)
+                                    recorder=recorder, startup_timeout=startup_timeout, pins_path=pins_path)
 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)

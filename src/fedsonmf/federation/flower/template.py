@@ -62,6 +62,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
     "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
     "gate-token": "",           # the coordinator's signed authorisation of this run (set by the launcher; see .gate)
+    "node-pins": "",            # pins file {view: node id, key} on the SuperLink host (node auth); "" = unpinned
 }
 
 _SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""

@@ -22,6 +22,7 @@ from flwr.app import Message as FlwrMessage
 from fedsonmf._io import open_private, private_dir
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
+from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "WireRecorder"]
@@ -129,8 +130,29 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     return by_id, got, pending
 
 
+#: seconds the handshake waits for an unpinned online node's claim once every view is found
+UNKNOWN_NODE_GRACE = 10.0
+
+
+def check_claim(pins: dict[int, Pin] | None, owner: dict[int, int], node_id: int, partition: int,
+                n_clients: int) -> None:
+    """Refuse node ``node_id``'s claim on view ``partition``: out of range, pinned to another
+    node's key (``pins``; None = no pins, first answer wins), or already taken."""
+    if not 0 <= partition < n_clients:
+        raise FederationError(
+            f"node {node_id} holds view (partition-id) {partition}, but the run has {n_clients} views "
+            f"0..{n_clients - 1}", client=partition, round=0, node_id=node_id)
+    if pins is not None:
+        check_pin(pins, node_id, partition)
+    if partition in owner and owner[partition] != node_id:
+        raise FederationError(
+            f"nodes {owner[partition]} and {node_id} both hold view {partition}: give each SuperNode a distinct "
+            "partition-id", client=partition, round=0, node_id=node_id)
+
+
 def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
-              recorder: WireRecorder | None = None, info: dict | None = None) -> list[int]:
+              recorder: WireRecorder | None = None, info: dict | None = None,
+              pins: dict[int, Pin] | None = None, retired=frozenset()) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
     Asks every online node for its ``partition-id`` (a QUERY message); nodes
@@ -140,13 +162,21 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     view outside 0..n_clients-1, or not every view has answered in ``timeout``.
     ``info``, when given, is filled with ``{view: {"d": d_p, "n": n}}`` (or
     ``{"error": ...}`` for a view its node cannot use) from the replies.
+
+    ``pins`` (``{view: Pin}``, from the launcher's pins file): a node may hold only
+    the view pinned to its node id, and once every view is found no other node may
+    be online; either is a :class:`FederationError` naming the node, the view and
+    the pinned key (no first-answer-wins).  ``retired`` node ids (this deployment's
+    replaced keys, which the SuperLink may still list as online) are neither asked nor
+    counted as unknown.
     """
     deadline = time.monotonic() + timeout
+    complete_at = None  # when every view had its pinned node
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
     while True:
-        online = set(grid.get_node_ids())
+        online = set(grid.get_node_ids()) - set(retired)
         new = sorted(online - set(asked.values()))
         if new:
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="handshake",
@@ -167,19 +197,22 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                 continue  # e.g. a node that went away: another node may hold its view
             meta_rec = rep.content[codec.META]
             pid = int(meta_rec["partition-id"])
-            if not 0 <= pid < n_clients:
-                raise FederationError(
-                    f"node {nid} holds view (partition-id) {pid}, but the run has {n_clients} views 0..{n_clients - 1}",
-                    client=pid, round=0, node_id=nid)
-            if pid in owner and owner[pid] != nid:
-                raise FederationError(
-                    f"nodes {owner[pid]} and {nid} both hold view {pid}: give each SuperNode a distinct partition-id",
-                    client=pid, round=0, node_id=nid)
+            check_claim(pins, owner, nid, pid, n_clients)
             owner[pid] = nid
             if info is not None:
                 info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
         if len(owner) == n_clients:
-            return [owner[p] for p in range(n_clients)]
+            unknown = sorted(set(grid.get_node_ids()) - set(owner.values()) - set(retired)) if pins is not None else []
+            if not unknown:
+                return [owner[p] for p in range(n_clients)]
+            # an unpinned node is online: give its answer a few seconds, so that the error names the view
+            # it claims (check_claim above); a silent one is refused as it is
+            grace = min(deadline, (complete_at := complete_at or time.monotonic()) + UNKNOWN_NODE_GRACE)
+            if time.monotonic() >= grace:
+                raise FederationError(
+                    f"node {unknown[0]} is online but pinned to no view (a key registered with the SuperLink "
+                    f"by someone else{'; also nodes ' + str(unknown[1:]) if unknown[1:] else ''}): refused",
+                    round=0, node_id=unknown[0])
         if time.monotonic() >= deadline:
             missing = sorted(set(range(n_clients)) - set(owner))
             raise FederationError(
@@ -209,6 +242,9 @@ class FlowerTransport:
         Seconds between pulls.
     recorder : WireRecorder, optional
         Logs every message sent and received (the privacy audit).
+    pins_path : path, optional
+        The launcher's pins file: a node adopted after the handshake must hold the
+        view pinned to it (the file is re-read: a restarted node has a new key).
 
     Partial participation (§15.2): :meth:`exchange_some` waits for the asked
     clients until the round timeout (Flower's per-round deadline), returns the
@@ -218,8 +254,9 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
-                 recorder: WireRecorder | None = None, startup_timeout: float | None = None):
+                 recorder: WireRecorder | None = None, startup_timeout: float | None = None, pins_path=None):
         self.grid = grid
+        self.pins_path = pins_path
         self.node_ids = list(node_ids)
         self.n_clients = len(self.node_ids)
         self.job_id = job_id
@@ -243,7 +280,10 @@ class FlowerTransport:
         seconds); its answer is collected here in this or a later round, waiting at most
         ``timeout`` seconds when new nodes were just asked.
         """
-        new = sorted(set(self.grid.get_node_ids()) - self._seen)
+        new = set(self.grid.get_node_ids()) - self._seen
+        if new and self.pins_path is not None:
+            new -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
+        new = sorted(new)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
                                                             "job-id": self.job_id})})
@@ -266,6 +306,8 @@ class FlowerTransport:
                 if rep.has_error():
                     continue
                 pid = int(rep.content[codec.META]["partition-id"])
+                if self.pins_path is not None:  # a rogue with a registered key must not take a view over
+                    check_pin(read_pins(self.pins_path), nid, pid)
                 if 0 <= pid < self.n_clients:
                     self.node_ids[pid] = nid
                     adopted[pid] = nid

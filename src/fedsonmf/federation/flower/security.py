@@ -1,0 +1,430 @@
+"""Deployment security: a per-deployment TLS CA, SuperNode key pairs, key-file
+checks and the partition -> node pins.
+
+What Flower 1.42 (OSS) gives and what this module adds:
+
+* **TLS**: the SuperLink serves its Fleet, Control and ServerAppIo APIs on one
+  HTTPS port (``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile``); nodes and the
+  ``flwr`` CLI verify its certificate against a CA (``--root-certificates``,
+  ``root-certificates`` in ``config.toml``).  :func:`make_tls` creates a fresh CA
+  and a server certificate for the given host addresses.  *Our choice*: the CA's
+  private key is never written to disk — it signs the one server certificate and
+  is dropped, so nobody (not even the operator) can mint a second certificate the
+  nodes would trust; a new server certificate means a new CA.
+* **SuperNode authentication** (``--enable-supernode-auth``): only nodes whose
+  public key was registered (``flwr supernode register``) can connect.  Flower
+  accepts NIST-curve ECDSA keys only (Ed25519 is refused by ``register`` and by
+  ``flower-supernode``), private keys in OpenSSH format; :func:`make_node_key`
+  writes a P-384 pair, the private key created 0600.
+* **Pins** (ours): the SuperLink gives each registered key a node id; the
+  launcher writes ``{partition: (node id, key fingerprint)}`` to a pins file
+  (0600, :func:`write_pins`) and names it in its own run config
+  (``node-pins``); the ServerApp's handshake refuses any node that claims a
+  view not pinned to it and any unknown node (:func:`check_pin`).
+
+  Trade-off (our choice): the pins are as trustworthy as the run config that
+  names the file and the file itself.  Flower OSS has no Control API
+  authentication, so anyone who reaches the port can submit *another* run with
+  no pins (or another file); they cannot change the run config of ours, and
+  they cannot write the pins file (on the SuperLink host, owned by the launcher,
+  0600 — :func:`read_pins` refuses a file that is group/world-writable or owned by
+  another user).  A pins file of one deployment is useless for another: its
+  node ids exist only in the SuperLink that issued them.  Stopping other apps
+  from running at all is the node-side gate's job, not the pins'.  A restarted node
+  gets a new key; the old node id is kept in the file as *retired* (ignored by the
+  handshake while the SuperLink still lists the dead node as online).
+* **Commands**: :func:`superlink_args` / :func:`supernode_args` / :func:`node_config`
+  are the exact daemon flags the launcher and ``fedsonmf flower superlink/supernode``
+  use.
+
+Everything here is plain files and the ``cryptography`` package (a dependency of
+``flwr``); no Flower import, so the CLI can create keys without a deployment.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import ipaddress
+import json
+import os
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsonmf._io import write_atomic
+from fedsonmf.exceptions import FederationError, InputError
+
+__all__ = [
+    "TLSFiles", "NodeKey", "Pin", "InsecureDeploymentWarning", "make_tls", "make_node_key", "load_node_key",
+    "check_private_file", "key_fingerprint", "write_private", "register_node_key", "register_node_keys",
+    "unregister_node", "superlink_args", "supernode_args", "node_config", "write_connection", "write_pins",
+    "read_pins", "read_retired", "add_pin", "check_pin",
+]
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """CA certificate (public: give it to every node and submitter), server certificate and key (0600)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+    def as_tuple(self) -> tuple[str, str, str]:
+        return str(self.ca_cert), str(self.server_cert), str(self.server_key)
+
+
+@dataclass(frozen=True)
+class NodeKey:
+    """A SuperNode's key pair: ``private`` (OpenSSH PEM, 0600), ``public`` (``ecdsa-sha2-nistp384 ...``)."""
+
+    private: Path
+    public: Path
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The node id the SuperLink gave a view's registered key, and that key's fingerprint."""
+
+    node_id: int
+    fingerprint: str
+
+
+class InsecureDeploymentWarning(UserWarning):
+    """A deployment runs without TLS or without SuperNode authentication (an explicit opt-out)."""
+
+
+# ---------------------------------------------------------------------------------------------- files
+def write_private(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically, created with mode 0600 (never readable by others,
+    not even for an instant: the temporary file is opened 0600)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write_public(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def check_private_file(path, what: str) -> Path:
+    """Refuse a private-key file that is missing, not a regular file, or readable or writable
+    by group/others (``chmod 600`` fixes it).  Returns the resolved path."""
+    path = Path(path).expanduser().resolve()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise InputError(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: a private key must not be "
+                         f"readable or writable by group or others; run: chmod 600 {path}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- TLS
+def _host_names(hosts) -> list:
+    from cryptography import x509
+
+    names = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(str(h))))
+        except ValueError:
+            names.append(x509.DNSName(str(h)))
+    return names
+
+
+def make_tls(directory, hosts=("127.0.0.1",), *, days: int = 365, name: str = "fedsonmf") -> TLSFiles:
+    """A fresh CA and a server certificate for ``hosts`` (IP addresses or DNS names the nodes dial).
+
+    Writes ``ca.crt`` (0644), ``server.pem`` (0644) and ``server.key`` (0600) to ``directory``.
+    The CA's private key is not kept (module docstring).  ECDSA P-256 keys, SHA-256 signatures.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    hosts = list(hosts)
+    if not hosts:
+        raise InputError("make_tls needs at least one host address for the server certificate")
+    directory = Path(directory)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    start, end = now - _dt.timedelta(minutes=5), now + _dt.timedelta(days=int(days))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} deployment CA {os.urandom(4).hex()}")])
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(start).not_valid_after(end)
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                            key_cert_sign=True, crl_sign=True, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+               .sign(ca_key, hashes.SHA256()))
+    srv_key = ec.generate_private_key(ec.SECP256R1())
+    srv_cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(hosts[0]))]))
+                .issuer_name(ca_name).public_key(srv_key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(start).not_valid_after(end)
+                .add_extension(x509.SubjectAlternativeName(_host_names(hosts)), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                               critical=False)
+                .sign(ca_key, hashes.SHA256()))
+    del ca_key  # never written: no further certificate can be signed by this CA
+    pem = serialization.Encoding.PEM
+    files = TLSFiles(directory / "ca.crt", directory / "server.pem", directory / "server.key")
+    write_private(files.server_key, srv_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    _write_public(files.ca_cert, ca_cert.public_bytes(pem))
+    _write_public(files.server_cert, srv_cert.public_bytes(pem))
+    return files
+
+
+# ---------------------------------------------------------------------------------------------- node keys
+def key_fingerprint(public_key_line: str | bytes) -> str:
+    """OpenSSH-style fingerprint ``SHA256:<base64>`` of a public key line (``ecdsa-sha2-nistp384 AAAA...``)."""
+    if isinstance(public_key_line, bytes):
+        public_key_line = public_key_line.decode()
+    parts = public_key_line.split()
+    if len(parts) < 2:
+        raise InputError(f"not an OpenSSH public key line: {public_key_line[:40]!r}")
+    digest = hashlib.sha256(base64.b64decode(parts[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def make_node_key(directory, name: str) -> NodeKey:
+    """A SuperNode key pair ``<name>`` (private, 0600) and ``<name>.pub`` in ``directory``.
+
+    ECDSA P-384: Flower 1.42 accepts only NIST-curve EC keys for SuperNode authentication.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    directory = Path(directory)
+    key = ec.generate_private_key(ec.SECP384R1())
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption())
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    private = write_private(directory / name, priv)
+    public = _write_public(directory / f"{name}.pub", pub + f" fedsonmf-{name}\n".encode())
+    return NodeKey(private, public, key_fingerprint(pub))
+
+
+def load_node_key(private_path, public_path=None) -> NodeKey:
+    """Check a SuperNode key pair given by an operator: the private key 0600 (refused otherwise),
+    ECDSA on a NIST curve, and the public key (default ``<private>.pub``) its own."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = check_private_file(private_path, "SuperNode private key")
+    public = Path(public_path).expanduser().resolve() if public_path else private.with_name(private.name + ".pub")
+    try:
+        key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"SuperNode private key {private} cannot be read as an unencrypted OpenSSH key: "
+                         f"{exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise InputError(f"SuperNode private key {private} is {type(key).__name__}: Flower 1.42 accepts only "
+                         "ECDSA keys on a NIST curve (e.g. ssh-keygen -t ecdsa -b 384)")
+    mine = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    if not public.is_file():
+        raise InputError(f"SuperNode public key {public} does not exist (expected beside the private key)")
+    given = public.read_text().split()
+    if given[:2] != mine.decode().split()[:2]:
+        raise InputError(f"SuperNode public key {public} does not belong to the private key {private}")
+    return NodeKey(private, public, key_fingerprint(mine))
+
+
+def _register_args(flwr: str, public_key, connection: str) -> list[str]:
+    return [flwr, "supernode", "register", str(public_key), connection, "--format", "json"]
+
+
+def _node_id_from(proc_stdout: str, returncode: int, public_key, output: str) -> int:
+    try:  # the JSON object follows any human-readable lines
+        out = json.loads(proc_stdout[proc_stdout.index("{"):]) if "{" in proc_stdout else {}
+    except json.JSONDecodeError:
+        out = {}
+    if returncode == 0 and out.get("success") and "node-id" in out:
+        return int(out["node-id"])
+    raise FederationError(f"flwr supernode register {public_key} failed (exit {returncode}): {output.strip()[-800:]}")
+
+
+def register_node_key(flwr: str, public_key, connection: str, *, env: dict, cwd=None, timeout: float = 60.0) -> int:
+    """``flwr supernode register PUBLIC_KEY CONNECTION --format json``; return the node id the
+    SuperLink gave the key.  Raises :class:`FederationError` with Flower's message on failure."""
+    proc = subprocess.run(_register_args(flwr, public_key, connection), env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return _node_id_from(proc.stdout, proc.returncode, public_key, proc.stdout + proc.stderr)
+
+
+def register_node_keys(flwr: str, public_keys, connection: str, *, env: dict, cwd=None,
+                       timeout: float = 120.0) -> list[int]:
+    """:func:`register_node_key` for several keys, the ``flwr`` processes side by side; node ids in order."""
+    procs = [subprocess.Popen(_register_args(flwr, k, connection), env=env, cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+             for k in public_keys]
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=timeout))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [_node_id_from(o, proc.returncode, k, o + e) for k, proc, (o, e) in zip(public_keys, procs, outs)]
+
+
+def unregister_node(flwr: str, node_id: int, connection: str, *, env: dict, cwd=None, timeout: float = 60.0) -> bool:
+    """``flwr supernode unregister NODE_ID CONNECTION``: the node's key can no longer connect.
+    Returns False when Flower refused (e.g. already unregistered)."""
+    proc = subprocess.run([flwr, "supernode", "unregister", str(int(node_id)), connection], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return proc.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def superlink_args(host: str, port: int, tls: tuple | None, *, auth: bool = True) -> list[str]:
+    """The ``flower-superlink`` flags of a deployment (without the program name).
+
+    ``tls = (ca.crt, server.pem, server.key)`` or None (plain HTTP, no auth possible).
+    Run-time dependency installation is off: every host has fedsonmf installed.
+    """
+    args = (["--ssl-ca-certfile", str(tls[0]), "--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
+            if tls else ["--insecure"])
+    if auth:
+        if not tls:
+            raise InputError("SuperNode authentication needs TLS (flower-superlink refuses --enable-supernode-auth "
+                             "with --insecure)")
+        args.append("--enable-supernode-auth")
+    return [*args, "--host", str(host), "--port", str(int(port)), "--disable-runtime-dependency-installation"]
+
+
+def supernode_args(superlink: str, ca_cert, private_key, node_config: str, *, port: int = 9094) -> list[str]:
+    """The ``flower-supernode`` flags of one node (without the program name).
+
+    ``ca_cert`` None: plain HTTP; ``private_key`` None: no SuperNode authentication.
+    ``port`` is the node's own local runtime API (unique per node on one host).
+    """
+    args = ["--root-certificates", str(ca_cert)] if ca_cert else ["--insecure"]
+    if private_key:
+        args += ["--auth-supernode-private-key", str(private_key)]
+    return [*args, "--superlink", str(superlink), "--port", str(int(port)), "--node-config", node_config]
+
+
+def node_config(partition: int, partitions: int, view, state_dir=None, mask=None) -> str:
+    """The ``--node-config`` string of the node holding view ``partition`` (file ``view``)."""
+    text = f'partition-id={int(partition)} num-partitions={int(partitions)} data-path="{Path(view).resolve()}"'
+    if state_dir is not None:
+        text += f' state-dir="{Path(state_dir).resolve()}"'
+    if mask is not None:
+        text += f' mask-path="{Path(mask).resolve()}"'
+    return text
+
+
+def write_connection(flwr_home, name: str, address: str, ca_cert=None) -> Path:
+    """Write ``FLWR_HOME/config.toml`` with the one connection ``name`` (the default) to ``address``,
+    verifying the SuperLink against ``ca_cert`` (None: plain HTTP, ``insecure = true``)."""
+    home = Path(flwr_home)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.toml"
+    write_atomic(path, f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n'
+                    + (f'root-certificates = "{Path(ca_cert).resolve()}"\n' if ca_cert else "insecure = true\n"))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- pins
+def write_pins(path, pins: dict[int, Pin], retired=()) -> Path:
+    """Write the pins ``{partition: Pin}`` to ``path`` (JSON, atomically, 0600).
+
+    ``retired``: node ids this deployment used before (a SuperNode restarted with a new key);
+    the SuperLink may list such a dead node as online for ~1 min, and the handshake ignores it."""
+    body = {"pins": {str(p): {"node-id": int(pin.node_id), "fingerprint": pin.fingerprint}
+                     for p, pin in sorted(pins.items())},
+            "retired": sorted(int(n) for n in retired)}
+    return write_private(path, json.dumps(body, indent=1).encode())
+
+
+def read_retired(path) -> set[int]:
+    """The retired node ids of the pins file ``path`` (see :func:`write_pins`); checked like :func:`read_pins`."""
+    read_pins(path)
+    return {int(n) for n in json.loads(Path(path).read_text()).get("retired", [])}
+
+
+def read_pins(path) -> dict[int, Pin]:
+    """The pins in ``path``.  Refuses a file another user owns or that group/others may write
+    (anyone who can write it can re-pin a view to their own node)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise FederationError(f"node pins file {path} (run config 'node-pins') does not exist", round=0) from None
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise FederationError(f"node pins file {path} is owned by uid {st.st_uid} with mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}: it must belong to the ServerApp's user "
+                              "and be writable by no one else", round=0)
+    try:
+        body = json.loads(path.read_text())
+        return {int(p): Pin(int(v["node-id"]), str(v["fingerprint"])) for p, v in body["pins"].items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FederationError(f"node pins file {path} is malformed: {type(exc).__name__}: {exc}", round=0) from None
+
+
+def check_pin(pins: dict[int, Pin], node_id: int, partition: int) -> None:
+    """Refuse ``node_id`` claiming view ``partition`` unless that view is pinned to it.
+
+    Raises :class:`FederationError` naming the node, the view and the pinned node and key.
+    """
+    pin = pins.get(partition)
+    if pin is not None and pin.node_id == node_id:
+        return
+    mine = [p for p, q in pins.items() if q.node_id == node_id]
+    if pin is None:
+        raise FederationError(f"node {node_id} claims view {partition}, which is pinned to no node "
+                              f"(pinned views: {sorted(pins)})", client=partition, round=0, node_id=node_id)
+    who = f"node {node_id} (pinned to view {mine[0]})" if mine else f"node {node_id} (no pinned key)"
+    raise FederationError(f"{who} claims view {partition}, which is pinned to node {pin.node_id} "
+                          f"(key {pin.fingerprint}): refused", client=partition, round=0, node_id=node_id)
+
+
+def add_pin(path, partition: int, pin: Pin, *, replace: bool = False) -> dict[int, Pin]:
+    """Pin view ``partition`` to ``pin`` in the pins file ``path`` (created 0600 when absent).
+    A view already pinned to another node is refused unless ``replace``.  Returns all pins."""
+    path = Path(path)
+    pins = read_pins(path) if path.exists() else {}
+    old = pins.get(partition)
+    if old is not None and old != pin and not replace:
+        raise InputError(f"view {partition} is already pinned to node {old.node_id} (key {old.fingerprint}) in "
+                         f"{path}; unregister that node first or pass --replace")
+    retired = read_retired(path) if path.exists() else set()
+    if old is not None and old.node_id != pin.node_id:
+        retired.add(old.node_id)
+    pins[int(partition)] = pin
+    write_pins(path, pins, retired)
+    return pins
