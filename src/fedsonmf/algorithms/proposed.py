@@ -49,6 +49,16 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
 
     supports_masks = True
     supports_partial = True
+    supports_dp = True
+    dp_clear_arrays = ("cols",)  # incomplete views: which samples a client holds (membership, not content)
+
+    def dp_references(self, msg: Message, cfg: FedConfig, cols=None) -> dict:
+        """Round s: Vhat_p is clipped around V^s = P(Vbar^s), which the server knows,
+        so the noise covers the client's change of V (its held columns with masks)."""
+        if msg.kind == "setup":
+            return super().dp_references(msg, cfg, cols)
+        V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu)
+        return {"Vhat": V if cols is None else V[:, cols]}
 
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None, n=None):
         if cols is None:

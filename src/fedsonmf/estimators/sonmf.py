@@ -41,10 +41,16 @@ from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default, make_init
 __all__ = ["FedSONMF", "federated_sonmf"]
 
 
+def _dp_requested(est) -> bool:
+    return est.dp_epsilon is not None or est.dp_noise_multiplier is not None
+
+
 def _check_run_params(est) -> dict:
     """Validate the run's parameters (the algorithm's are validated by FedConfig)."""
     tol = check_real("tol", est.tol, min=0.0, desc="a real number >= 0")
-    if tol > 0 and not est.diagnostics:
+    if _dp_requested(est):
+        tol = 0.0  # a DP run lasts dp_rounds rounds: no diagnostics, no residual to stop on
+    elif tol > 0 and not est.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
@@ -55,7 +61,10 @@ def _check_run_params(est) -> dict:
         algorithm = get_algorithm(est.algorithm).name
     except ValueError as exc:
         raise ParameterError(str(exc)) from None
-    return {"max_rounds": check_int("max_rounds", est.max_rounds, min=1), "tol": tol,
+    max_rounds = check_int("max_rounds", est.max_rounds, min=1)
+    if _dp_requested(est):
+        max_rounds = check_int("dp_rounds", est.dp_rounds, min=1)
+    return {"max_rounds": max_rounds, "tol": tol,
             "blas_threads": check_int("blas_threads", est.blas_threads, min=1, allow_none=True),
             "n_jobs": check_n_jobs(est.n_jobs), "checkpoint_dir": None if cd is None else Path(cd),
             "algorithm": algorithm}
@@ -123,6 +132,17 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         ends with the same V as an uninterrupted fit.
     verbose : bool, default=False
         Print one line per round.
+    dp_epsilon, dp_noise_multiplier : float or None, default=None
+        Differential privacy of each client's whole view (what that covers and
+        what not: :mod:`fedsonmf.protocol.privacy`): each client clips and noises
+        every upload.  Give the target epsilon of the run (the noise is
+        calibrated by the accountant) or the noise multiplier.  A DP run lasts
+        ``dp_rounds`` rounds and sends no diagnostics (``max_rounds``, ``tol`` and
+        ``diagnostics`` do not apply); its (epsilon, delta) is ``privacy_``.
+    dp_clip : float, default=0.05
+        Frobenius bound of each noised upload's change (data units).
+    dp_delta : float, default=1e-5
+    dp_rounds : int, default=20
 
     Attributes
     ----------
@@ -141,6 +161,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     history_ : History
         Per-round objective, residuals, effective rank, bytes, seconds.
     result_ : FitResult
+    privacy_ : dict or None
+        With DP: the run's ``epsilon`` (one view, plain mode), ``epsilon_secagg``,
+        ``epsilon_all_views``, ``delta``, the noise multiplier, clip and unit
+        (:func:`fedsonmf.protocol.privacy.privacy_report`); None without DP.
 
     Examples
     --------
@@ -159,6 +183,8 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         kw = {k: getattr(self, k) for k in FED_PARAMS}
         if kw["ustep"] is None:
             kw["ustep"] = PenaltyOptions()
+        if _dp_requested(self):
+            kw["diagnostics"] = False  # the DP setting sends none (they would leave unnoised)
         cfg = FedConfig(**kw)
         run = _check_run_params(self)
         seed = check_seed(self.random_state)
@@ -194,6 +220,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.mu_ = float(res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
         self.reconstruction_err_ = _mean_loss(views, res.bases, res.V, masks)
+        self.privacy_ = res.extra.get("privacy")
         return res
 
     def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
