@@ -55,10 +55,10 @@ _TABLE = [
     Param("dp_epsilon", None, "Differential privacy of each client's whole view: target epsilon of the run "
                               "(the noise is calibrated to it); None = no DP unless dp_noise_multiplier is set."),
     Param("dp_noise_multiplier", None, "DP noise std / sensitivity (2 x dp_clip), instead of dp_epsilon."),
-    Param("dp_clip", 0.05, "DP: Frobenius bound of what a client changes per upload (its round update, its "
+    Param("dp_clip", 0.02, "DP: Frobenius bound of what a client changes per upload (its round update, its "
                            "setup projection), in the data's units (views of Frobenius norm 1 in clustering)."),
     Param("dp_delta", 1e-5, "DP: the delta of the (epsilon, delta) guarantee."),
-    Param("dp_rounds", 20, "DP: rounds of a DP run (fixed in advance for the accountant; replaces max_rounds "
+    Param("dp_rounds", 10, "DP: rounds of a DP run (fixed in advance for the accountant; replaces max_rounds "
                            "and tol, which need the diagnostics)."),
     # -- the run
     Param("max_rounds", 200, "Communication rounds at most."),
