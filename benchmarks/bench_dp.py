@@ -8,6 +8,9 @@ run without noise (what the fewer rounds alone cost).
 
     .venv/bin/python benchmarks/bench_dp.py            # BBCSport and 3Sources, 3 seeds, 8 budgets
     .venv/bin/python benchmarks/bench_dp.py --quick    # BBCSport, 1 seed, 3 budgets (about a minute)
+    # or one process per data set (two cores), then one figure:
+    .venv/bin/python benchmarks/bench_dp.py --datasets 3Sources --out benchmarks/results/dp-3sources.json
+    .venv/bin/python benchmarks/bench_dp.py --merge benchmarks/results/dp-bbcsport.json benchmarks/results/dp-3sources.json
 
 Writes ``benchmarks/results/dp.json`` and ``docs/figures/dp-acc-vs-epsilon.png`` (``--quick``:
 ``dp-quick.json`` / ``dp-quick.png`` beside them, so a quick run never replaces the full result).
@@ -72,11 +75,26 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3, quick 1)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=None,
+                    help="data sets to run (default: both; quick: BBCSport)")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None,
+                    help="no fitting: combine the data sets of these result files into --out and plot them")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        merged = {"settings": parts[0]["settings"], "datasets": {}}
+        for part in parts:
+            merged["datasets"].update(part["datasets"])
+        out_path = args.out or Path("benchmarks/results/dp.json")
+        png = args.png or Path("docs/figures/dp-acc-vs-epsilon.png")
+        write_json_atomic(out_path, merged)
+        plot(merged, png)
+        print(f"wrote {out_path} and {png}")
+        return
     quick = args.quick
     seeds = range(args.seeds or (1 if quick else 3))
     epsilons = QUICK_EPSILONS if quick else EPSILONS
-    names = ["BBCSport"] if quick else list(DATASETS)
+    names = args.datasets or (["BBCSport"] if quick else list(DATASETS))
     out_path = args.out or Path("benchmarks/results") / ("dp-quick.json" if quick else "dp.json")
     png = args.png or Path("docs/figures") / ("dp-quick.png" if quick else "dp-acc-vs-epsilon.png")
     root = default_data_dir()

@@ -281,3 +281,9 @@ def test_cli_takes_dp_epsilon_and_reports_it(tmp_path, capsys):
         main(["cluster", str(f), "--seeds", "1", "-q", "--dp-epsilon", "-1"])
     assert exc.value.code == 2
     assert "dp_epsilon must be" in capsys.readouterr().err
+
+
+def test_out_of_sample_round_after_a_dp_fit_warns_that_it_is_not_covered(data):
+    model = FedSONMF(4, dp_epsilon=50.0, dp_rounds=2, random_state=0).fit(data.views)
+    with pytest.warns(UserWarning, match="not covered by the differential privacy"):
+        model.transform([v[:5] for v in data.views])

@@ -7,8 +7,8 @@ itself; C_p^1 = 0 [C].  ``FedConfig.correction = False`` gives the
 "no correction" ablation (C_p^s = 0 in every round).
 
 Incomplete views (§15.1, [C]): a client holding only the samples ``cols``
-sends its sample indices once (setup: the server learns membership, never
-content), receives the weights m/c_j with every broadcast, and uploads the
+sends its sample indices once (setup: the server learns membership in the
+clear; the content only through the uploads, see docs/privacy.md), receives the weights m/c_j with every broadcast, and uploads the
 r x |Omega_p| block of its held columns; the server averages column j over
 the clients holding it.  Complete data takes exactly the code of §4–§6.
 

@@ -232,7 +232,8 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         (the view holds every sample), a boolean array of length n_samples or an
         array of sample ids; rows of a view outside its mask are never read, and a
         client uploads only its held columns.  The server learns which samples each
-        client holds (membership), never their content.
+        client holds (membership) in the clear; what the uploads tell it about their
+        content (without DP: U_p^T X_p of the held columns) is in ``docs/privacy.md``.
         """
         self._fit(Xs, masks=masks)
         return self
@@ -257,8 +258,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def transform(self, Xs) -> np.ndarray:
         """Embed new samples with the fitted bases held fixed: shape (n_samples_new, n_components).
 
-        One federated round with the same messages and privacy as a fit round:
-        each client sends U_p^T X_p (r x n_new) for its new columns, the server
+        One federated round with the messages of a fit round: each client sends
+        U_p^T X_p (r x n_new) for its new columns -- exact, not noised, also after a
+        differentially private fit (outside the fit's (epsilon, delta); a warning
+        says so) -- the server
         applies the prox to their mean (:func:`fedsonmf.core.server.embed_new_samples`,
         the exact V-minimiser for fixed bases, so ``transform`` of the training
         views returns ``embedding_`` at a converged fit).  Every view of the new
@@ -272,6 +275,11 @@ class FedSONMF(TransformerMixin, BaseEstimator):
 
     def _embed(self, views) -> np.ndarray:
         """V (r, n_new) of validated views (d_p, n_new): the out-of-sample round."""
+        if getattr(self, "privacy_", None) is not None:
+            import warnings
+
+            warnings.warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
+                          "not covered by the differential privacy of the fit (privacy_)", UserWarning, stacklevel=3)
         return embed_new_samples([ut_x(U, X) for U, X in zip(self._bases(), views)], self.mu_)
 
     def inverse_transform(self, E) -> list[np.ndarray]:
