@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=None,
                     help="data sets to run (default: both; quick: BBCSport)")
+    ap.add_argument("--epsilons", nargs="+", type=float, default=None, help="target epsilons (default: the grid)")
     ap.add_argument("--merge", nargs="+", type=Path, default=None,
                     help="no fitting: combine the data sets of these result files into --out and plot them")
     args = ap.parse_args()
@@ -93,7 +94,7 @@ def main() -> None:
         return
     quick = args.quick
     seeds = range(args.seeds or (1 if quick else 3))
-    epsilons = QUICK_EPSILONS if quick else EPSILONS
+    epsilons = tuple(args.epsilons) if args.epsilons else (QUICK_EPSILONS if quick else EPSILONS)
     names = args.datasets or (["BBCSport"] if quick else list(DATASETS))
     out_path = args.out or Path("benchmarks/results") / ("dp-quick.json" if quick else "dp.json")
     png = args.png or Path("docs/figures") / ("dp-quick.png" if quick else "dp-acc-vs-epsilon.png")
@@ -116,14 +117,14 @@ def main() -> None:
             print(f"{name}: non-private ACC {100 * np.mean([r['acc'] for r in res['non_private']]):.1f}, "
                   f"{rounds} rounds no noise {100 * np.mean([r['acc'] for r in res['non_private_dp_rounds']]):.1f}",
                   flush=True)
+            result["datasets"][name] = res
             for eps in epsilons:
                 rows = [fit(ds, s, dp_epsilon=eps) for s in seeds]
                 res["dp"][repr(eps)] = rows
+                write_json_atomic(out_path, result)  # after every budget: a long run keeps what it has
                 print(f"{name}: epsilon {eps:g} (secagg {rows[0]['epsilon_secagg']:.3g}): noise multiplier "
                       f"{rows[0]['noise_multiplier']:.4g}, ACC {100 * np.mean([r['acc'] for r in rows]):.1f} "
                       f"± {100 * np.std([r['acc'] for r in rows]):.1f}", flush=True)
-            result["datasets"][name] = res
-            write_json_atomic(out_path, result)  # after every data set: a long run keeps what it has
     plot(result, png)
     print(f"wrote {out_path} and {png}")
 

@@ -188,8 +188,10 @@ def evaluate(views_dn, cfg: FedConfig, rounds: int, seed: int, dp_epsilons) -> d
         mu = float(res.config["mu_value"])
         public = public_estimates(log, cfg_run, mu)
         public[f"V^{res.n_rounds + 1} (final)"] = res.V
-        base = [attack(X, public, known) for X in views_dn]
-        out.setdefault("baseline (public V only)", _mean(base))
+        base = _mean([attack(X, public, known) for X in views_dn])
+        out.setdefault("baseline (public V only)", base)
+        if label:  # a DP run: its own public V (noisier than the plain run's) is its baseline
+            out[f"baseline{label}"] = base
         for mode, key in modes:
             view = server_view(log, m, mode)
             rows = [attack(X, {**public, **estimates(view[p], public, 1 if mode == "plain" else m)}, known)
