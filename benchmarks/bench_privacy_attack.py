@@ -7,8 +7,10 @@ client's view X_p (d_p x n):
     (the estimate Y^T Y of an r x n matrix Y it can form, after the best scaling);
 (b) **nearest neighbours**: share of samples whose nearest neighbour (Euclidean, columns of Y)
     is their nearest neighbour in X_p;
-(c) **rebuild**: with k known samples (their raw x_j and their columns of Y), a least-squares
-    map from Y's columns to raw x, applied to the other samples: relative Frobenius error there.
+(c) **rebuild**: with k known samples (their raw x_j and their columns of Y), a ridge
+    regression from Y's columns to raw x (weight chosen by leave-one-out on the known samples),
+    applied to the other samples: relative Frobenius error there (``rebuild_error_known_mean``:
+    the error of guessing the known samples' mean, i.e. learning nothing).
 
 For each attack the server tries every estimate Y it can form from what it received and we
 report the best one *chosen with the ground truth* (an upper bound of what it achieves).
@@ -141,14 +143,42 @@ def nearest(Z: np.ndarray) -> np.ndarray:
     return np.argmin(D, axis=1)
 
 
+def _ridge(A: np.ndarray, B: np.ndarray, lam: float) -> np.ndarray:
+    """argmin_W ||A W - B||^2 + lam ||W||^2 (A: k x f, B: k x d)."""
+    f = A.shape[1]
+    return np.linalg.solve(A.T @ A + lam * np.eye(f), A.T @ B)
+
+
 def rebuild_error(Y: np.ndarray, X: np.ndarray, known: np.ndarray) -> float:
-    """Least squares x ~ W [y; 1] on the known samples, relative error on the others."""
+    """Ridge regression x ~ W [y; 1] on the known samples, relative error on the others.
+
+    The ridge weight is the attacker's own choice: leave-one-out error over the known samples
+    on a grid (it uses nothing but the known samples); with r + 1 >= k plain least squares
+    would interpolate and extrapolate wildly.
+    """
     n = X.shape[1]
-    A = np.vstack([Y, np.ones((1, n))])
+    A = np.vstack([Y, np.ones((1, n))]).T
     others = np.setdiff1d(np.arange(n), known)
-    W, *_ = np.linalg.lstsq(A[:, known].T, X[:, known].T, rcond=None)
-    Xhat = (A[:, others].T @ W).T
+    Ak, Bk = A[known], X[:, known].T
+    scale = float(np.trace(Ak.T @ Ak)) / Ak.shape[1] or 1.0
+    best = (np.inf, 1.0)
+    for lam in scale * np.logspace(-8, 2, 11):
+        err = 0.0
+        for i in range(len(known)):
+            keep = np.arange(len(known)) != i
+            W = _ridge(Ak[keep], Bk[keep], lam)
+            err += float(np.sum((Ak[i] @ W - Bk[i]) ** 2))
+        best = min(best, (err, lam))
+    W = _ridge(Ak, Bk, best[1])
+    Xhat = (A[others] @ W).T
     return float(np.linalg.norm(Xhat - X[:, others]) / np.linalg.norm(X[:, others]))
+
+
+def mean_predictor_error(X: np.ndarray, known: np.ndarray) -> float:
+    """The rebuild error of guessing every other sample as the mean of the known ones (no estimate at all)."""
+    others = np.setdiff1d(np.arange(X.shape[1]), known)
+    guess = X[:, known].mean(axis=1, keepdims=True)
+    return float(np.linalg.norm(X[:, others] - guess) / np.linalg.norm(X[:, others]))
 
 
 def attack(X, cands: dict, known: np.ndarray) -> dict:
@@ -169,6 +199,8 @@ def attack(X, cands: dict, known: np.ndarray) -> dict:
             best["rebuild_error"] = (b, name)
     out = {k: v[0] for k, v in best.items()}
     out["best_estimate"] = {k: v[1] for k, v in best.items()}
+    out["rebuild_error_known_mean"] = mean_predictor_error(X, known)
+    out["nn_agreement_chance"] = 1.0 / (X.shape[1] - 1)
     return out
 
 
@@ -220,7 +252,7 @@ def evaluate(views_dn, cfg: FedConfig, rounds: int, seed: int, dp_epsilons) -> d
 
 def _mean(rows: list[dict]) -> dict:
     keys = ("gram_error", "nn_agreement", "rebuild_error")
-    out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    out = {k: float(np.mean([r[k] for r in rows])) for k in keys + ("rebuild_error_known_mean",)}
     out["per_client"] = [{k: r[k] for k in keys} for r in rows]
     out["best_estimate"] = rows[0]["best_estimate"]
     return out
@@ -294,7 +326,8 @@ def _over_seeds(runs: list[dict]) -> dict:
         if mode.startswith("_"):
             out[mode] = float(np.mean([r[mode] for r in runs]))
             continue
-        e = {k: float(np.mean([r[mode][k] for r in runs])) for k in ("gram_error", "nn_agreement", "rebuild_error")}
+        e = {k: float(np.mean([r[mode][k] for r in runs]))
+             for k in ("gram_error", "nn_agreement", "rebuild_error", "rebuild_error_known_mean")}
         e["per_seed"] = [{k: r[mode][k] for k in ("gram_error", "nn_agreement", "rebuild_error")} for r in runs]
         e["best_estimate"] = runs[0][mode]["best_estimate"]
         if "privacy" in runs[0][mode]:
@@ -304,7 +337,8 @@ def _over_seeds(runs: list[dict]) -> dict:
 
 
 def _print(name: str, modes: dict) -> None:
-    print(f"{name}: model error ||X_p - U_p V|| / ||X_p|| = {modes.get('_model_error_plain', float('nan')):.3f}")
+    print(f"{name}: model error ||X_p - U_p V|| / ||X_p|| = {modes.get('_model_error_plain', float('nan')):.3f}; "
+          f"rebuild error of the known samples' mean {modes['baseline (public V only)']['rebuild_error_known_mean']:.3f}")
     print(f"  {'mode':34s} {'Gram err':>9s} {'NN agree':>9s} {'rebuild':>9s}")
     for mode, e in modes.items():
         if mode.startswith("_"):

@@ -62,8 +62,8 @@ def test_clip_bounds_the_norm_and_keeps_the_direction():
 def test_noise_has_the_declared_scale(data):
     """Released - V^s - clip(true change) is N(0, (z * 2C)^2) per entry, the std checked to 4 %."""
     X = _views_dn(data)[0]
-    z, C = 0.7, 0.3
-    cfg_dp = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=z, dp_clip=C, **DP)
+    z, C, C0 = 0.7, 0.3, 0.9
+    cfg_dp = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=z, dp_clip=C, dp_clip_setup=C0, **DP)
     (sa, sb), (ra, rb), V = _round_replies(X, cfg_dp, FedConfig(n_components=4, mu=0.0, diagnostics=False))
     std = z * 2 * C
     # round upload: clipped around the public V^s
@@ -72,9 +72,9 @@ def test_noise_has_the_declared_scale(data):
     assert noise.size == 4 * 400
     assert abs(noise.std() / std - 1) < 0.04, noise.std() / std
     assert abs(noise.mean()) < 4 * std / math.sqrt(noise.size)
-    # setup upload: V_proj clipped around zero, same noise scale, an independent draw
-    noise0 = sa.arrays["Vproj"] - clip_frobenius(sb.arrays["Vproj"], C)[0]
-    assert abs(noise0.std() / std - 1) < 0.04
+    # setup upload: V_proj clipped around zero to its own bound, noise z * 2 C0, an independent draw
+    noise0 = sa.arrays["Vproj"] - clip_frobenius(sb.arrays["Vproj"], C0)[0]
+    assert abs(noise0.std() / (z * 2 * C0) - 1) < 0.04
     assert abs(np.corrcoef(noise.ravel(), noise0.ravel())[0, 1]) < 0.1
 
 
@@ -82,7 +82,7 @@ def test_clipping_bounds_the_released_change(data):
     """With (almost) no noise the released change has norm exactly min(||change||, C)."""
     X = _views_dn(data)[1]
     for C in (1e-3, 1e3):
-        cfg_dp = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1e-12, dp_clip=C, **DP)
+        cfg_dp = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1e-12, dp_clip=C, dp_clip_setup=C, **DP)
         (sa, sb), (ra, rb), V = _round_replies(X, cfg_dp, FedConfig(n_components=4, mu=0.0, diagnostics=False))
         true = np.linalg.norm(rb.arrays["Vhat"] - V)
         released = np.linalg.norm(ra.arrays["Vhat"] - V)
@@ -161,7 +161,7 @@ def test_dp_run_is_reproducible_and_every_client_has_its_own_stream(data):
     assert "R_rel" not in a.history_.rows[0]  # no diagnostics were sent
     # the noise of two clients: independent streams (same view, same basis seed, different noise seeds)
     X = _views_dn(data)[0]
-    cfg = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1.0, dp_clip=1e-6, **DP)
+    cfg = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1.0, dp_clip_setup=1e-6, **DP)
     setup = setup_messages(1, 3, cfg, "fedsonmf")[0]
     n0 = ClientRuntime(X, "fedsonmf", cfg, dp_seed=[5, 3, 0]).handle(setup).arrays["Vproj"]
     n1 = ClientRuntime(X, "fedsonmf", cfg, dp_seed=[5, 3, 1]).handle(setup).arrays["Vproj"]
@@ -171,7 +171,7 @@ def test_dp_run_is_reproducible_and_every_client_has_its_own_stream(data):
 def test_a_deployment_nodes_noise_is_not_a_function_of_the_run_seed(data):
     """Without dp_seed (a Flower node) the noise seed is the node's own: the server's seed does not give it."""
     X = _views_dn(data)[0]
-    cfg = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1.0, dp_clip=1e-6, **DP)
+    cfg = FedConfig(n_components=4, mu=0.0, dp_noise_multiplier=1.0, dp_clip_setup=1e-6, **DP)
     setup = setup_messages(1, 3, cfg, "fedsonmf")[0]
     a, b = ClientRuntime(X, "fedsonmf", cfg), ClientRuntime(X, "fedsonmf", cfg)
     va, vb = a.handle(setup).arrays["Vproj"], b.handle(setup).arrays["Vproj"]
@@ -228,6 +228,7 @@ def test_clustering_reports_the_privacy_of_the_fit(data):
     (dict(dp_noise_multiplier=0.0), "dp_noise_multiplier must be"),
     (dict(dp_epsilon=1.0, dp_noise_multiplier=1.0), "not both"),
     (dict(dp_epsilon=1.0, dp_clip=0.0), "dp_clip must be"),
+    (dict(dp_epsilon=1.0, dp_clip_setup=float("inf")), "dp_clip_setup must be"),
     (dict(dp_epsilon=1.0, dp_delta=0.0), "dp_delta must be > 0 and < 1"),
     (dict(dp_epsilon=1.0, dp_delta=1.0), "dp_delta must be > 0 and < 1"),
     (dict(dp_epsilon=1.0, dp_rounds=0), "dp_rounds must be an integer >= 1"),

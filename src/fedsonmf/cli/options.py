@@ -30,7 +30,7 @@ _FLAGS = {"correction": ("--correction/--no-correction",), "diagnostics": ("--di
 _TYPES = {"mu": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
           "dp_epsilon": Optional[float], "dp_noise_multiplier": Optional[float]}
 #: the differential-privacy options (fedsonmf.protocol.privacy)
-DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_delta", "dp_rounds")
+DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta", "dp_rounds")
 
 #: ``-h`` is help, as users expect (every command and group)
 CONTEXT = {"help_option_names": ["-h", "--help"]}

@@ -178,7 +178,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
-    dp_epsilon, dp_noise_multiplier, dp_clip, dp_delta, dp_rounds,
+    dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
         As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
         ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get

@@ -142,7 +142,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     dp_clip : float, default=0.02
         Frobenius bound of each noised upload's change (data units; the
         clustering's views have Frobenius norm 1, and a round's change of V is
-        then 0.01-0.05 on BBCSport and 3Sources, the setup projection 0.13-0.17).
+        then 0.01-0.05 on BBCSport and 3Sources).
+    dp_clip_setup : float, default=0.2
+        Frobenius bound of the setup upload max(U_p^T X_p, 0) (0.13-0.17 there).
     dp_delta : float, default=1e-5
     dp_rounds : int, default=10
 

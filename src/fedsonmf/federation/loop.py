@@ -165,12 +165,13 @@ class ClientRuntime:
         if extra:
             raise ProtocolError(f"differential privacy: {alg.name} reply items {extra} are not covered by the noise")
         seed = self.state.arrays["dp_seed"]
-        std = cfg.dp_sigma * 2.0 * cfg.dp_clip  # multiplier x L2 sensitivity of replacing the view
+        clip = cfg.dp_clip_setup if msg.kind == "setup" else cfg.dp_clip
+        std = cfg.dp_sigma * 2.0 * clip  # multiplier x L2 sensitivity (2 clip) of replacing the view
         arrays = dict(reply.arrays)
         for i, key in enumerate(sorted(refs)):
             if key in arrays:
                 rng = np.random.default_rng([int(w) for w in seed] + [int(msg.round), i])
-                arrays[key], _ = gaussian_release(arrays[key], refs[key], cfg.dp_clip, std, rng)
+                arrays[key], _ = gaussian_release(arrays[key], refs[key], clip, std, rng)
         return dataclasses.replace(reply, arrays=arrays)
 
 

@@ -75,8 +75,9 @@ class FedConfig:
         (:mod:`fedsonmf.protocol.privacy`): the target epsilon of the run (the
         noise multiplier is calibrated to it over ``dp_rounds`` rounds) or the
         noise multiplier itself; at most one; both None = no DP.
-    dp_clip : float > 0
-        Frobenius bound C of each noised upload's change; noise std = multiplier x 2C.
+    dp_clip, dp_clip_setup : float > 0
+        Frobenius bound C of a round upload's change (V-hat_p - V^s) and of the
+        setup upload V_proj; each release's noise std = multiplier x 2C (its own C).
     dp_delta : float in (0, 1)
     dp_rounds : int >= 1
         Rounds of a DP run (the accountant composes over them).  A DP run sends
@@ -102,6 +103,7 @@ class FedConfig:
     dp_epsilon: float | None = default("dp_epsilon")
     dp_noise_multiplier: float | None = default("dp_noise_multiplier")
     dp_clip: float = default("dp_clip")
+    dp_clip_setup: float = default("dp_clip_setup")
     dp_delta: float = default("dp_delta")
     dp_rounds: int = default("dp_rounds")
 
@@ -164,6 +166,7 @@ class FedConfig:
             raise ParameterError(f"give dp_epsilon or dp_noise_multiplier, not both (got dp_epsilon={self.dp_epsilon!r}"
                                  f" and dp_noise_multiplier={self.dp_noise_multiplier!r})")
         set_("dp_clip", check_real("dp_clip", self.dp_clip, min=0.0, min_inclusive=False))
+        set_("dp_clip_setup", check_real("dp_clip_setup", self.dp_clip_setup, min=0.0, min_inclusive=False))
         set_("dp_delta", check_real("dp_delta", self.dp_delta, min=0.0, max=1.0, min_inclusive=False,
                                     max_inclusive=False))
         set_("dp_rounds", check_int("dp_rounds", self.dp_rounds, min=1))

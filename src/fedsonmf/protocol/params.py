@@ -55,8 +55,9 @@ _TABLE = [
     Param("dp_epsilon", None, "Differential privacy of each client's whole view: target epsilon of the run "
                               "(the noise is calibrated to it); None = no DP unless dp_noise_multiplier is set."),
     Param("dp_noise_multiplier", None, "DP noise std / sensitivity (2 x dp_clip), instead of dp_epsilon."),
-    Param("dp_clip", 0.02, "DP: Frobenius bound of what a client changes per upload (its round update, its "
-                           "setup projection), in the data's units (views of Frobenius norm 1 in clustering)."),
+    Param("dp_clip", 0.02, "DP: Frobenius bound of a client's change of V per round (its upload minus V^s), in "
+                           "the data's units (views of Frobenius norm 1 in clustering)."),
+    Param("dp_clip_setup", 0.2, "DP: Frobenius bound of the setup upload max(U_p^T X_p, 0) (data units)."),
     Param("dp_delta", 1e-5, "DP: the delta of the (epsilon, delta) guarantee."),
     Param("dp_rounds", 10, "DP: rounds of a DP run (fixed in advance for the accountant; replaces max_rounds "
                            "and tol, which need the diagnostics)."),
@@ -84,9 +85,11 @@ _TABLE = [
 PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
 #: the algorithm's parameters (the fields of FedConfig)
 FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
-              "diagnostics", "ustep", "dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_delta", "dp_rounds")
+              "diagnostics", "ustep", "dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
+              "dp_rounds")
 #: the differential-privacy parameters (a subset of FED_PARAMS; fedsonmf.protocol.privacy)
-DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_delta", "dp_rounds")
+DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
+              "dp_rounds")
 #: the run's parameters (the estimator's besides FED_PARAMS)
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")

@@ -6,15 +6,15 @@ any other view of the same shape, everything else equal.  Each client clips and
 noises everything it uploads (:mod:`fedsonmf.core.dp`, applied by
 :class:`fedsonmf.federation.loop.ClientRuntime`):
 
-* setup: V_proj = max(U_p^T X_p, 0) (r x n), clipped to Frobenius norm ``dp_clip``;
+* setup: V_proj = max(U_p^T X_p, 0) (r x n), clipped to Frobenius norm ``dp_clip_setup``;
 * every round: the change Vhat_p - V^s (r x n), clipped to ``dp_clip`` (V^s is public);
-* Gaussian noise of std ``dp_noise_multiplier * 2 * dp_clip`` per entry, from
-  the client's own noise stream;
+* Gaussian noise of std ``dp_noise_multiplier * 2 * C`` per entry (C the release's
+  clip), from the client's own noise stream;
 * no diagnostics (they would be unnoised per-client uploads), no x_sqnorm
   (``init_v="random"`` is refused), so nothing else about X_p leaves the node.
 
 Whatever the previous rounds released, two views give clipped values at most
-``2 dp_clip`` apart, so each release is a Gaussian mechanism of noise
+``2 C`` apart, so each release is a Gaussian mechanism of noise
 multiplier ``dp_noise_multiplier`` (std / L2 sensitivity) and a run is their
 adaptive composition: ``rounds + 1`` releases per client (``rounds`` without the
 setup upload).  The accountant is dp-accounting's :class:`RdpAccountant`
@@ -117,8 +117,9 @@ def privacy_report(cfg, rounds: int, n_clients: int) -> dict:
     d = cfg.dp_delta
     return {
         "unit": UNIT,
-        "mechanism": "clip the change of each upload to Frobenius norm dp_clip, add Gaussian noise "
-                     "of std noise_multiplier * 2 * dp_clip per entry (each client, before it sends)",
+        "mechanism": "clip each round upload's change to Frobenius norm dp_clip (the setup upload to "
+                     "dp_clip_setup), add Gaussian noise of std noise_multiplier * 2 * clip per entry "
+                     "(each client, before it sends)",
         "accountant": ACCOUNTANT,
         "epsilon": epsilon(z, k, d),
         "epsilon_secagg": epsilon(z * math.sqrt(m), k, d),
@@ -127,6 +128,7 @@ def privacy_report(cfg, rounds: int, n_clients: int) -> dict:
         "target_epsilon": cfg.dp_epsilon,
         "noise_multiplier": z,
         "clip": cfg.dp_clip,
+        "clip_setup": cfg.dp_clip_setup,
         "noise_std": z * 2.0 * cfg.dp_clip,
         "releases_per_client": k,
         "rounds": int(rounds),
