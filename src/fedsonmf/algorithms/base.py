@@ -67,6 +67,12 @@ class FederatedAlgorithm:
         if agg is not None and key in agg.sums:
             return agg.sums[key] / agg.count
         return aggregate([rep.arrays[key] for rep in replies])
+    #: differential privacy (fedsonmf.protocol.privacy) is implemented: ``dp_references`` names every
+    #: uplink array and the public point it is clipped around
+    supports_dp: bool = False
+    #: arrays / scalars a reply may carry in the clear under DP (public facts, e.g. the view's shape)
+    dp_clear_arrays: tuple[str, ...] = ()
+    dp_clear_scalars: tuple[str, ...] = ("d", "n")
 
     def setup_uplink(self, cfg: FedConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """``(array keys, scalar keys)`` of a client's setup reply (declared for audits)."""
@@ -91,6 +97,13 @@ class FederatedAlgorithm:
     def client_round(self, X, x_sqnorm: float, state: ClientState, msg: Message, cfg: FedConfig):
         """One round on one client. Returns ``(new_state, reply)``."""
         raise NotImplementedError
+
+    def dp_references(self, msg: Message, cfg: FedConfig, cols=None) -> dict:
+        """Under DP: ``{uplink array key: public point it is clipped around (None = zero)}``
+        for the reply to ``msg``.  The setup upload V_proj has no public counterpart."""
+        if msg.kind == "setup":
+            return {"Vproj": None}
+        raise NotImplementedError(f"{self.name} does not implement differential privacy")
 
     # ------------------------------------------------------------------ server side
     def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int,

@@ -7,8 +7,8 @@ itself; C_p^1 = 0 [C].  ``FedConfig.correction = False`` gives the
 "no correction" ablation (C_p^s = 0 in every round).
 
 Incomplete views (§15.1, [C]): a client holding only the samples ``cols``
-sends its sample indices once (setup: the server learns membership, never
-content), receives the weights m/c_j with every broadcast, and uploads the
+sends its sample indices once (setup: the server learns membership in the
+clear; the content only through the uploads, see docs/privacy.md), receives the weights m/c_j with every broadcast, and uploads the
 r x |Omega_p| block of its held columns; the server averages column j over
 the clients holding it.  Complete data takes exactly the code of §4–§6.
 
@@ -50,6 +50,16 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
 
     supports_masks = True
     supports_partial = True
+    supports_dp = True
+    dp_clear_arrays = ("cols",)  # incomplete views: which samples a client holds (membership, not content)
+
+    def dp_references(self, msg: Message, cfg: FedConfig, cols=None) -> dict:
+        """Round s: Vhat_p is clipped around V^s = P(Vbar^s), which the server knows,
+        so the noise covers the client's change of V (its held columns with masks)."""
+        if msg.kind == "setup":
+            return super().dp_references(msg, cfg, cols)
+        V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu)
+        return {"Vhat": V if cols is None else V[:, cols]}
 
     def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
         """As the base class; ``kept_sum=True`` (rule (b) under secure aggregation) adds the

@@ -15,7 +15,7 @@ import numpy as np
 import typer
 
 from fedsonmf._io import write_json_atomic
-from fedsonmf.cli.options import ALGORITHM_OPTIONS, check_output_path, with_params
+from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, with_params
 from fedsonmf.exceptions import InputError, ParameterError
 
 #: the paper's literal protocol (FedMultiViewClustering.paper)
@@ -170,6 +170,18 @@ def _json_default(o):
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
+def _describe_privacy(report) -> str:
+    """One line with the (epsilon, delta) of the DP fits (the same for every seed), or ''."""
+    reps = [i["privacy"] for i in report.info if i.get("privacy")]
+    if not reps:
+        return ""
+    p = reps[0]
+    return (f"differential privacy ({p['unit'].split(' (')[0]}): epsilon = {p['epsilon']:.4g} per view against "
+            f"anyone who sees its uploads, {p['epsilon_secagg']:.4g} against a server that sees only sums "
+            f"(secure aggregation), {p['epsilon_all_views']:.4g} for all views at once; delta = {p['delta']:g}, "
+            f"noise multiplier {p['noise_multiplier']:.4g}, clip {p['clip']:g}, {p['rounds']} rounds, per fit")
+
+
 def _paper_key(path: Path, stem: str) -> str:
     """The Table 1 name of a file: a known dataset name among its parent folders, else its stem."""
     from fedsonmf.experiments.table1 import PAPER_TABLE1
@@ -185,7 +197,7 @@ def register(app, reproduce_app) -> None:
 
     @app.command()
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
-                 "n_init")
+                 "n_init", *DP_OPTIONS)
     def cluster(
         paths: List[Path] = typer.Argument(..., help="A multi-view .mat file, or one file per view: .csv, .tsv, "
                                            ".npy, .npz (scipy.sparse), .mtx, .mat (samples x features)."),
@@ -267,6 +279,9 @@ def register(app, reproduce_app) -> None:
             console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
                                         f"{n_seeds} seeds (mean ± std, %)"))
             console.print(_describe_defaults(res, params))
+            privacy = _describe_privacy(res.reports[algorithm])
+            if privacy:
+                console.print(privacy)
             doc = {"params": params, "result": res.to_dict()}
         else:
             sizes = np.bincount(assignments, minlength=clusters).tolist()

@@ -18,7 +18,7 @@ import typer
 
 from fedsonmf.protocol.params import PARAMS
 
-__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS"]
+__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS", "DP_OPTIONS"]
 
 #: the algorithm options every federated command offers (flags derived from the names)
 ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "algorithm")
@@ -27,7 +27,10 @@ _FLAGS = {"correction": ("--correction/--no-correction",), "diagnostics": ("--di
           "normalize_embedding": ("--normalize-embedding/--raw-embedding",), "max_rounds": ("--rounds",),
           "n_components": ("--rank", "-r")}
 #: option types that the default does not tell
-_TYPES = {"mu": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int]}
+_TYPES = {"mu": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
+          "dp_epsilon": Optional[float], "dp_noise_multiplier": Optional[float]}
+#: the differential-privacy options (fedsonmf.protocol.privacy)
+DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta", "dp_rounds")
 
 #: ``-h`` is help, as users expect (every command and group)
 CONTEXT = {"help_option_names": ["-h", "--help"]}

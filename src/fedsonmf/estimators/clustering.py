@@ -178,6 +178,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
+    dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
         As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
         ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
@@ -201,6 +202,9 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         The Frobenius divisor of each view (1.0 without ``normalize_views``).
     mu_, seed_, result_, history_, n_rounds_, kmeans_
         Of the first fit.
+    privacy_ : dict or None
+        With DP, the (epsilon, delta) of the whole fit: one restart's report, with
+        ``n_init > 1`` composed over the restarts (each sees the same views).
     seeds_ : list of int
         The seed of every restart.
     effective_rank_ : int
@@ -232,6 +236,10 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         check_choice("preprocess", self.preprocess, PREPROCESS_RULES)
         check_bool("normalize_embedding", self.normalize_embedding)
         check_bool("normalize_views", self.normalize_views)
+        if self.dp_epsilon is not None and self.n_init > 1:
+            raise ParameterError(f"dp_epsilon={self.dp_epsilon!r} is the budget of one federated fit; n_init="
+                                 f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
+                                 "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
 
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
@@ -321,6 +329,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
         self.labels_ = np.asarray(labels)
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
+        self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
         return self
 
     def fit_predict(self, Xs, y=None, *, callback=None, masks=None) -> np.ndarray:
@@ -353,6 +362,24 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
             E = normalize_rows(E)
         d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
         return np.argmin(d2, axis=1)
+
+
+def _composed_privacy(reports: list) -> dict | None:
+    """The (epsilon, delta) of several DP fits on the same views (restarts): their releases compose."""
+    if not reports or reports[0] is None:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    import math
+
+    from fedsonmf.protocol.privacy import epsilon
+
+    rep = dict(reports[0])
+    k = sum(r["releases_per_client"] for r in reports)
+    z, m, d = rep["noise_multiplier"], rep["n_clients"], rep["delta"]
+    rep.update(releases_per_client=k, restarts=len(reports), epsilon=epsilon(z, k, d),
+               epsilon_secagg=epsilon(z * math.sqrt(m), k, d), epsilon_all_views=epsilon(z / math.sqrt(m), k, d))
+    return rep
 
 
 def _check_view_structure(Xs) -> list:

@@ -41,10 +41,16 @@ from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default, make_init
 __all__ = ["FedSONMF", "federated_sonmf"]
 
 
+def _dp_requested(est) -> bool:
+    return est.dp_epsilon is not None or est.dp_noise_multiplier is not None
+
+
 def _check_run_params(est) -> dict:
     """Validate the run's parameters (the algorithm's are validated by FedConfig)."""
     tol = check_real("tol", est.tol, min=0.0, desc="a real number >= 0")
-    if tol > 0 and not est.diagnostics:
+    if _dp_requested(est):
+        tol = 0.0  # a DP run lasts dp_rounds rounds: no diagnostics, no residual to stop on
+    elif tol > 0 and not est.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
@@ -55,7 +61,10 @@ def _check_run_params(est) -> dict:
         algorithm = get_algorithm(est.algorithm).name
     except ValueError as exc:
         raise ParameterError(str(exc)) from None
-    return {"max_rounds": check_int("max_rounds", est.max_rounds, min=1), "tol": tol,
+    max_rounds = check_int("max_rounds", est.max_rounds, min=1)
+    if _dp_requested(est):
+        max_rounds = check_int("dp_rounds", est.dp_rounds, min=1)
+    return {"max_rounds": max_rounds, "tol": tol,
             "blas_threads": check_int("blas_threads", est.blas_threads, min=1, allow_none=True),
             "n_jobs": check_n_jobs(est.n_jobs), "checkpoint_dir": None if cd is None else Path(cd),
             "algorithm": algorithm}
@@ -123,6 +132,21 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         ends with the same V as an uninterrupted fit.
     verbose : bool, default=False
         Print one line per round.
+    dp_epsilon, dp_noise_multiplier : float or None, default=None
+        Differential privacy of each client's whole view (what that covers and
+        what not: :mod:`fedsonmf.protocol.privacy`): each client clips and noises
+        every upload.  Give the target epsilon of the run (the noise is
+        calibrated by the accountant) or the noise multiplier.  A DP run lasts
+        ``dp_rounds`` rounds and sends no diagnostics (``max_rounds``, ``tol`` and
+        ``diagnostics`` do not apply); its (epsilon, delta) is ``privacy_``.
+    dp_clip : float, default=0.02
+        Frobenius bound of each noised upload's change (data units; the
+        clustering's views have Frobenius norm 1, and a round's change of V is
+        then 0.01-0.05 on BBCSport and 3Sources).
+    dp_clip_setup : float, default=0.2
+        Frobenius bound of the setup upload max(U_p^T X_p, 0) (0.13-0.17 there).
+    dp_delta : float, default=1e-5
+    dp_rounds : int, default=10
 
     Attributes
     ----------
@@ -141,6 +165,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     history_ : History
         Per-round objective, residuals, effective rank, bytes, seconds.
     result_ : FitResult
+    privacy_ : dict or None
+        With DP: the run's ``epsilon`` (one view, plain mode), ``epsilon_secagg``,
+        ``epsilon_all_views``, ``delta``, the noise multiplier, clip and unit
+        (:func:`fedsonmf.protocol.privacy.privacy_report`); None without DP.
 
     Examples
     --------
@@ -159,6 +187,8 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         kw = {k: getattr(self, k) for k in FED_PARAMS}
         if kw["ustep"] is None:
             kw["ustep"] = PenaltyOptions()
+        if _dp_requested(self):
+            kw["diagnostics"] = False  # the DP setting sends none (they would leave unnoised)
         cfg = FedConfig(**kw)
         run = _check_run_params(self)
         seed = check_seed(self.random_state)
@@ -194,6 +224,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.mu_ = float(res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
         self.reconstruction_err_ = _mean_loss(views, res.bases, res.V, masks)
+        self.privacy_ = res.extra.get("privacy")
         return res
 
     def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
@@ -203,7 +234,8 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         (the view holds every sample), a boolean array of length n_samples or an
         array of sample ids; rows of a view outside its mask are never read, and a
         client uploads only its held columns.  The server learns which samples each
-        client holds (membership), never their content.
+        client holds (membership) in the clear; what the uploads tell it about their
+        content (without DP: U_p^T X_p of the held columns) is in ``docs/privacy.md``.
         """
         self._fit(Xs, masks=masks)
         return self
@@ -228,8 +260,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def transform(self, Xs) -> np.ndarray:
         """Embed new samples with the fitted bases held fixed: shape (n_samples_new, n_components).
 
-        One federated round with the same messages and privacy as a fit round:
-        each client sends U_p^T X_p (r x n_new) for its new columns, the server
+        One federated round with the messages of a fit round: each client sends
+        U_p^T X_p (r x n_new) for its new columns -- exact, not noised, also after a
+        differentially private fit (outside the fit's (epsilon, delta); a warning
+        says so) -- the server
         applies the prox to their mean (:func:`fedsonmf.core.server.embed_new_samples`,
         the exact V-minimiser for fixed bases, so ``transform`` of the training
         views returns ``embedding_`` at a converged fit).  Every view of the new
@@ -243,6 +277,11 @@ class FedSONMF(TransformerMixin, BaseEstimator):
 
     def _embed(self, views) -> np.ndarray:
         """V (r, n_new) of validated views (d_p, n_new): the out-of-sample round."""
+        if getattr(self, "privacy_", None) is not None:
+            import warnings
+
+            warnings.warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
+                          "not covered by the differential privacy of the fit (privacy_)", UserWarning, stacklevel=3)
         return embed_new_samples([ut_x(U, X) for U, X in zip(self._bases(), views)], self.mu_)
 
     def inverse_transform(self, E) -> list[np.ndarray]:

@@ -200,6 +200,8 @@ def evaluate_clustering(
                 "centered_views": [p for p, i in enumerate(model.preprocessing_) if i.get("centered")],
                 "n_rounds": model.n_rounds_, "effective_rank": model.effective_rank_,
                 "R_rel": hist[-1].get("R_rel") if hist else None}
+        if model.privacy_ is not None:
+            info["privacy"] = model.privacy_
         return labels, info
 
     name = method or params.get("algorithm", "fedsonmf")

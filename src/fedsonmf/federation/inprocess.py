@@ -115,6 +115,13 @@ def run_inprocess(
     seed = check_seed(seed)
     if resume and checkpoint_dir is None:
         raise ParameterError("resume=True needs checkpoint_dir")
+    if seed is None and cfg.dp_enabled and not resume:
+        import secrets
+
+        seed = secrets.randbits(32)  # the recorded seed then reproduces the noise too
+    # DP noise seeds: in a simulation the run seed derives them (reproducible); a deployment node draws
+    # its own secret one (ClientRuntime's dp_seed=None).  On resume each client's seed is in its state.
+    dp_seeds = [None if seed is None else [int(seed), 3, p] for p in range(len(views_dn))]
     if checkpoint_dir is not None:
         from fedsonmf.federation import checkpoint as ckpt
         from fedsonmf.federation.loop import _algorithm
@@ -149,14 +156,15 @@ def run_inprocess(
 
                 seed = secrets.randbits(32)
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
-        clients = [ClientRuntime(X, algorithm, cfg, state=st, mask=mk) for X, st, mk in zip(views_dn, states, masks)]
+        clients = [ClientRuntime(X, algorithm, cfg, state=st, mask=mk, dp_seed=ds)
+                   for X, st, mk, ds in zip(views_dn, states, masks, dp_seeds)]
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
                 ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
-        clients = [ClientRuntime(X, algorithm, cfg, mask=mk) for X, mk in zip(views_dn, masks)]
+        clients = [ClientRuntime(X, algorithm, cfg, mask=mk, dp_seed=ds) for X, mk, ds in zip(views_dn, masks, dp_seeds)]
     _check_masks(clients)
     transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(

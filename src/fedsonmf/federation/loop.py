@@ -28,6 +28,7 @@ import numpy as np
 from fedsonmf._validation import check_int, check_real, check_seed
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
+from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
 from fedsonmf.core.residuals import effective_rank, round_metrics_from_sums
 from fedsonmf.federation import secagg
@@ -95,12 +96,18 @@ class ClientRuntime:
     upload_hook : callable(reply, msg, runtime) -> reply, optional
         Transforms every reply before it leaves the client (and before secure
         aggregation masks it): see :meth:`finalise_upload`.
+    dp_seed : int or sequence of int, optional
+        Seed of this client's differential-privacy noise (``cfg.dp_enabled``).  It
+        must be the client's secret: a server that knew it could subtract the
+        noise.  None (a deployment node) draws 128 bits from OS entropy at setup;
+        the in-process simulation passes one derived from ``random_state``
+        (reproducible runs).  Kept in the client state (resume), never sent.
     """
 
     upload_hook: Callable[[Message, Message, "ClientRuntime"], Message] | None = None
 
     def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None,
-                 x_sqnorm: float | None = None, upload_hook=None):
+                 x_sqnorm: float | None = None, upload_hook=None, dp_seed=None):
         self.n = X.shape[1]
         self.cols = held_columns(mask, self.n)
         self.algorithm = _algorithm(algorithm)
@@ -125,6 +132,9 @@ class ClientRuntime:
         Secure aggregation masks exactly what this returns.
         """
         return reply if self.upload_hook is None else self.upload_hook(reply, msg, self)
+        self.dp_seed = dp_seed
+        if cfg.dp_enabled and not self.algorithm.supports_dp:
+            raise ParameterError(f"algorithm {self.algorithm.name!r} does not implement differential privacy")
 
     def _kw(self, setup: bool = False) -> dict:
         if self.cols is None:
@@ -135,6 +145,9 @@ class ClientRuntime:
         secure = self.cfg.secure_aggregation
         if msg.kind == "setup":
             self.state, reply = self.algorithm.client_setup(self.X, self.x_sqnorm, msg, self.cfg, **self._kw(True))
+            if self.cfg.dp_enabled:  # clip + noise first: the masking (if any) sits after it
+                self.state.arrays["dp_seed"] = _dp_seed_words(self.dp_seed)
+                reply = self._privatise(msg, reply, self.cfg)
             reply = self.finalise_upload(reply, msg)
             if secure:  # key advertisement; the summed setup items wait for the init exchange
                 self.state, reply = secagg.client_setup(
@@ -165,15 +178,58 @@ class ClientRuntime:
             if "mu" not in msg.scalars:
                 raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
             cfg = cfg.resolved(msg.scalars["mu"])
+        dp_seed = self.state.arrays.get("dp_seed")
+        if cfg.dp_enabled and dp_seed is None:
+            raise ProtocolError("differential privacy: the client state holds no noise seed (set up without DP?)")
         old = self.state
         self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
         if secure:
             self.state = secagg.keep_protocol_state(old, self.state)
+        if cfg.dp_enabled:
+            self.state.arrays["dp_seed"] = dp_seed
+            reply = self._privatise(msg, reply, cfg)
         reply = self.finalise_upload(reply, msg)
         if secure:
             spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
             self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n)
         return reply
+
+    def _privatise(self, msg: Message, reply: Message, cfg: FedConfig) -> Message:
+        """The DP hook: the reply as it leaves the node (before any transport or masking).
+
+        Every uplink array is clipped around its public reference and noised
+        (:func:`fedsonmf.core.dp.gaussian_release`); the noise stream is the
+        client's own, one per (round, array).  Fails closed: a reply carrying
+        diagnostics, or an array or scalar the algorithm does not declare, is an error.
+        """
+        alg = self.algorithm
+        refs = alg.dp_references(msg, cfg, **({} if self.cols is None else {"cols": self.cols}))
+        if reply.diagnostics:
+            raise ProtocolError("differential privacy: a reply carries diagnostics, which the noise does not cover")
+        extra = sorted(set(reply.arrays) - set(refs) - set(alg.dp_clear_arrays))
+        extra += sorted(set(reply.scalars) - set(alg.dp_clear_scalars))
+        if extra:
+            raise ProtocolError(f"differential privacy: {alg.name} reply items {extra} are not covered by the noise")
+        seed = self.state.arrays["dp_seed"]
+        clip = cfg.dp_clip_setup if msg.kind == "setup" else cfg.dp_clip
+        std = cfg.dp_sigma * 2.0 * clip  # multiplier x L2 sensitivity (2 clip) of replacing the view
+        arrays = dict(reply.arrays)
+        for i, key in enumerate(sorted(refs)):
+            if key in arrays:
+                rng = np.random.default_rng([int(w) for w in seed] + [int(msg.round), i])
+                arrays[key], _ = gaussian_release(arrays[key], refs[key], clip, std, rng)
+        return dataclasses.replace(reply, arrays=arrays)
+
+
+def _dp_seed_words(seed) -> np.ndarray:
+    """The client's noise seed as uint64 words: ``seed`` given, else 128 bits of OS entropy."""
+    if seed is None:
+        words = [secrets.randbits(32) for _ in range(4)]
+    else:
+        words = [int(w) for w in np.atleast_1d(np.asarray(seed, dtype=np.int64))]
+        if any(w < 0 for w in words):
+            raise ParameterError(f"dp_seed must hold non-negative integers, got {seed!r}")
+    return np.asarray(words, dtype=np.uint64)
 
 
 def step_hint(alg: FederatedAlgorithm, cfg: FedConfig) -> str:
@@ -324,6 +380,14 @@ def run_federation(
     alg = _algorithm(algorithm)
     max_rounds = check_int("max_rounds", max_rounds, min=1)
     tol = check_real("tol", tol, min=0.0, desc="a real number >= 0")
+    if cfg.dp_enabled:
+        if not alg.supports_dp:
+            raise ParameterError(f"algorithm {alg.name!r} does not implement differential privacy")
+        if max_rounds > cfg.dp_rounds:
+            raise ParameterError(f"max_rounds={max_rounds} exceeds dp_rounds={cfg.dp_rounds}: the noise is "
+                                 "calibrated for dp_rounds rounds")
+        if tol > 0:
+            raise ParameterError("a differentially private run needs tol=0 (its clients send no diagnostics)")
     if tol > 0 and not cfg.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
     seed = check_seed(seed)
@@ -377,6 +441,8 @@ def run_federation(
         last = history.rows[-1]
         reason, converged = f"R/R1 = {last['R_rel']:.3g} <= tol = {tol:g} at round {last['round']}", True
     monitor = DivergenceMonitor(alg, cfg)
+    if cfg.dp_enabled:
+        monitor.warned = True  # the DP noise, not the steps, makes ||V|| grow: only a real blow-up is reported
     while not converged and state.round <= max_rounds:
         t0 = time.perf_counter()
         s = state.round
@@ -479,6 +545,10 @@ def run_federation(
     )
     if diverged:
         result.extra["diverged"] = True
+    if cfg.dp_enabled:
+        from fedsonmf.protocol.privacy import privacy_report
+
+        result.extra["privacy"] = privacy_report(cfg_given, len(history), m)
     return result
 
 

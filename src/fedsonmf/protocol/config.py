@@ -75,6 +75,20 @@ class FedConfig:
         (:mod:`fedsonmf.federation.secagg`): the server learns the sums, not
         one client's upload.  Costs one extra exchange before round 1 (key
         agreement + the masked V-bar^1 upload).
+    dp_epsilon, dp_noise_multiplier : float > 0 or None
+        Differential privacy of each client's whole view
+        (:mod:`fedsonmf.protocol.privacy`): the target epsilon of the run (the
+        noise multiplier is calibrated to it over ``dp_rounds`` rounds) or the
+        noise multiplier itself; at most one; both None = no DP.
+    dp_clip, dp_clip_setup : float > 0
+        Frobenius bound C of a round upload's change (V-hat_p - V^s) and of the
+        setup upload V_proj; each release's noise std = multiplier x 2C (its own C).
+    dp_delta : float in (0, 1)
+    dp_rounds : int >= 1
+        Rounds of a DP run (the accountant composes over them).  A DP run sends
+        no diagnostics (``diagnostics`` must be False) and needs
+        ``init_v="projection"`` (its setup upload is noised; "random" would send
+        ||X_p||_F^2 in the clear).
 
     NumPy scalars are accepted and stored as Python scalars.
     """
@@ -92,6 +106,12 @@ class FedConfig:
     ustep: PenaltyOptions = field(default_factory=PenaltyOptions)
     mu_scale: float = default("mu_scale")
     secure_aggregation: bool = default("secure_aggregation")
+    dp_epsilon: float | None = default("dp_epsilon")
+    dp_noise_multiplier: float | None = default("dp_noise_multiplier")
+    dp_clip: float = default("dp_clip")
+    dp_clip_setup: float = default("dp_clip_setup")
+    dp_delta: float = default("dp_delta")
+    dp_rounds: int = default("dp_rounds")
 
     @property
     def eta_tilde(self) -> float:
@@ -100,6 +120,25 @@ class FedConfig:
 
     def replace(self, **changes) -> "FedConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def dp_enabled(self) -> bool:
+        """Differential privacy on (a target epsilon or a noise multiplier is set)."""
+        return self.dp_epsilon is not None or self.dp_noise_multiplier is not None
+
+    @property
+    def dp_sigma(self) -> float | None:
+        """The noise multiplier in force: given, or calibrated to ``dp_epsilon`` over
+        ``dp_rounds`` rounds (+ the setup upload) by the accountant; None without DP.
+        Every party computes the same number from the config (deterministic, cached)."""
+        if self.dp_noise_multiplier is not None:
+            return self.dp_noise_multiplier
+        if self.dp_epsilon is None:
+            return None
+        from fedsonmf.protocol.privacy import calibrate_noise_multiplier, releases
+
+        return calibrate_noise_multiplier(self.dp_epsilon, self.dp_delta,
+                                          releases(self.dp_rounds, self.init_v == "projection"))
 
     @property
     def mu_is_auto(self) -> bool:
@@ -125,6 +164,26 @@ class FedConfig:
         set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
         set_("diagnostics", check_bool("diagnostics", self.diagnostics))
         set_("secure_aggregation", check_bool("secure_aggregation", self.secure_aggregation))
+        for name in ("dp_epsilon", "dp_noise_multiplier"):
+            value = getattr(self, name)
+            if value is not None:
+                set_(name, check_real(name, value, min=0.0, min_inclusive=False,
+                                      desc="None or a finite real number > 0"))
+        if self.dp_epsilon is not None and self.dp_noise_multiplier is not None:
+            raise ParameterError(f"give dp_epsilon or dp_noise_multiplier, not both (got dp_epsilon={self.dp_epsilon!r}"
+                                 f" and dp_noise_multiplier={self.dp_noise_multiplier!r})")
+        set_("dp_clip", check_real("dp_clip", self.dp_clip, min=0.0, min_inclusive=False))
+        set_("dp_clip_setup", check_real("dp_clip_setup", self.dp_clip_setup, min=0.0, min_inclusive=False))
+        set_("dp_delta", check_real("dp_delta", self.dp_delta, min=0.0, max=1.0, min_inclusive=False,
+                                    max_inclusive=False))
+        set_("dp_rounds", check_int("dp_rounds", self.dp_rounds, min=1))
+        if self.dp_enabled:
+            if self.diagnostics:
+                raise ParameterError("differential privacy needs diagnostics=False: the diagnostics are per-client "
+                                     "uploads (U_p^T X_p every round) that the noise does not cover")
+            if self.init_v != "projection":
+                raise ParameterError(f"differential privacy needs init_v='projection' (its setup upload is noised); "
+                                     f"init_v={self.init_v!r} sends ||X_p||_F^2 in the clear")
         if not isinstance(self.ustep, PenaltyOptions):
             raise ParameterError(
                 f"ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance, got {type(self.ustep).__name__}")

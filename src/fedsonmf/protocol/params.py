@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Param", "PARAMS", "FED_PARAMS", "RUN_PARAMS", "CLUSTER_PARAMS", "SYNTHETIC_STUDY", "default",
+__all__ = ["Param", "PARAMS", "FED_PARAMS", "RUN_PARAMS", "CLUSTER_PARAMS", "SYNTHETIC_STUDY", "DP_PARAMS", "default",
            "FLOWER_SECURE_AGGREGATION"]
 
 
@@ -49,11 +49,22 @@ _TABLE = [
     Param("correction", True, "Drift correction (off: the 'no correction' ablation)."),
     Param("init_u", "random", "Initial bases: 'random', 'svd' or 'kmeans'."),
     Param("init_v", "projection", "Initial V-bar: 'projection' (mean_p max(U_p^T X_p, 0)) or 'random'."),
-    Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U)."),
+    Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U); never "
+                               "under differential privacy."),
     Param("ustep", None, "Options of the U-solver (fedsonmf.core.ustep.PenaltyOptions); None = defaults."),
     Param("secure_aggregation", False, "Pairwise-masked secure aggregation: the server receives only the sums of "
                                        "the uploads it averages (docs/privacy.md). Off in-process by default; ON by "
                                        "default in Flower deployments (run_flower, `fedsonmf flower run`)."),
+    # -- differential privacy (fedsonmf.protocol.privacy; off unless dp_epsilon or dp_noise_multiplier is set)
+    Param("dp_epsilon", None, "Differential privacy of each client's whole view: target epsilon of the run "
+                              "(the noise is calibrated to it); None = no DP unless dp_noise_multiplier is set."),
+    Param("dp_noise_multiplier", None, "DP noise std / sensitivity (2 x dp_clip), instead of dp_epsilon."),
+    Param("dp_clip", 0.02, "DP: Frobenius bound of a client's change of V per round (its upload minus V^s), in "
+                           "the data's units (views of Frobenius norm 1 in clustering)."),
+    Param("dp_clip_setup", 0.2, "DP: Frobenius bound of the setup upload max(U_p^T X_p, 0) (data units)."),
+    Param("dp_delta", 1e-5, "DP: the delta of the (epsilon, delta) guarantee."),
+    Param("dp_rounds", 10, "DP: rounds of a DP run (fixed in advance for the accountant; replaces max_rounds "
+                           "and tol, which need the diagnostics)."),
     # -- the run
     Param("max_rounds", 200, "Communication rounds at most."),
     Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics); 0 runs all rounds."),
@@ -78,7 +89,11 @@ _TABLE = [
 PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
 #: the algorithm's parameters (the fields of FedConfig)
 FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
-              "diagnostics", "ustep", "secure_aggregation")
+              "diagnostics", "ustep", "secure_aggregation", "dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
+              "dp_rounds")
+#: the differential-privacy parameters (a subset of FED_PARAMS; fedsonmf.protocol.privacy)
+DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
+              "dp_rounds")
 #: the run's parameters (the estimator's besides FED_PARAMS)
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")
