@@ -288,3 +288,17 @@ def test_out_of_sample_round_after_a_dp_fit_warns_that_it_is_not_covered(data):
     model = FedSONMF(4, dp_epsilon=50.0, dp_rounds=2, random_state=0).fit(data.views)
     with pytest.warns(UserWarning, match="not covered by the differential privacy"):
         model.transform([v[:5] for v in data.views])
+
+
+def test_dp_then_secure_aggregation_gives_the_dp_run():
+    """The noise is added before the masking: a DP run with secure aggregation equals the DP run
+    without it up to the fixed-point encoding (the server sees only the sum of noised uploads)."""
+    from fedsonmf import FedSONMF
+    from fedsonmf.datasets import make_synthetic
+
+    d = make_synthetic(n_clients=3, n_samples=60, n_features=12, rank=4, heterogeneity=0.3, random_state=0)
+    plain = FedSONMF(4, dp_noise_multiplier=1.0, random_state=0).fit(d.views)
+    masked = FedSONMF(4, dp_noise_multiplier=1.0, secure_aggregation=True, random_state=0).fit(d.views)
+    V0, V1 = plain.embedding_, masked.embedding_
+    assert np.linalg.norm(V1 - V0) <= 1e-6 * np.linalg.norm(V0)
+    assert masked.privacy_["epsilon"] == plain.privacy_["epsilon"]

@@ -122,6 +122,9 @@ class ClientRuntime:
         self.state = state
         if upload_hook is not None:
             self.upload_hook = upload_hook
+        self.dp_seed = dp_seed
+        if cfg.dp_enabled and not self.algorithm.supports_dp:
+            raise ParameterError(f"algorithm {self.algorithm.name!r} does not implement differential privacy")
 
     def finalise_upload(self, reply: Message, msg: Message) -> Message:
         """The reply as it leaves this client, before any masking.
@@ -132,9 +135,6 @@ class ClientRuntime:
         Secure aggregation masks exactly what this returns.
         """
         return reply if self.upload_hook is None else self.upload_hook(reply, msg, self)
-        self.dp_seed = dp_seed
-        if cfg.dp_enabled and not self.algorithm.supports_dp:
-            raise ParameterError(f"algorithm {self.algorithm.name!r} does not implement differential privacy")
 
     def _kw(self, setup: bool = False) -> dict:
         if self.cols is None:
