@@ -59,15 +59,18 @@ from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
     PREPROCESS_RULES,
     RANK_RULES,
-    apply_view_preprocessing,
     consensus_labels,
-    pad_view,
-    preprocess_view,
     resolve_rank,
+)
+from fedsonmf.estimators.clustering_steps import (
+    apply_view,
+    assign_to_centers,
+    kmeans_on_embedding,
+    normalize_rows,
+    prepare_view,
 )
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
-from fedsonmf.preprocessing import normalize_views
 from fedsonmf.protocol.params import (
     CLUSTER_PARAMS,
     FED_PARAMS,
@@ -84,47 +87,7 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------- building blocks
-
-
-def normalize_rows(E: np.ndarray) -> np.ndarray:
-    """Scale every row of ``E`` to unit l2 norm; all-zero rows stay zero (no NaN).
-
-    >>> normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
-    array([[0.6, 0.8],
-           [0. , 0. ]])
-    """
-    E = np.asarray(E, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", E, E))
-    out = np.zeros_like(E)
-    ok = norms > 0
-    out[ok] = E[ok] / norms[ok, None]
-    return out
-
-
-def kmeans_on_embedding(
-    E, n_clusters: int, *, normalize: bool = True, n_init: int = 10, max_iter: int = 300, random_state=None
-):
-    """k-means (scikit-learn, ``n_init`` replicates, ``max_iter`` iterations) on an embedding.
-
-    Parameters
-    ----------
-    E : {ndarray, sparse matrix} of shape (n_samples, n_features)
-    n_clusters : int
-    normalize : bool, default=True
-        Row-normalise ``E`` first (:func:`normalize_rows`; dense embeddings only).
-
-    Returns
-    -------
-    labels : ndarray of shape (n_samples,)
-    kmeans : sklearn.cluster.KMeans, fitted
-    """
-    from sklearn.cluster import KMeans
-
-    if normalize:
-        E = normalize_rows(E.toarray() if sp.issparse(E) else E)
-    km = KMeans(n_clusters=n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state)
-    labels = km.fit_predict(E)
-    return labels, km
+# normalize_rows and kmeans_on_embedding live in clustering_steps (the Flower apps run them too)
 
 
 def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = default("mu_scale"),
@@ -244,26 +207,22 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         """Each client's own preprocessing, padding and scaling of its view (nothing is sent).
 
         With ``masks`` a client's statistics come from the samples it holds only.
+        The steps are :mod:`~fedsonmf.estimators.clustering_steps`' (the Flower nodes run the same).
         """
-        out = []
+        out, scales = [], []
         for p, X in enumerate(Xs):
             if fitted:
-                Y = apply_view_preprocessing(X, self.preprocessing_[p])
+                Y = apply_view(X, {**self.preprocessing_[p], "scale": self.view_scales_[p]},
+                               n_components=self.n_components_, normalize_views=self.normalize_views)
+                scales.append(self.view_scales_[p])
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
-                if held is None:
-                    Y, info = preprocess_view(X, self.preprocess)
-                else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
-                    Yh, info = preprocess_view(X[held], self.preprocess)
-                    # scatter back to n rows without densifying a sparse view
-                    k = held.size
-                    S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
-                    Y = S @ Yh
+                Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
+                                       normalize_views=self.normalize_views, held=held)
+                scales.append(info.pop("scale"))
                 self.preprocessing_.append(info)
-            out.append(pad_view(Y, self.n_components_))
-        if self.normalize_views:
-            return normalize_views(out, scales=self.view_scales_ if fitted else None, return_scales=True)
-        return out, [1.0] * len(out)
+            out.append(Y)
+        return out, scales
 
     def fit(self, Xs, y=None, *, callback=None, masks=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
@@ -348,11 +307,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         federated round), normalised as in ``fit`` and given the nearest of
         ``cluster_centers_``.
         """
-        E = self.transform(Xs).astype(np.float64)
-        if self.normalize_embedding:
-            E = normalize_rows(E)
-        d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
-        return np.argmin(d2, axis=1)
+        return assign_to_centers(self.transform(Xs), self.cluster_centers_,
+                                 normalize_embedding=self.normalize_embedding)
 
 
 def _check_view_structure(Xs) -> list:
