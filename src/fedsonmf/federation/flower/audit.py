@@ -8,7 +8,8 @@ direction   kind      content
 down        hello     ``fedsonmf.meta`` only (handshake)
 up          hello     ``fedsonmf.meta`` only (the node's partition-id and its view's
                       ``d, n``, or ``error``: why the view cannot be used)
-down        setup     scalars ``seed, client, algorithm, config`` (no arrays)
+down        setup     scalars ``seed, client, algorithm, config`` (no arrays); a clustering
+                      run adds ``clustering`` (its preprocessing rule and Frobenius switch)
 up          setup     scalars ``d, n`` (+ ``x_sqnorm`` with init_v="random");
                       array ``Vproj`` (r x n) with init_v="projection"
 down        round     arrays ``algorithm.downlink_keys``, each r x n
@@ -71,7 +72,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
     return {
         ("down", "hello"): {},
         ("up", "hello"): {},
-        ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
+        # a clustering run adds its options (preprocessing rule, Frobenius switch) to the setup message
+        ("down", "setup"): {codec.SCALARS: {**{k: "scalar" for k in ("seed", "client", "algorithm", "config")},
+                                            "clustering": "scalar?"}},
         ("up", "setup"): setup_up,
         ("down", "round"): down_round,
         ("up", "round"): round_up,

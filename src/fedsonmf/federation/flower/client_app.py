@@ -10,6 +10,12 @@ Node config (``flower-supernode --node-config``):
 ``mask-path``     str, optional: the samples this node holds (incomplete views, §15.1),
                   ``.npy`` of a boolean vector of length n or of int sample ids.
                   Absent: every sample.  Only membership is sent to the server.
+``predict-path``  str, optional: new samples of this view (same format as ``data-path``) for a
+                  ``predict`` run (:mod:`.clustering`); only the node config names the files a node reads.
+
+A clustering run (:mod:`.clustering`) prepares the view once, at setup, on the node
+(preprocessing rule, padding, Frobenius scaling) and factorises the prepared copy kept
+in the job folder; the preprocessing info never leaves the node.
 
 A node that missed rounds (partial participation, §15.2) and is told so by the
 server (``rejoin`` in the message) resumes from its newest saved state.
@@ -39,6 +45,7 @@ from fedsonmf._validation import as_internal_view, check_views
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec
 from fedsonmf.federation.loop import ClientRuntime
 from fedsonmf.federation.rejoin import load_latest_client_state
@@ -139,9 +146,30 @@ def _data_path(context: Context) -> str:
         raise ValueError("node config has no 'data-path' (the node's own view file)") from None
 
 
-def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
+def _predict_path(context: Context) -> Path:
+    path = str(context.node_config.get("predict-path", "") or "")
+    if not path:
+        raise ValueError("node config has no 'predict-path' (the node's own file of new samples): restart the "
+                         "SuperNode with --node-config '... predict-path=\"<file>\"'")
+    return Path(path)
+
+
+def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, mask, steps_module: str | None):
+    """Setup of a clustering run: prepare this node's view (kept node-local); its path."""
+    if mask is not None:
+        raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
+    cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
+    return fclust.prepare_node_view(_read(Path(_data_path(context))), sdir, p, fed_msg.scalars,
+                                    cfg.n_components, fclust.load_steps(steps_module))
+
+
+def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
+                    clustering: str | None = None) -> ClientApp:
     """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
-    train message (a hook for fault-injection tests; None in normal use)."""
+    train message (a hook for fault-injection tests; None in normal use).
+    ``clustering``: the name of the clustering steps module (the shipped app gives
+    ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or a
+    predict message arrives, so that a plain round's process stays lean."""
     client = ClientApp()
 
     @client.query()
@@ -153,7 +181,9 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p,
                   "job-id": str(msg.content[codec.META]["job-id"])}
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
-            X = load_view(path)
+            # (through the node-local cache: the setup and the rounds then skip the validation)
+            sdir = state_dir_of(context, fields["job-id"])
+            X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", load_mask(context))
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
             fields["error"] = f"{type(exc).__name__}: {exc}"
@@ -171,9 +201,21 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         mask = load_mask(context)
+        if fed_msg.kind == "embed":  # predict: one exchange with the fitted bases fixed (no state change)
+            reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, fclust.load_steps(clustering))
+            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+        view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
+        if fed_msg.kind == "setup" and fclust.SETUP_KEY in fed_msg.scalars:
+            view_path = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
+        elif fed_msg.kind == "setup":
+            fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
+        else:
+            view_path = fclust.prepared_view_path(sdir, p) or view_path
+        if view_path.parent == sdir:  # the job's prepared view: its facts live beside it
+            facts_path = sdir / f"view-facts-{p}.json"
         # validated, hashed and measured once per view file (node-local cache); the fingerprint is
         # compared here, on the node, and never leaves it
-        X, facts = view_facts(_data_path(context), sdir.parent / f"view-facts-{p}.json", mask)
+        X, facts = view_facts(view_path, facts_path, mask)
         fingerprint, x_sqnorm = facts["fingerprint"], facts["x_sqnorm"]
         if fed_msg.kind == "setup":
             algorithm = str(fed_msg.scalars["algorithm"])

@@ -3,7 +3,8 @@
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
 machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
-``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.app``.
+``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.make_server_app(...)``;
+the shim is also where the clustering steps are wired in (the composition root).
 
 The template lives in Python strings (not package data) so that a plain
 ``pip install fedsonmf[flower]`` always has it; :func:`write_app_dir` writes it.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from fedsonmf.protocol.params import default
 
-__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
+__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE", "STEPS_MODULE"]
 
 PACKAGE = "fedsonmf_flower_app"
 
@@ -51,18 +52,33 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
     "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
+    # clustering (FedMultiViewClustering's pipeline, fedsonmf.federation.flower.clustering)
+    "mode": "fit",              # fit | predict (one exchange with the fitted bases fixed; new samples from each
+                                # node's own node-config predict-path)
+    "n-clusters": 0,            # c > 0: cluster the samples (labels.csv); 0 = factorisation only
+    "rank-rule": "auto",        # r from c and the d_p the nodes report: auto (2c, narrow views padded) | auto-cap |
+                                # paper (c) | an integer (capped); replaces rank / config-json's n_components
+    "preprocess": default("preprocess"),            # each node's rule for its own view
+    "normalize-views": default("normalize_views"),  # each node divides its view by its Frobenius norm
+    "normalize-embedding": default("normalize_embedding"),
+    "kmeans-n-init": default("kmeans_n_init"),
+    "kmeans-max-iter": default("kmeans_max_iter"),
+    "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
-_SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
+#: the clustering steps the shipped app wires into the apps (the federation layer never imports them)
+STEPS_MODULE = "fedsonmf.estimators.clustering_steps"
+
+_SERVER = f'''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app, with the clustering steps."""
 import fedsonmf.federation.flower.server_app as _impl
 
-app = _impl.app
+app = _impl.make_server_app(clustering="{STEPS_MODULE}")
 '''
 
-_CLIENT = '''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app."""
+_CLIENT = f'''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app, with the clustering steps."""
 import fedsonmf.federation.flower.client_app as _impl
 
-app = _impl.app
+app = _impl.make_client_app(clustering="{STEPS_MODULE}")
 '''
 
 _LICENSE = "BSD-3-Clause. See the fedsonmf project for the full text.\n"

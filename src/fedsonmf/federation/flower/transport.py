@@ -11,6 +11,7 @@ that caused it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -181,6 +182,10 @@ class FlowerTransport:
         Seconds between pulls.
     recorder : WireRecorder, optional
         Logs every message sent and received (the privacy audit).
+    setup_scalars : dict, optional
+        Scalars added to every setup message (a clustering run's options, :mod:`.clustering`).
+    on_exchange : callable(kind, round), optional
+        Called just before the messages of an exchange are pushed (progress: ``status.json``).
 
     Partial participation (§15.2): :meth:`exchange_some` waits for the asked
     clients until the round timeout (Flower's per-round deadline), returns the
@@ -190,8 +195,11 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
-                 recorder: WireRecorder | None = None, startup_timeout: float | None = None):
+                 recorder: WireRecorder | None = None, startup_timeout: float | None = None,
+                 setup_scalars: dict | None = None, on_exchange=None):
         self.grid = grid
+        self.setup_scalars = dict(setup_scalars or {})
+        self.on_exchange = on_exchange
         self.node_ids = list(node_ids)
         self.n_clients = len(self.node_ids)
         self.job_id = job_id
@@ -254,6 +262,8 @@ class FlowerTransport:
         self.adopt_new_nodes(timeout=min(5.0, self.round_timeout))
         order = sorted(messages)
         s, kind = messages[order[0]].round, messages[order[0]].kind
+        if self.on_exchange is not None:
+            self.on_exchange(kind, s)
         flw = [FlwrMessage(codec.encode(messages[p], client=p, job_id=self.job_id), dst_node_id=self.node_ids[p],
                            message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
                for p in order]
@@ -289,7 +299,11 @@ class FlowerTransport:
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         s, kind = messages[0].round, messages[0].kind
-        what = "setup" if kind == "setup" else f"round {s}"
+        if kind == "setup" and self.setup_scalars:
+            messages = [dataclasses.replace(msg, scalars={**msg.scalars, **self.setup_scalars}) for msg in messages]
+        if self.on_exchange is not None:
+            self.on_exchange(kind, s)
+        what = {"setup": "setup", "round": f"round {s}"}.get(kind, kind)
         timeout = self.startup_timeout if kind == "setup" else self.round_timeout
         timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
         flw = [
