@@ -213,3 +213,25 @@ def test_a_clustering_run_needs_the_steps(tmp_path):
         server_main(FakeGrid(make_client_app(), nodes),
                     Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     assert json.loads((tmp_path / "s" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("rule", ["auto", "paper"])
+def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
+    """With r known before the nodes report (factorisation; clustering rank rule "auto" = 2c) the
+    hellos carry the setup: one exchange less before round 1, the same V and labels."""
+    views, _ = blobs()
+    out = {}
+    for at_hello in (True, False):
+        grid, rc = _fake_run(tmp_path / str(at_hello), views, **{"rank-rule": rule, "num-rounds": 2,
+                                                                 "setup-at-handshake": at_hello})
+        wire = [json.loads(line) for line in open(Path(rc["out-dir"]) / "wire.jsonl")]
+        kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
+        out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
+                         kinds)
+        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C), 60)
+    assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
+    if rule == "auto":
+        assert out[True][2] == ["hello+setup"] * 3 + ["round"] * 6
+    else:  # r = min(c, d_p) needs the widths first
+        assert out[True][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
+    assert out[False][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6

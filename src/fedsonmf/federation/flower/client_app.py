@@ -163,6 +163,14 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
                                     cfg.n_components, fclust.load_steps(steps_module))
 
 
+def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRuntime, algorithm: str, cfg_json: str,
+          X, fingerprint: str) -> None:
+    """Save the client's state before replying (the next round's process reads this file)."""
+    ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
+                                                     **ckpt.client_resume_meta(X, fingerprint)})
+    context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
+
+
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
                     clustering: str | None = None) -> ClientApp:
     """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
@@ -172,23 +180,55 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
     predict message arrives, so that a plain round's process stays lean."""
     client = ClientApp()
 
+    def setup(fed_msg: Message, context: Context, p: int, job_id: str, sdir: Path, mask) -> Message:
+        """The setup exchange on this node (a setup message, or the setup a hello carries)."""
+        view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
+        if fclust.SETUP_KEY in fed_msg.scalars:  # a clustering run: the node prepares its own view
+            view_path = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
+            facts_path = sdir / f"view-facts-{p}.json"
+        else:
+            fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
+        # validated, hashed and measured once per view file (node-local cache)
+        X, facts = view_facts(view_path, facts_path, mask)
+        algorithm, cfg_json = str(fed_msg.scalars["algorithm"]), str(fed_msg.scalars["config"])
+        runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=mask,
+                                x_sqnorm=facts["x_sqnorm"])
+        reply = runtime.handle(fed_msg)
+        _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, facts["fingerprint"])
+        return reply
+
     @client.query()
     def hello(msg: FlwrMessage, context: Context) -> FlwrMessage:
         p = _partition(context)
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p,
-                  "job-id": str(msg.content[codec.META]["job-id"])}
+        meta_in = msg.content[codec.META]
+        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": str(meta_in["job-id"])}
+        # the server may send the setup with the hello (one exchange less before round 1)
+        spec = dict(msg.content[codec.SCALARS]) if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None
+        reply = None
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
             # (through the node-local cache: the setup and the rounds then skip the validation)
             sdir = state_dir_of(context, fields["job-id"])
-            X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", load_mask(context))
+            mask = load_mask(context)
+            X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask)
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+            r = ckpt.config_from_dict(json.loads(str(spec["config"]))).n_components if spec else 0
+            # a view narrower than r is left to the server's check (its message names r and the view);
+            # a clustering run pads it instead
+            if spec and (X.shape[0] >= r or fclust.SETUP_KEY in spec):
+                setup_msg = Message("setup", 0, {}, {**spec, "client": p})
+                if before_handle is not None:
+                    before_handle(setup_msg, context)
+                reply = setup(setup_msg, context, p, fields["job-id"], sdir, mask)
+                fields["kind"] = codec.SETUP_AT_HELLO
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
             fields["error"] = f"{type(exc).__name__}: {exc}"
-        info = ConfigRecord(fields)
-        return FlwrMessage(RecordDict({codec.META: info}), reply_to=msg)
+            reply, fields["kind"] = None, "hello"
+        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=fields["job-id"])
+        content[codec.META] = ConfigRecord(fields)
+        return FlwrMessage(content, reply_to=msg)
 
     @client.train()
     def train(msg: FlwrMessage, context: Context) -> FlwrMessage:
@@ -204,41 +244,27 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if fed_msg.kind == "embed":  # predict: one exchange with the fitted bases fixed (no state change)
             reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, fclust.load_steps(clustering))
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
-        view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
-        if fed_msg.kind == "setup" and fclust.SETUP_KEY in fed_msg.scalars:
-            view_path = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
-        elif fed_msg.kind == "setup":
-            fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
-        else:
-            view_path = fclust.prepared_view_path(sdir, p) or view_path
-        if view_path.parent == sdir:  # the job's prepared view: its facts live beside it
-            facts_path = sdir / f"view-facts-{p}.json"
+        if fed_msg.kind == "setup":
+            return FlwrMessage(codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id),
+                               reply_to=msg)
+        view_path = fclust.prepared_view_path(sdir, p)  # a clustering run's prepared view, if any
+        facts_path = sdir / f"view-facts-{p}.json" if view_path else sdir.parent / f"view-facts-{p}.json"
         # validated, hashed and measured once per view file (node-local cache); the fingerprint is
         # compared here, on the node, and never leaves it
-        X, facts = view_facts(view_path, facts_path, mask)
+        X, facts = view_facts(view_path or _data_path(context), facts_path, mask)
         fingerprint, x_sqnorm = facts["fingerprint"], facts["x_sqnorm"]
-        if fed_msg.kind == "setup":
-            algorithm = str(fed_msg.scalars["algorithm"])
-            cfg_json = str(fed_msg.scalars["config"])
-            runtime = ClientRuntime(X, algorithm, ckpt.config_from_dict(json.loads(cfg_json)), mask=mask,
-                                    x_sqnorm=x_sqnorm)
+        if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
+            state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
         else:
-            if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
-                state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
-            else:
-                state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
-            algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
-            cfg = ckpt.config_from_dict(json.loads(cfg_json))
-            held = held_columns(mask, X.shape[1], client=p)
-            ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
-                                      n_cols=None if held is None else held.size)
-            runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
+            state, smeta = ckpt.load_client_state(sdir, p, fed_msg.round - 1)
+        algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
+        cfg = ckpt.config_from_dict(json.loads(cfg_json))
+        held = held_columns(mask, X.shape[1], client=p)
+        ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
+                                  n_cols=None if held is None else held.size)
+        runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
         reply = runtime.handle(fed_msg)
-        # save before replying: the next round's process reads this file
-        ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
-                                                         **ckpt.client_resume_meta(X, fingerprint)})
-        context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p,
-                                                 "round": int(runtime.state.round)})
+        _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, fingerprint)
         return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
 
     return client

@@ -20,13 +20,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedsonmf.protocol.messages import Message
 
-__all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS"]
+__all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
+           "SETUP_AT_HELLO"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
 SCALARS = "fedsonmf.scalars"
 DIAG_ARRAYS = "fedsonmf.diag.arrays"
 DIAG_SCALARS = "fedsonmf.diag.scalars"
+#: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
+SETUP_AT_HELLO = "hello+setup"
 
 
 def _scalar(v):

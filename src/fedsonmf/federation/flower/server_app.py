@@ -127,6 +127,18 @@ class StatusFile:
                    seconds_per_round=float(sum(self._secs) / len(self._secs)))
 
 
+def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -> dict | None:
+    """The setup scalars (all but ``client``) the hellos carry, so that the nodes set up at the
+    handshake (one exchange less before round 1).  None when r is not known before the nodes
+    report their widths (a clustering rank rule other than "auto", which is r = 2c)."""
+    if copts is not None:
+        if copts["rank_rule"] != "auto":
+            return None
+        cfg = cfg.replace(n_components=2 * copts["n_clusters"])
+    spec = {"seed": int(seed), "algorithm": algorithm, "config": json.dumps(cfg.to_dict())}
+    return {**spec, **(fclust.setup_scalars(copts) if copts else {})}
+
+
 def server_main(grid: Grid, context: Context, clustering: str | None = None) -> None:
     """The ServerApp's main.  ``clustering``: the clustering steps module's name (given by the
     app, :func:`make_server_app`); needed by clustering and predict runs only."""
@@ -163,9 +175,12 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         if saved is not None and not str(rc.get("job-id", "") or ""):
             job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
             status.write(job_id=job_id)
+        spec = None
+        if saved is None and bool(rc.get("setup-at-handshake", True)):
+            spec = _setup_spec(cfg, copts, alg.name, seed)  # None when r depends on the views' widths
         view_info: dict = {}
         node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
-                             info=view_info)
+                             info=view_info, setup=spec)
         setup_extra, rank_message = {}, None
         if copts:  # the rank rule, settled from c and the d_p the nodes reported
             r, rank_message = fclust.resolve_rank_at_handshake(copts, view_info, m, steps)
@@ -183,9 +198,11 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             last_round["completed"] = saved.completed_rounds
             status.write(rounds_done=saved.completed_rounds)
         t_hs = time.perf_counter() - t0
+        at_hello = {p: (v["setup"], v["setup_bytes"]) for p, v in view_info.items() if "setup" in v}
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
                                     recorder=recorder, startup_timeout=startup_timeout, setup_scalars=setup_extra,
-                                    on_exchange=status.exchange_started)
+                                    on_exchange=status.exchange_started,
+                                    setup_at_hello=(spec, at_hello) if spec else None)
 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)

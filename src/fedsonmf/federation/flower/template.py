@@ -48,6 +48,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "node-timeout": 120.0,      # seconds to wait for all views to come online
     "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
+    "setup-at-handshake": True, # the hellos carry the setup: one exchange (a Flower round trip) less before round 1
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client

@@ -103,7 +103,7 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
 
 
 def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
-              recorder: WireRecorder | None = None, info: dict | None = None) -> list[int]:
+              recorder: WireRecorder | None = None, info: dict | None = None, setup: dict | None = None) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
     Asks every online node for its ``partition-id`` (a QUERY message); nodes
@@ -113,11 +113,20 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     view outside 0..n_clients-1, or not every view has answered in ``timeout``.
     ``info``, when given, is filled with ``{view: {"d": d_p, "n": n}}`` (or
     ``{"error": ...}`` for a view its node cannot use) from the replies.
+
+    ``setup`` (the setup message's scalars but ``client``): the hello carries the
+    setup (kind ``hello+setup``); a node runs it as client = its partition-id and
+    answers with its setup reply, kept as ``info[view]["setup"]`` (a Message) --
+    one exchange less before round 1 (:meth:`FlowerTransport.exchange` uses it).
+    A node whose view is narrower than r does not run it (the server refuses the view).
     """
     deadline = time.monotonic() + timeout
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
-    content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
+    kind = codec.SETUP_AT_HELLO if setup else "hello"
+    content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": -1, "job-id": job_id})})
+    if setup:
+        content[codec.SCALARS] = ConfigRecord({k: codec._scalar(v) for k, v in setup.items()})
     while True:
         online = set(grid.get_node_ids())
         new = sorted(online - set(asked.values()))
@@ -151,6 +160,10 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             owner[pid] = nid
             if info is not None:
                 info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
+                if str(meta_rec["kind"]) == codec.SETUP_AT_HELLO:
+                    rep_msg, _ = codec.decode(rep.content)
+                    info[pid]["setup"] = dataclasses.replace(rep_msg, kind="setup")
+                    info[pid]["setup_bytes"] = _array_bytes(rep.content)
         if len(owner) == n_clients:
             return [owner[p] for p in range(n_clients)]
         if time.monotonic() >= deadline:
@@ -196,8 +209,10 @@ class FlowerTransport:
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
                  recorder: WireRecorder | None = None, startup_timeout: float | None = None,
-                 setup_scalars: dict | None = None, on_exchange=None):
+                 setup_scalars: dict | None = None, on_exchange=None, setup_at_hello: tuple | None = None):
         self.grid = grid
+        #: (the scalars the hellos carried, {view: setup reply}) of a setup run at the handshake
+        self.setup_at_hello = setup_at_hello
         self.setup_scalars = dict(setup_scalars or {})
         self.on_exchange = on_exchange
         self.node_ids = list(node_ids)
@@ -295,6 +310,19 @@ class FlowerTransport:
         self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out)})
         return out
 
+    def _setup_done_at_hello(self, messages: Sequence[Message]) -> list[Message] | None:
+        """The setup replies the nodes gave at the handshake, if they answer exactly ``messages``
+        (each the hellos' scalars with client = the view); else None (the setup is sent)."""
+        if not self.setup_at_hello:
+            return None
+        spec, replies = self.setup_at_hello
+        for p, msg in enumerate(messages):
+            if p not in replies or msg.arrays or dict(msg.scalars) != {**spec, "client": p}:
+                return None
+        self.wire_bytes.append({"round": 0, "kind": "setup", "down": 0,
+                                "up": int(sum(b for _, b in replies.values())), "at_handshake": True})
+        return [replies[p][0] for p in range(self.n_clients)]
+
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
@@ -303,6 +331,8 @@ class FlowerTransport:
             messages = [dataclasses.replace(msg, scalars={**msg.scalars, **self.setup_scalars}) for msg in messages]
         if self.on_exchange is not None:
             self.on_exchange(kind, s)
+        if kind == "setup" and (done := self._setup_done_at_hello(messages)) is not None:
+            return done
         what = {"setup": "setup", "round": f"round {s}"}.get(kind, kind)
         timeout = self.startup_timeout if kind == "setup" else self.round_timeout
         timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
