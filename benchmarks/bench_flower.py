@@ -93,6 +93,8 @@ def main(argv=None) -> None:
     ap.add_argument("--nodes", default="3,10")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--before-src", type=Path, default=None, help="src folder of the code to compare against")
+    ap.add_argument("--after-src", type=Path, default=ROOT / "src", help="src folder of the new code (default: this "
+                    "checkout's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flower.json")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -100,7 +102,7 @@ def main(argv=None) -> None:
     if args.worker is not None:
         args.worker_out.write_text(json.dumps(worker(args.worker, args.rounds)))
         return
-    codes = [("after", ROOT / "src")]
+    codes = [("after", args.after_src.resolve())]
     if args.before_src is not None:
         codes.insert(0, ("before", args.before_src.resolve()))
     results = []
@@ -119,7 +121,8 @@ def main(argv=None) -> None:
     args.out.write_text(json.dumps({
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "flwr": flwr.__version__,
                     "cpus": os.cpu_count()},
-        "spec": SPEC, "before_src": str(args.before_src) if args.before_src else None, "results": results,
+        "spec": SPEC, "before_src": str(args.before_src) if args.before_src else None,
+        "after_src": str(args.after_src), "results": results,
     }, indent=1))
     print(f"wrote {args.out}")
     print("| SuperNodes | code | s/round | beyond in-process | time to round 1 (s) |")
