@@ -235,3 +235,35 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
     else:  # r = min(c, d_p) needs the widths first
         assert out[True][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
     assert out[False][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
+
+
+# ----------------------------------------------------------------------------- CLI: bad input, before anything starts
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli_app, [str(a) for a in args])
+
+
+def test_cli_bad_input_exits_2_before_any_process_starts(tmp_path):
+    views, y = blobs()
+    paths = write_views(views, tmp_path / "v")
+    np.save(tmp_path / "short.npy", np.ones((7, 5)))
+    np.save(tmp_path / "flat.npy", np.ones(60))
+    cases = [
+        (["flower", "cluster", tmp_path / "nope.npy", paths[1], "-k", 3], "nope.npy does not exist"),
+        (["flower", "cluster", paths[1], tmp_path / "short.npy", "-k", 3], "different numbers of samples"),
+        (["flower", "cluster", paths[1], tmp_path / "flat.npy", "-k", 3], "expected (n_samples, n_features)"),
+        (["flower", "cluster", *paths, "-k", 61], "n_clusters=61"),
+        (["flower", "cluster", *paths, "-k", 3, "--rank", "lots"], "--rank"),
+        (["flower", "run", *paths, "--rank", 5], "larger than view 2's number of features (4"),
+        (["flower", "run", *paths, "--rejoin", "refresh"], "--rejoin"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        r = _cli(*args, "--out", out)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in " ".join(r.output.split()), (message, r.output)
+        assert "starting" not in r.output and not out.exists()
+    (tmp_path / "y.csv").write_text("\n".join(map(str, y[:-1])) + "\n")
+    r = _cli("flower", "cluster", *paths, "-k", 3, "--labels", tmp_path / "y.csv", "--out", tmp_path / "runy")
+    assert r.exit_code == 2 and "59 labels for 60 samples" in r.output and not (tmp_path / "runy").exists()
