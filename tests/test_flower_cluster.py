@@ -267,3 +267,102 @@ def test_cli_bad_input_exits_2_before_any_process_starts(tmp_path):
     (tmp_path / "y.csv").write_text("\n".join(map(str, y[:-1])) + "\n")
     r = _cli("flower", "cluster", *paths, "-k", 3, "--labels", tmp_path / "y.csv", "--out", tmp_path / "runy")
     assert r.exit_code == 2 and "59 labels for 60 samples" in r.output and not (tmp_path / "runy").exists()
+
+
+# ----------------------------------------------------------------------------- real loopback deployments
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path):
+    """FedMultiViewClustering(engine="flower"): each view in its own client folder, one SuperNode
+    each; the labels, V and centres equal the in-process fit, and predict over a deployment (the
+    nodes read the new samples from their own folders) equals the in-process predict."""
+    views, y = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    ref = reference(views, rounds=3)
+    with pytest.warns(UserWarning, match="padded"):
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower",
+                                       flower_run_dir=tmp_path / "fl").fit(views)
+    assert np.array_equal(model.result_.V, ref.result_.V)
+    assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
+    assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None
+    rows = (model.flower_run_dir_ / "server" / "labels.csv").read_text().splitlines()
+    assert rows[0] == "sample_id,cluster" and len(rows) == y.size + 1
+    assert [r.split(",") for r in rows[1:]] == [[str(i), str(k)] for i, k in enumerate(ref.labels_)]
+    for p in range(3):  # each client folder holds its own view only; its node keeps the prepared copy
+        assert [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()] == [f"view0.{'npz' if p == 0 else 'npy'}"]
+    fl = model.result_.extra["flower"]
+    assert 0 < fl["round1_started_at"] - fl["launched_at"] == pytest.approx(fl["time_to_round1"])
+    with threadpool_limits(1):
+        want = ref.predict(new)
+    assert np.array_equal(model.predict(new), want)
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
+    """``fedsonmf flower cluster`` on a real deployment: while it runs, status.json names the
+    current round (polled); at the end labels.csv, the scores in result.json and a wire log
+    that holds nothing of the nodes' preprocessing."""
+    views, y = blobs()
+    paths = write_views(views, tmp_path / "v")
+    (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{i},{k}\n" for i, k in enumerate(y)))
+    out = tmp_path / "run"
+    result = {}
+    th = threading.Thread(target=lambda: result.update(r=_cli(
+        "flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--labels", tmp_path / "y.csv",
+        "--record-wire", "--out", out)))
+    th.start()
+    seen = []
+    status = out / "server" / "status.json"
+    deadline = time.monotonic() + 600
+    while th.is_alive() and time.monotonic() < deadline:
+        try:
+            st = json.loads(status.read_text())
+        except (OSError, ValueError):
+            st = None
+        if st and st.get("status") == "running" and st.get("phase") == "round":
+            seen.append((st["round"], st["rounds_done"], st["max_rounds"]))
+        time.sleep(0.05)
+    th.join(timeout=60)
+    r = result["r"]
+    assert r.exit_code == 0, r.output
+    assert seen and {s[2] for s in seen} == {3}
+    assert all(done == k - 1 or done == k for k, done, _ in seen)  # round k runs with k-1 done (k once it ends)
+    assert {k for k, _, _ in seen} >= {2}  # seen mid-run, not only at the end
+    assert "launch to round 1" in r.output and "ACC" in r.output
+    ref = reference(views, rounds=3)
+    res = json.loads((out / "server" / "result.json").read_text())
+    assert res["scores"] == clustering_scores(y, ref.labels_)
+    assert np.array_equal(read_labels_csv(out / "server" / "labels.csv"), ref.labels_)
+    wire = [json.loads(line) for line in open(out / "server" / "wire.jsonl")]
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C), y.size)
+    text = (out / "server" / "wire.jsonl").read_text()
+    assert not any(k in text for k in ("mean_share", "inv_scale", '"center"'))
+
+
+DATA = Path(os.environ.get("FEDSONMF_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+BBCSPORT = DATA / "BBCSport" / "zskong" / "BBCSport.mat"
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+@pytest.mark.realdata
+@pytest.mark.skipif(not BBCSPORT.is_file(), reason="shared data folder absent")
+def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
+    """BBCSport's two (sparse, text) views, each written to its own client folder, clustered on a
+    loopback deployment: the labels (and V) of the in-process estimator, the same scores."""
+    from fedsonmf.datasets import load_mat
+
+    ds = load_mat(BBCSPORT)
+    c = int(np.unique(ds.labels).size)
+    paths = [write_views([X], tmp_path / f"client{p}")[0] for p, X in enumerate(ds.views)]
+    with threadpool_limits(1):
+        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0).fit(ds.views)
+    res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
+                     labels=ds.labels)
+    assert np.array_equal(res.extra["labels"], ref.labels_)
+    assert np.array_equal(res.V, ref.result_.V)
+    assert res.extra["scores"] == clustering_scores(ds.labels, ref.labels_)
+    assert res.extra["clustering"]["n_components"] == 2 * c
