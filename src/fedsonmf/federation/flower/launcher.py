@@ -615,7 +615,10 @@ def predict_flower(view_paths, new_view_paths, *, run_dir, out_dir=None, round_t
         raise InputError(f"{run_dir} holds no clustering run (no server/centers.npy): fit with n_clusters first")
     if len(new_view_paths) != len(view_paths):
         raise InputError(f"{len(new_view_paths)} files of new samples for {len(view_paths)} views")
-    check_inputs(new_view_paths)
+    fitted = [d for _, d in check_inputs(view_paths)]
+    widths = [d for _, d in check_inputs(new_view_paths)]
+    if widths != fitted:
+        raise InputError(f"the new samples' files have {widths} features per view, the fitted views {fitted}")
     out_dir = Path(out_dir or run_dir / "predict").resolve()
     rc = {"mode": "predict", "model-dir": str(model), "round-timeout": float(round_timeout),
           "node-timeout": float(node_timeout), "record-wire": bool(record_wire)}
