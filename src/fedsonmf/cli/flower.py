@@ -17,8 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional
 
-import time
-
 import typer
 
 from fedsonmf.cli.options import (
@@ -59,7 +57,6 @@ class FlowerProgress:
 
     def __init__(self, total: int, *, enabled: bool = True):
         self.total, self.enabled = total, enabled
-        self.t_launch = time.time()
         self._progress = self._task = None
 
     def __enter__(self):
@@ -149,7 +146,8 @@ def _read_labels(path: Path, n: int):
     return y
 
 
-def _report(res, out: Path, t_launch: float) -> None:
+def _report(res) -> None:
+    """One line: why the run stopped, s/round, the time from the launch to round 1, the final objective."""
     info = res.extra["flower"]
     secs = [r["seconds"] for r in res.history.rows]
     t1 = info.get("time_to_round1")
@@ -207,7 +205,6 @@ def register(app, reproduce_app) -> None:
                        err=True)
             raise typer.Exit(2)
         _check_inputs_or_exit(fl, views, n_components=cfg.n_components, mask_paths=mask_paths)
-        t_launch = time.time()
         typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
         try:
             with FlowerProgress(rounds, enabled=not quiet) as prog:
@@ -218,7 +215,7 @@ def register(app, reproduce_app) -> None:
         except (fl.FlowerRunError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)
-        _report(res, Path(out), t_launch)
+        _report(res)
         typer.echo(f"V: {Path(out).resolve() / 'server' / 'V.npy'}  history: {Path(out).resolve() / 'server' / 'result.json'}")
         if json_path is not None:
             res.save_json(json_path)
@@ -273,7 +270,6 @@ def register(app, reproduce_app) -> None:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2)
         typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
-        t_launch = time.time()
         try:
             with FlowerProgress(rounds, enabled=not quiet) as prog:
                 res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
@@ -283,7 +279,7 @@ def register(app, reproduce_app) -> None:
         except (fl.FlowerRunError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1)
-        _report(res, Path(out), t_launch)
+        _report(res)
         cl = res.extra["clustering"]
         typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']})")
         if "scores" in res.extra:
