@@ -239,7 +239,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
                 Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
-                                       normalize_views=self.normalize_views, held=held)
+                                       normalize_views=self.normalize_views, held=held, view=p)
                 scales.append(info.pop("scale"))
                 self.preprocessing_.append(info)
             out.append(Y)

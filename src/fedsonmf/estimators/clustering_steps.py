@@ -25,6 +25,7 @@ from fedsonmf.estimators.clustering_rules import (
     preprocess_view,
     resolve_rank,
 )
+from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers",
@@ -75,7 +76,7 @@ def kmeans_on_embedding(
 # ----------------------------------------------------------------------------- client
 
 
-def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool = True, held=None):
+def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool = True, held=None, view: int = 0):
     """One client's view as the federated fit sees it: preprocess, pad, scale.
 
     Parameters
@@ -91,6 +92,8 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
     held : int array or None
         Rows (samples) the client holds (incomplete views); the transform is
         fitted on them only and the other rows stay zero.  None: every row.
+    view : int
+        The view's index, for error messages.
 
     Returns
     -------
@@ -111,6 +114,8 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
     Y = pad_view(Y, n_components)
     scale = 1.0
     if normalize_views:
+        if not np.any(Y.data if sp.issparse(Y) else Y):  # named here: the scaling sees one view at a time
+            raise InputError(f"view {view} is all zero: its Frobenius norm is 0")
         (Y,), (scale,) = _frobenius_scale([Y], return_scales=True)
     return Y, {**info, "scale": float(scale)}
 

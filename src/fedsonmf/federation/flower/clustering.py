@@ -157,7 +157,8 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
         rule, scale_views = str(opts["preprocess"]), bool(opts["normalize_views"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"setup message with a malformed {SETUP_KEY!r} scalar: {exc}") from None
-    Y, info = steps.prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views)
+    Y, info = steps.prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views,
+                                 view=p)
     sdir = Path(sdir)
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     drop_prepared_view(sdir, p)
