@@ -81,6 +81,7 @@ class FakeGrid:
         self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=nc, state=RecordDict(), run_config={})
                          for nid, nc in node_configs.items()}
         self.replies = {}
+        self.log = []  # every reply, in push order
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -94,6 +95,7 @@ class FakeGrid:
                 self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # what the SuperNode runtime does
                 self.replies[mid] = FlwrMessage(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+            self.log.append(self.replies[mid])
             ids.append(mid)
         return ids
 
@@ -366,3 +368,18 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
     assert np.array_equal(res.V, ref.result_.V)
     assert res.extra["scores"] == clustering_scores(ds.labels, ref.labels_)
     assert res.extra["clustering"]["n_components"] == 2 * c
+
+
+def test_the_setup_reply_does_not_tell_whether_a_widening_rule_triggered(tmp_path):
+    """preprocess="auto-split" doubles a view's width when its mean-share statistic triggers; the
+    setup reply's d says max(d_p, r) (known to the server anyway), not the prepared width."""
+    from fedsonmf.federation.flower import codec
+
+    views, _ = blobs()
+    ref = reference(views, rounds=2, preprocess="auto-split")
+    assert [i["split"] for i in ref.preprocessing_] == [False, True, True]  # the dense views trigger
+    grid, rc = _fake_run(tmp_path, views, **{"num-rounds": 2, "preprocess": "auto-split"})
+    assert np.array_equal(np.load(Path(rc["out-dir"]) / "V.npy"), ref.result_.V)
+    setup = [codec.decode(r.content)[0] for r in grid.log
+             if str(r.content[codec.META]["kind"]) == codec.SETUP_AT_HELLO]
+    assert sorted(int(m.scalars["d"]) for m in setup) == sorted(max(X.shape[1], 2 * C) for X in views)

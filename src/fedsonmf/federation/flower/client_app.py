@@ -31,6 +31,7 @@ arrays there are subject to a stale-state race (FLOWER.md §3.5).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -159,8 +160,9 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
     if mask is not None:
         raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
     cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
-    return fclust.prepare_node_view(_read(Path(_data_path(context))), sdir, p, fed_msg.scalars,
-                                    cfg.n_components, fclust.load_steps(steps_module))
+    X = _read(Path(_data_path(context)))
+    path = fclust.prepare_node_view(X, sdir, p, fed_msg.scalars, cfg.n_components, fclust.load_steps(steps_module))
+    return path, max(int(X.shape[1]), cfg.n_components)
 
 
 def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRuntime, algorithm: str, cfg_json: str,
@@ -183,8 +185,9 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
     def setup(fed_msg: Message, context: Context, p: int, job_id: str, sdir: Path, mask) -> Message:
         """The setup exchange on this node (a setup message, or the setup a hello carries)."""
         view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
+        public_d = None
         if fclust.SETUP_KEY in fed_msg.scalars:  # a clustering run: the node prepares its own view
-            view_path = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
+            view_path, public_d = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
             facts_path = sdir / f"view-facts-{p}.json"
         else:
             fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
@@ -195,6 +198,11 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                                 x_sqnorm=facts["x_sqnorm"])
         reply = runtime.handle(fed_msg)
         _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, facts["fingerprint"])
+        if public_d is not None:
+            # the reply's d is the prepared width, which would tell the server whether a rule that
+            # widens the view (preprocess="auto-split") triggered on this node's statistic; it says
+            # max(d_p, r) instead, what the server knows anyway (d_p from the hello, r its own)
+            reply = dataclasses.replace(reply, scalars={**reply.scalars, "d": public_d})
         return reply
 
     @client.query()
