@@ -286,4 +286,8 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
     return client
 
 
-app = make_client_app()
+# the installed app (what the gate's executors run, and the shim app imports): the clustering steps
+# are named, not imported -- they load only when a clustering run or a predict run arrives
+from fedsonmf.federation.flower.template import STEPS_MODULE  # noqa: E402
+
+app = make_client_app(clustering=STEPS_MODULE)

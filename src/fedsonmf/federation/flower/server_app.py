@@ -338,4 +338,8 @@ def make_server_app(clustering: str | None = None) -> ServerApp:
     return server
 
 
-app = make_server_app()
+# the installed app (what the gate's executors run, and the shim app imports): the clustering steps
+# are named, not imported -- they load only when a clustering run or a predict run arrives
+from fedsonmf.federation.flower.template import STEPS_MODULE  # noqa: E402
+
+app = make_server_app(clustering=STEPS_MODULE)
