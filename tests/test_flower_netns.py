@@ -39,7 +39,6 @@ from fedsonmf.federation.flower.launcher import _free_port  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from test_flower_gate import write_evil_app  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "flower.md"
 ADDRESSES = {"link": "198.18.0.1", "node0": "198.18.0.2", "node1": "198.18.0.3"}
@@ -228,6 +227,8 @@ def hosts():
         assert h.tag not in listed
 
 
+@pytest.mark.slow
+@pytest.mark.deploy
 def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     R, rounds, seed = 3, 3, 0  # as in the recipe's submit line
     data = make_synthetic(n_clients=2, n_samples=40, n_features=10, rank=R, heterogeneity=0.5, random_state=2)
@@ -344,4 +345,79 @@ def test_daemon_command_stops_its_gate_executor_with_it(tmp_path):
     assert cmd.wait(timeout=60) == 1, log.read_text()
     assert "flower-superlink exited with code -9" in log.read_text()
     assert _processes_mentioning(str(home)) == []
+
+
+# ----------------------------------------------------------------------------- fast: the gate options
+def test_keys_coordinator_writes_a_private_key_and_a_public_key_the_hosts_accept(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+    from fedsonmf.federation.flower import gate
+
+    r = CliRunner().invoke(app, ["flower", "keys", "coordinator", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    key, pub = tmp_path / "c" / "coordinator.key", tmp_path / "c" / "coordinator.pub"
+    assert key.stat().st_mode & 0o777 == 0o600 and (tmp_path / "c").stat().st_mode & 0o777 == 0o700
+    authority = gate.Authority.load(key)
+    assert gate.read_public_key(pub) == authority.public_key
+    # a token signed with it passes a host's gate pinned to the installed app and this public key
+    fab = gate.installed_fab_sha256()
+    gate.write_pin(tmp_path / "pin.json", [fab], gate.read_public_key(pub))
+    conf = gate.sign_run_config(authority, fab, {"out-dir": "/runs/a", "job-id": "j", "num-rounds": 2})
+    assert gate.Gate(tmp_path / "pin.json", tmp_path / "ledger.json").check(
+        gate.build_fab(gate_app(tmp_path)), 1, conf)["fab-sha256"] == fab
+    r = CliRunner().invoke(app, ["flower", "keys", "coordinator", str(tmp_path / "c")])
+    assert r.exit_code == 1 and "coordinator.key exists" in r.output, r.output
+    with pytest.raises(ValueError, match="is the coordinator's private key"):
+        gate.read_public_key(key)
+    (tmp_path / "junk.pub").write_text("not a key\n")
+    with pytest.raises(ValueError, match="is not a coordinator public key"):
+        gate.read_public_key(tmp_path / "junk.pub")
+
+
+def gate_app(tmp_path):
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    return write_app_dir(tmp_path / "app")
+
+
+def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    tls = sec.make_tls(tmp_path / "tls")
+    key = sec.make_node_key(tmp_path, "n0")
+    np.save(tmp_path / "v.npy", np.ones((4, 3)))
+    r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--tls", str(tmp_path / "tls"),
+                                 "--home", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "give --coordinator-key PUB" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "supernode", "--superlink", "198.18.0.1:9092", "--view",
+                                 str(tmp_path / "v.npy"), "--partition", "0", "--partitions", "2", "--key",
+                                 str(key.private), "--ca", str(tls.ca_cert), "--home", str(tmp_path / "h"),
+                                 "--coordinator-key", str(tmp_path / "missing.pub")])
+    assert r.exit_code == 1 and "missing.pub" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "give --coordinator-key coordinator.key" in r.output, r.output
+    (tmp_path / "open.key").write_text("x")
+    os.chmod(tmp_path / "open.key", 0o644)
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
+                                 str(tmp_path / "open.key")])
+    assert r.exit_code == 1 and "(mode 0644); run: chmod 600" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
+                                 str(key.private)])  # a node's key is not the coordinator's
+    assert r.exit_code == 1 and "is not the coordinator's private key" in r.output, r.output
+    assert not (tmp_path / "h" / "run-config.toml").exists()  # nothing submitted
+
+
+def test_superlink_runtime_api_dials_loopback_for_a_wildcard_listen_address():
+    assert sec.superlink_runtime_api("198.18.0.1", 9092) == "198.18.0.1:9092"
+    assert sec.superlink_runtime_api("0.0.0.0", 9092) == "127.0.0.1:9092"
+    assert sec.superlink_runtime_api("::", 9092) == "[::1]:9092"
 

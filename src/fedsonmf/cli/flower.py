@@ -566,8 +566,11 @@ def _register_machine_commands(flower_app) -> None:
                                      "the hosts run only runs it signed", param_hint="--coordinator-key")
         try:
             authority = gate.Authority.load(coordinator_key)  # refuses a group/world-readable key
-        except (OSError, ValueError, TypeError) as exc:
-            _fail(f"coordinator key {coordinator_key}: {exc}")
+        except OSError as exc:
+            _fail(exc)
+        except (ValueError, TypeError, AttributeError) as exc:  # not a PEM Ed25519 private key
+            _fail(f"coordinator key {coordinator_key} is not the coordinator's private key (coordinator.key "
+                  f"from `fedsonmf flower keys coordinator`): {exc}")
         if insecure:
             typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")

@@ -155,8 +155,13 @@ class Authority:
     def load(cls, path) -> "Authority":
         from cryptography.hazmat.primitives import serialization
 
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         check_private_file(path, "coordinator key file")
-        return cls(serialization.load_pem_private_key(Path(path).read_bytes(), password=None))
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path} holds a {type(key).__name__}, not the coordinator's Ed25519 key")
+        return cls(key)
 
     @property
     def public_key(self) -> str:
