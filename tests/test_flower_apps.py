@@ -382,12 +382,15 @@ def test_slow_node_start_up_has_its_own_timeout(tmp_path, problem):
     views, views_dn = problem
     # a 0.3 s round timeout, nodes that need 0.6 s to start: healthy, not hung
     grid = SlowStartGrid(make_client_app(), _nodes(tmp_path, views), delay=0.6)
-    V, _ = _server(grid, _run_config(tmp_path, **{"round-timeout": 0.3, "startup-timeout": 5.0}))
+    # (the setup as its own exchange: setup-at-handshake off)
+    V, _ = _server(grid, _run_config(tmp_path, **{"round-timeout": 0.3, "startup-timeout": 5.0,
+                                                  "setup-at-handshake": False}))
     assert np.array_equal(V, run_inprocess(views_dn, CFG, max_rounds=3, seed=9).V)
     # without a start-up allowance the same nodes are reported at the start-up timeout, not the round timeout
     grid = SlowStartGrid(make_client_app(), _nodes(tmp_path / "b", views), delay=2.0)
     with pytest.raises(FederationError, match=r"did not answer setup within the start-up timeout of 0.5 s"):
-        _server(grid, _run_config(tmp_path / "b", **{"round-timeout": 0.3, "startup-timeout": 0.5}))
+        _server(grid, _run_config(tmp_path / "b", **{"round-timeout": 0.3, "startup-timeout": 0.5,
+                                                      "setup-at-handshake": False}))
 
 
 def test_run_flower_checks_the_view_files_before_starting_anything(tmp_path, problem):

@@ -25,8 +25,9 @@ def test_flower_app_and_views_commands(tmp_path):
 
 def test_flower_run_reports_a_missing_view_file(tmp_path):
     r = CliRunner().invoke(app, ["flower", "run", str(tmp_path / "nope.npy"), "--out", str(tmp_path / "run")])
-    assert r.exit_code == 1
-    assert "nope.npy does not exist" in r.output
+    assert r.exit_code == 2  # bad input, before anything starts
+    assert "nope.npy does not exist" in r.output and "starting" not in r.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_flower_run_resume_needs_a_saved_job(tmp_path):

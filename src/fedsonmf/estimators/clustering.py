@@ -38,6 +38,7 @@ The evaluation protocol over seeds and the centralized context methods live in
 
 from __future__ import annotations
 
+import os
 import secrets
 import warnings
 from pathlib import Path
@@ -59,15 +60,18 @@ from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
     PREPROCESS_RULES,
     RANK_RULES,
-    apply_view_preprocessing,
     consensus_labels,
-    pad_view,
-    preprocess_view,
     resolve_rank,
+)
+from fedsonmf.estimators.clustering_steps import (
+    apply_view,
+    assign_to_centers,
+    kmeans_on_embedding,
+    normalize_rows,
+    prepare_view,
 )
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
-from fedsonmf.preprocessing import normalize_views
 from fedsonmf.protocol.params import (
     CLUSTER_PARAMS,
     FED_PARAMS,
@@ -75,6 +79,9 @@ from fedsonmf.protocol.params import (
     default,
     make_init,
 )
+
+#: where the federation of FedMultiViewClustering runs
+ENGINES = ("inprocess", "flower")
 
 __all__ = [
     "FedMultiViewClustering",
@@ -84,47 +91,7 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------- building blocks
-
-
-def normalize_rows(E: np.ndarray) -> np.ndarray:
-    """Scale every row of ``E`` to unit l2 norm; all-zero rows stay zero (no NaN).
-
-    >>> normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
-    array([[0.6, 0.8],
-           [0. , 0. ]])
-    """
-    E = np.asarray(E, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", E, E))
-    out = np.zeros_like(E)
-    ok = norms > 0
-    out[ok] = E[ok] / norms[ok, None]
-    return out
-
-
-def kmeans_on_embedding(
-    E, n_clusters: int, *, normalize: bool = True, n_init: int = 10, max_iter: int = 300, random_state=None
-):
-    """k-means (scikit-learn, ``n_init`` replicates, ``max_iter`` iterations) on an embedding.
-
-    Parameters
-    ----------
-    E : {ndarray, sparse matrix} of shape (n_samples, n_features)
-    n_clusters : int
-    normalize : bool, default=True
-        Row-normalise ``E`` first (:func:`normalize_rows`; dense embeddings only).
-
-    Returns
-    -------
-    labels : ndarray of shape (n_samples,)
-    kmeans : sklearn.cluster.KMeans, fitted
-    """
-    from sklearn.cluster import KMeans
-
-    if normalize:
-        E = normalize_rows(E.toarray() if sp.issparse(E) else E)
-    km = KMeans(n_clusters=n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state)
-    labels = km.fit_predict(E)
-    return labels, km
+# normalize_rows and kmeans_on_embedding live in clustering_steps (the Flower apps run them too)
 
 
 def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = default("mu_scale"),
@@ -177,6 +144,19 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Federated fits with different seeds; their partitions are combined by consensus.
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
+    engine : {"inprocess", "flower"}, default="inprocess"
+        ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
+        SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
+        written to its own client folder, its node preprocesses it, the ServerApp runs
+        k-means (:func:`~fedsonmf.federation.flower.run_flower` with ``n_clusters``).  Same
+        seed and rounds: the same labels and V as ``"inprocess"`` (BLAS pinned to one thread
+        there, ``blas_threads=1`` here).  ``predict``/``transform`` run one exchange over a
+        deployment again (the nodes read the new samples from their own folders).  Not with
+        ``masks``; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.
+    flower_run_dir : path or None, default=None
+        ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
+        deployment: node state, logs, the server's out-dir with ``labels.csv``); None = a
+        new temporary folder.  The folder used is ``flower_run_dir_``.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
@@ -196,6 +176,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     n_components_ : int
     preprocessing_ : list of dict
         What each client did to its view (``preprocess_view``'s info; never sent).
+        None with ``engine="flower"`` (it stays on the nodes, as ``view_scales_``).
     padded_views_ : list of int
         Views padded with zero features to reach r.
     view_scales_ : list of float
@@ -240,6 +221,9 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
             raise ParameterError(f"dp_epsilon={self.dp_epsilon!r} is the budget of one federated fit; n_init="
                                  f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
                                  "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
+        check_choice("engine", self.engine, ENGINES)
+        if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
+            raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
 
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
@@ -252,26 +236,22 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         """Each client's own preprocessing, padding and scaling of its view (nothing is sent).
 
         With ``masks`` a client's statistics come from the samples it holds only.
+        The steps are :mod:`~fedsonmf.estimators.clustering_steps`' (the Flower nodes run the same).
         """
-        out = []
+        out, scales = [], []
         for p, X in enumerate(Xs):
             if fitted:
-                Y = apply_view_preprocessing(X, self.preprocessing_[p])
+                Y = apply_view(X, {**self.preprocessing_[p], "scale": self.view_scales_[p]},
+                               n_components=self.n_components_, normalize_views=self.normalize_views)
+                scales.append(self.view_scales_[p])
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
-                if held is None:
-                    Y, info = preprocess_view(X, self.preprocess)
-                else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
-                    Yh, info = preprocess_view(X[held], self.preprocess)
-                    # scatter back to n rows without densifying a sparse view
-                    k = held.size
-                    S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
-                    Y = S @ Yh
+                Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
+                                       normalize_views=self.normalize_views, held=held, view=p)
+                scales.append(info.pop("scale"))
                 self.preprocessing_.append(info)
-            out.append(pad_view(Y, self.n_components_))
-        if self.normalize_views:
-            return normalize_views(out, scales=self.view_scales_ if fitted else None, return_scales=True)
-        return out, [1.0] * len(out)
+            out.append(Y)
+        return out, scales
 
     def fit(self, Xs, y=None, *, callback=None, masks=None) -> "FedMultiViewClustering":
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
@@ -288,7 +268,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         if masks is not None and len(masks) != len(views):
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
-        if message:
+        if message and self.engine != "flower":  # on Flower the server resolves r and run_flower warns
             warnings.warn(message, UserWarning, stacklevel=2)
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
@@ -298,6 +278,10 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
             m._validate()  # every parameter checked before any computation
         self.n_components_ = r
         self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
+        if self.engine == "flower":
+            if masks is not None:
+                raise ParameterError("engine='flower' does not support incomplete views (masks)")
+            return self._fit_flower(views, models, seeds)
         self.preprocessing_ = []
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
@@ -332,6 +316,80 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
         return self
 
+    # ------------------------------------------------------------------ engine="flower"
+    def _fit_flower(self, views, models, seeds) -> "FedMultiViewClustering":
+        """``fit`` on a loopback Flower deployment (:func:`~fedsonmf.federation.flower.run_flower`).
+
+        Each view is written to its own client folder ``<flower_run_dir>/clients/p<i>/`` and
+        served by its own SuperNode, which preprocesses it; the ServerApp runs k-means.  The
+        per-client ``preprocessing_`` and ``view_scales_`` stay on the nodes (None here), as do
+        the bases (``factorization_`` is None; ``transform``/``predict`` run over a deployment
+        again).  ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply (the deployment
+        checkpoints in its run folder); BLAS is pinned to one thread in every process.
+        """
+        import tempfile
+
+        from fedsonmf.federation.flower.launcher import run_flower, write_views
+
+        base = Path(self.flower_run_dir) if self.flower_run_dir is not None else \
+            Path(tempfile.mkdtemp(prefix="fedsonmf-flower-"))
+        paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
+        options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
+                   "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
+                   "kmeans_max_iter": self.kmeans_max_iter}
+        partitions, fits = [], []
+        for i, (model, s) in enumerate(zip(models, seeds)):
+            cfg, run, _ = model._validate()
+            run_dir = base / ("run" if self.n_init == 1 else f"run-restart-{i}")
+            res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
+                             tol=run["tol"], seed=s, n_clusters=self.n_clusters, clustering=options)
+            partitions.append(res.extra["labels"])
+            fits.append((res, run_dir))
+        res, run_dir = fits[0]
+        r = int(res.V.shape[0])
+        if self.n_init > 1:
+            labels = consensus_labels(partitions, self.n_clusters)
+            E = normalize_rows(res.V.T) if self.normalize_embedding else res.V.T
+            centers = np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(r)
+                                for k in range(self.n_clusters)])
+        else:
+            labels, centers = partitions[0], res.extra["cluster_centers"]
+        self.n_components_ = r
+        self.flower_run_dir_ = run_dir
+        self.flower_view_paths_ = paths
+        self.factorization_ = None
+        self.preprocessing_ = self.view_scales_ = None  # node-local
+        self.seeds_ = seeds
+        self.mu_ = float(res.config["mu_value"])
+        self.seed_ = res.seed
+        self.result_ = res
+        self.history_ = res.history
+        self.n_rounds_ = res.n_rounds
+        self.embedding_ = res.V.T.copy()
+        self.kmeans_ = None  # fitted in the ServerApp; its centres are cluster_centers_
+        self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
+        self.labels_ = np.asarray(labels)
+        self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
+        return self
+
+    def _predict_flower(self, views):
+        """The new samples' (labels, V) over a loopback deployment of the fitted run."""
+        from fedsonmf.federation.flower.launcher import predict_flower, write_views
+
+        if len(views) != len(self.flower_view_paths_):
+            raise InputError(f"the model was fitted on {len(self.flower_view_paths_)} views; got {len(views)}")
+        new = []
+        for p, X in enumerate(views):
+            folder = Path(self.flower_view_paths_[p]).parent / "new"
+            for old in folder.glob("view0.np[yz]"):
+                old.unlink()
+            new.append(write_views([X], folder)[0])
+        out = predict_flower(self.flower_view_paths_, new, run_dir=self.flower_run_dir_)
+        if self.n_init > 1:  # the consensus centres live here, not in the ServerApp
+            return assign_to_centers(out.V.T, self.cluster_centers_,
+                                     normalize_embedding=self.normalize_embedding), out.V
+        return out.labels, out.V
+
     def fit_predict(self, Xs, y=None, *, callback=None, masks=None) -> np.ndarray:
         """Fit and return the cluster labels, shape (n_samples,)."""
         return self.fit(Xs, callback=callback, masks=masks).labels_
@@ -345,6 +403,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         """
         check_is_fitted(self, "labels_")
         views = _check_view_structure(Xs)
+        if self.engine == "flower":
+            return self._predict_flower(views)[1].T
         if len(views) != len(self.preprocessing_):
             raise InputError(f"the model was fitted on {len(self.preprocessing_)} views; got {len(views)}")
         Xs, _ = self._client_views(views, fitted=True)
@@ -357,11 +417,11 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         federated round), normalised as in ``fit`` and given the nearest of
         ``cluster_centers_``.
         """
-        E = self.transform(Xs).astype(np.float64)
-        if self.normalize_embedding:
-            E = normalize_rows(E)
-        d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
-        return np.argmin(d2, axis=1)
+        if self.engine == "flower":
+            check_is_fitted(self, "labels_")
+            return self._predict_flower(_check_view_structure(Xs))[0]
+        return assign_to_centers(self.transform(Xs), self.cluster_centers_,
+                                 normalize_embedding=self.normalize_embedding)
 
 
 def _composed_privacy(reports: list) -> dict | None:

@@ -83,6 +83,10 @@ _TABLE = [
     Param("n_init", 1, "Federated fits with different seeds, combined by the consensus of their partitions."),
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
+    Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
+                                 "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
+    Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
+                                  "the server's out-dir); None = a new temporary folder."),
 ]
 
 #: every parameter by name
@@ -99,7 +103,7 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
               "verbose")
 #: the clustering estimator's own parameters
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
-                  "kmeans_max_iter")
+                  "kmeans_max_iter", "engine", "flower_run_dir")
 
 #: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them)

@@ -5,10 +5,13 @@ Declared payload (r = rank, n = samples; nothing else may travel):
 ==========  ========  ===========================================================
 direction   kind      content
 ==========  ========  ===========================================================
-down        hello     ``fedsonmf.meta`` only (handshake)
+down        hello     ``fedsonmf.meta`` only (handshake); kind ``hello+setup``: also the setup's
+                      scalars but ``client`` (the node uses its partition-id)
 up          hello     ``fedsonmf.meta`` only (the node's partition-id and its view's
-                      ``d, n``, or ``error``: why the view cannot be used)
-down        setup     scalars ``seed, client, algorithm, config`` (no arrays)
+                      ``d, n``, or ``error``: why the view cannot be used); kind
+                      ``hello+setup``: also the setup reply (as "up setup")
+down        setup     scalars ``seed, client, algorithm, config`` (no arrays); a clustering
+                      run adds ``clustering`` (its preprocessing rule and Frobenius switch)
 up          setup     scalars ``d, n`` (+ ``x_sqnorm`` with init_v="random");
                       array ``Vproj`` (r x n) with init_v="projection"
 down        round     arrays ``algorithm.downlink_keys``, each r x n
@@ -81,10 +84,17 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         down_scalars["rejoin"] = "scalar?"
     if down_scalars:
         down_round[codec.SCALARS] = down_scalars
+    down_setup = {codec.SCALARS: {**{k: "scalar" for k in ("seed", "client", "algorithm", "config")},
+                                  "clustering": "scalar?"}}
     return {
         ("down", "hello"): {},
         ("up", "hello"): {},
-        ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
+        # the setup sent with the hello (one exchange less): the setup's payload, "client" = the node's view
+        ("down", codec.SETUP_AT_HELLO): {codec.SCALARS: {k: v for k, v in down_setup[codec.SCALARS].items()
+                                                         if k != "client"}},
+        ("up", codec.SETUP_AT_HELLO): setup_up,
+        # a clustering run adds its options (preprocessing rule, Frobenius switch) to the setup message
+        ("down", "setup"): down_setup,
         ("up", "setup"): setup_up,
         ("down", "round"): down_round,
         ("up", "round"): round_up,

@@ -14,6 +14,12 @@ Node config (``flower-supernode --node-config``):
                   Absent: every sample.  Only membership is sent to the server.
 ``require-secure-aggregation``  bool, optional: refuse a run whose setup turns secure
                   aggregation off (the node's own policy: a server cannot downgrade it).
+``predict-path``  str, optional: new samples of this view (same format as ``data-path``) for a
+                  ``predict`` run (:mod:`.clustering`); only the node config names the files a node reads.
+
+A clustering run (:mod:`.clustering`) prepares the view once, at setup, on the node
+(preprocessing rule, padding, Frobenius scaling) and factorises the prepared copy kept
+in the job folder; the preprocessing info never leaves the node.
 
 A node that missed rounds (partial participation, §15.2) and is told so by the
 server (``rejoin`` in the message) resumes from its newest saved state.
@@ -29,6 +35,7 @@ arrays there are subject to a stale-state race (FLOWER.md §3.5).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable
@@ -43,6 +50,7 @@ from fedsonmf._validation import as_internal_view, check_views
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.loop import ClientRuntime
 from fedsonmf.federation.rejoin import load_latest_client_state
@@ -146,10 +154,64 @@ def _state_round(msg: Message) -> int:
     return msg.round if msg.kind in ("init", "unmask") else msg.round - 1
 
 
-def make_client_app(before_handle: Callable[[Message, Context], None] | None = None) -> ClientApp:
+def _predict_path(context: Context) -> Path:
+    path = str(context.node_config.get("predict-path", "") or "")
+    if not path:
+        raise ValueError("node config has no 'predict-path' (the node's own file of new samples): restart the "
+                         "SuperNode with --node-config '... predict-path=\"<file>\"'")
+    return Path(path)
+
+
+def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, mask, steps_module: str | None):
+    """Setup of a clustering run: prepare this node's view (kept node-local); its path."""
+    if mask is not None:
+        raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
+    cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
+    X = _read(Path(_data_path(context)))
+    path = fclust.prepare_node_view(X, sdir, p, fed_msg.scalars, cfg.n_components, fclust.load_steps(steps_module))
+    return path, max(int(X.shape[1]), cfg.n_components)
+
+
+def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRuntime, algorithm: str, cfg_json: str,
+          X, fingerprint: str) -> None:
+    """Save the client's state before replying (the next round's process reads this file)."""
+    ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
+                                                     **ckpt.client_resume_meta(X, fingerprint)})
+    context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
+
+
+def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
+                    clustering: str | None = None) -> ClientApp:
     """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
-    train message (a hook for fault-injection tests; None in normal use)."""
+    train message (a hook for fault-injection tests; None in normal use).
+    ``clustering``: the name of the clustering steps module (the shipped app gives
+    ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or a
+    predict message arrives, so that a plain round's process stays lean."""
     client = ClientApp()
+
+    def setup(fed_msg: Message, context: Context, p: int, job_id: str, sdir: Path, mask) -> Message:
+        """The setup exchange on this node (a setup message, or the setup a hello carries)."""
+        view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
+        public_d = None
+        if fclust.SETUP_KEY in fed_msg.scalars:  # a clustering run: the node prepares its own view
+            view_path, public_d = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
+            facts_path = sdir / f"view-facts-{p}.json"
+        else:
+            fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
+        # validated, hashed and measured once per view file (node-local cache)
+        X, facts = view_facts(view_path, facts_path, mask)
+        algorithm, cfg_json = str(fed_msg.scalars["algorithm"]), str(fed_msg.scalars["config"])
+        setup_cfg = ckpt.config_from_dict(json.loads(cfg_json))
+        _check_secure_policy(context, setup_cfg)  # the node's own policy: a server cannot downgrade it
+        runtime = ClientRuntime(X, algorithm, setup_cfg, mask=mask, x_sqnorm=facts["x_sqnorm"])
+        reply = runtime.handle(fed_msg)
+        _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, facts["fingerprint"])
+        if public_d is not None:
+            # the reply's d is the prepared width, which would tell the server whether a rule that
+            # widens the view (preprocess="auto-split") triggered on this node's statistic; it says
+            # max(d_p, r) instead, what the server knows anyway (d_p from the hello, r its own)
+            reply = dataclasses.replace(reply, scalars={**reply.scalars, "d": public_d})
+        return reply
 
     @client.query()
     def hello(msg: FlwrMessage, context: Context) -> FlwrMessage:
@@ -157,15 +219,32 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p,
-                  "job-id": str(msg.content[codec.META]["job-id"])}
+        meta_in = msg.content[codec.META]
+        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": str(meta_in["job-id"])}
+        # the server may send the setup with the hello (one exchange less before round 1)
+        spec = dict(msg.content[codec.SCALARS]) if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None
+        reply = None
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
-            X = load_view(path)
+            # (through the node-local cache: the setup and the rounds then skip the validation)
+            sdir = state_dir_of(context, fields["job-id"])
+            mask = load_mask(context)
+            X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask)
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+            r = ckpt.config_from_dict(json.loads(str(spec["config"]))).n_components if spec else 0
+            # a view narrower than r is left to the server's check (its message names r and the view);
+            # a clustering run pads it instead
+            if spec and (X.shape[0] >= r or fclust.SETUP_KEY in spec):
+                setup_msg = Message("setup", 0, {}, {**spec, "client": p})
+                if before_handle is not None:
+                    before_handle(setup_msg, context)
+                reply = setup(setup_msg, context, p, fields["job-id"], sdir, mask)
+                fields["kind"] = codec.SETUP_AT_HELLO
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
             fields["error"] = f"{type(exc).__name__}: {exc}"
-        info = ConfigRecord(fields)
-        return FlwrMessage(RecordDict({codec.META: info}), reply_to=msg)
+            reply, fields["kind"] = None, "hello"
+        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=fields["job-id"])
+        content[codec.META] = ConfigRecord(fields)
+        return FlwrMessage(content, reply_to=msg)
 
     @client.train()
     def train(msg: FlwrMessage, context: Context) -> FlwrMessage:
@@ -178,33 +257,30 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         mask = load_mask(context)
+        if fed_msg.kind == "embed":  # predict: one exchange with the fitted bases fixed (no state change)
+            reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, fclust.load_steps(clustering))
+            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+        if fed_msg.kind == "setup":
+            return FlwrMessage(codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id),
+                               reply_to=msg)
+        view_path = fclust.prepared_view_path(sdir, p)  # a clustering run's prepared view, if any
+        facts_path = sdir / f"view-facts-{p}.json" if view_path else sdir.parent / f"view-facts-{p}.json"
         # validated, hashed and measured once per view file (node-local cache); the fingerprint is
         # compared here, on the node, and never leaves it
-        X, facts = view_facts(_data_path(context), sdir.parent / f"view-facts-{p}.json", mask)
+        X, facts = view_facts(view_path or _data_path(context), facts_path, mask)
         fingerprint, x_sqnorm = facts["fingerprint"], facts["x_sqnorm"]
-        if fed_msg.kind == "setup":
-            algorithm = str(fed_msg.scalars["algorithm"])
-            cfg_json = str(fed_msg.scalars["config"])
-            setup_cfg = ckpt.config_from_dict(json.loads(cfg_json))
-            _check_secure_policy(context, setup_cfg)
-            runtime = ClientRuntime(X, algorithm, setup_cfg, mask=mask, x_sqnorm=x_sqnorm)
+        if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
+            state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
         else:
-            if fed_msg.scalars.get("rejoin"):  # missed rounds: the newest saved state (§15.2)
-                state, smeta = load_latest_client_state(sdir, p, fed_msg.round - 1)
-            else:
-                state, smeta = ckpt.load_client_state(sdir, p, _state_round(fed_msg))
-            algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
-            cfg = ckpt.config_from_dict(json.loads(cfg_json))
-            held = held_columns(mask, X.shape[1], client=p)
-            ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
-                                      n_cols=None if held is None else held.size)
-            runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
+            state, smeta = ckpt.load_client_state(sdir, p, _state_round(fed_msg))
+        algorithm, cfg_json = str(smeta["algorithm"]), str(smeta["config"])
+        cfg = ckpt.config_from_dict(json.loads(cfg_json))
+        held = held_columns(mask, X.shape[1], client=p)
+        ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
+                                  n_cols=None if held is None else held.size)
+        runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
         reply = runtime.handle(fed_msg)
-        # save before replying: the next round's process reads this file
-        ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
-                                                         **ckpt.client_resume_meta(X, fingerprint)})
-        context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p,
-                                                 "round": int(runtime.state.round)})
+        _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, fingerprint)
         return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
 
     return client

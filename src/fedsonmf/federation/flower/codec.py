@@ -21,13 +21,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedsonmf.protocol.messages import Message
 
-__all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS"]
+__all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
+           "SETUP_AT_HELLO"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
 SCALARS = "fedsonmf.scalars"
 DIAG_ARRAYS = "fedsonmf.diag.arrays"
 DIAG_SCALARS = "fedsonmf.diag.scalars"
+#: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
+SETUP_AT_HELLO = "hello+setup"
 
 
 def _scalar(v):
@@ -43,8 +46,16 @@ def _scalar(v):
     raise TypeError(f"cannot send scalar of type {type(v).__name__}")
 
 
+def _layout_kept(v) -> np.ndarray:
+    """``v`` as is when C- or Fortran-contiguous (``np.save`` keeps the order, so the receiver
+    computes with the layout the in-process engine has: BLAS results depend on it, bit for bit),
+    else a C-contiguous copy."""
+    v = np.asarray(v)
+    return v if v.flags.c_contiguous or v.flags.f_contiguous else np.ascontiguousarray(v)
+
+
 def _arrays(d) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in d.items()})
+    return ArrayRecord({k: Array(_layout_kept(v)) for k, v in d.items()})
 
 
 def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:

@@ -50,18 +50,19 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
-from fedsonmf.exceptions import FlowerRunError, InputError
+from fedsonmf.exceptions import FlowerRunError, InputError, ParameterError
 from fedsonmf.federation.flower import security as sec
 from fedsonmf.federation.flower.template import (
     RUN_CONFIG_DEFAULTS,
     _toml_value,
     write_app_dir,
 )
-from fedsonmf.protocol.history import FitResult, History
-from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
+from fedsonmf.protocol.history import FitResult, History, json_default
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "InsecureDeploymentWarning", "flower_env",
-           "run_flower", "load_result", "write_views", "write_masks"]
+           "run_flower", "load_result", "write_views", "write_masks", "check_inputs", "predict_flower",
+           "PredictOutcome", "CLUSTERING_DEFAULTS"]
 
 CONNECTION = "fedsonmf"
 
@@ -185,7 +186,7 @@ class LoopbackDeployment:
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
-                 client_app: str | None = None):
+                 client_app: str | None = None, predict_paths=None):
         if tls is None:
             tls = True
         if auth and tls is False:
@@ -213,6 +214,9 @@ class LoopbackDeployment:
         self.view_paths = [Path(p).resolve() for p in view_paths]
         #: optional per-view availability masks (node config ``mask-path``, §15.1)
         self.mask_paths = [None if m is None else Path(m).resolve() for m in (mask_paths or [None] * len(view_paths))]
+        #: optional per-view files of new samples (node config ``predict-path``; a predict run reads them)
+        self.predict_paths = [None if q is None else Path(q).resolve()
+                              for q in (predict_paths or [None] * len(view_paths))]
         self.flwr_home = self.run_dir / "flwr-home"
         self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level,
                               superexec_poll=superexec_poll)
@@ -353,6 +357,8 @@ class LoopbackDeployment:
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
         node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p])
+        if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
+            node_config += f' predict-path="{self.predict_paths[p]}"'
         self.nodes[p] = self._spawn(
             [_bin("flower-supernode"),
              *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,
@@ -464,9 +470,12 @@ class LoopbackDeployment:
         return _gate().sign_run_config(self._authority, fab_hash, conf)
 
     # ------------------------------------------------------------------ faults
-    def _wait_flwr_run(self, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-        """Wait for ``flwr run``; stop waiting (and end it) as soon as the SuperLink dies."""
+    def _wait_flwr_run(self, proc: subprocess.Popen, timeout: float, log: Path, *, status_path: Path | None = None,
+                       progress=None, poll: float = 0.5) -> None:
+        """Wait for ``flwr run``; stop waiting (and end it) as soon as the SuperLink dies.
+        Meanwhile hand every new ``status.json`` to ``progress`` (polled every ``poll`` s)."""
         deadline = time.monotonic() + timeout
+        last, next_status = None, 0.0
         while proc.poll() is None:
             if self.superlink is not None and self.superlink.poll() is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -476,6 +485,12 @@ class LoopbackDeployment:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
+            if progress is not None and status_path is not None and time.monotonic() >= next_status:
+                st = _read_status(status_path)
+                if st and st.get("updated_at") != last:
+                    last = st.get("updated_at")
+                    progress(st)
+                next_status = time.monotonic() + poll
             time.sleep(0.1)
 
     def _failure_report(self, status: dict, status_path: Path) -> dict:
@@ -503,12 +518,16 @@ class LoopbackDeployment:
         self.stop()
 
     # ------------------------------------------------------------------ runs
-    def run(self, run_config: dict, *, out_dir=None, app_dir=None, timeout: float = 1800.0) -> RunOutcome:
+    def run(self, run_config: dict, *, out_dir=None, app_dir=None, timeout: float = 1800.0,
+            progress=None, poll: float = 0.5) -> RunOutcome:
         """``flwr run`` the app with ``run_config`` (keys of the app template) and wait for it.
 
         ``out_dir`` defaults to ``<run_dir>/server``; ``app_dir`` to a freshly
         written shim app in ``<run_dir>/app``.  Returns the ServerApp's status;
         raises only when the run could not be submitted or did not end in ``timeout``.
+        ``progress(status)`` is called with the ServerApp's ``status.json`` (see
+        :class:`~fedsonmf.federation.flower.server_app.StatusFile`) whenever it changed,
+        polled every ``poll`` seconds while the run goes on.
         """
         self._runs += 1
         out_dir = Path(out_dir or self.run_dir / "server").resolve()
@@ -535,7 +554,7 @@ class LoopbackDeployment:
                 [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.run_dir, umask=0o077)
-            self._wait_flwr_run(proc, timeout, log)
+            self._wait_flwr_run(proc, timeout, log, status_path=status_path, progress=progress, poll=poll)
         # --stream exits 0 even when the ServerApp fails: the status file is the truth
         status = _read_status(status_path)
         deadline = time.monotonic() + 10
@@ -546,6 +565,8 @@ class LoopbackDeployment:
             status = {"status": "failed",
                       "error": f"the ServerApp wrote no status (flwr run exit code {proc.returncode}); see {log}"}
         status = self._failure_report(status, status_path)
+        if progress is not None:
+            progress(status)
         return RunOutcome(status, out_dir, time.perf_counter() - t0, log)
 
 
@@ -712,6 +733,42 @@ def _view_file_shape(path) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
+#: options of a clustering run (``run_flower(..., clustering=...)``) and their defaults (the estimator's)
+CLUSTERING_DEFAULTS = {"rank": "auto", "preprocess": default("preprocess"),
+                       "normalize_views": default("normalize_views"),
+                       "normalize_embedding": default("normalize_embedding"),
+                       "kmeans_n_init": default("kmeans_n_init"), "kmeans_max_iter": default("kmeans_max_iter")}
+
+
+def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int | None = None,
+                 mask_paths=None, predict_paths=None) -> list[tuple[int, int]]:
+    """Check the view files before any process starts; their ``(n_samples, d_p)`` shapes.
+
+    Raises :class:`~fedsonmf.exceptions.InputError` naming the file for a missing or
+    unreadable file, an array that is not 2-D, views with different n, a rank above a
+    view's width (``n_components``; a clustering run's rank rule pads or caps instead)
+    or more clusters than samples.
+    """
+    if not view_paths:
+        raise InputError("no view files given: one file per client (view)")
+    for kind, paths in (("view", view_paths), ("mask", mask_paths or []), ("new-sample", predict_paths or [])):
+        for path in paths:
+            if path is not None and not Path(path).is_file():
+                raise InputError(f"{kind} file {path} does not exist")
+    try:
+        shapes = [_view_file_shape(p) for p in view_paths]
+    except FileNotFoundError as exc:
+        raise InputError(str(exc)) from None
+    if n_components is not None:
+        _check_view_files(view_paths, n_components)
+    ns = {s[0] for s in shapes}
+    if len(ns) > 1:
+        raise InputError(f"the view files hold different numbers of samples (rows): {[s[0] for s in shapes]}")
+    if n_clusters is not None and not 1 <= int(n_clusters) <= min(ns):
+        raise InputError(f"n_clusters={n_clusters} must be between 1 and the number of samples ({min(ns)})")
+    return shapes
+
+
 def _check_view_files(view_paths, n_components: int) -> None:
     shapes = [_view_file_shape(p) for p in view_paths]
     ns = [s[0] for s in shapes]
@@ -725,12 +782,36 @@ def _check_view_files(view_paths, n_components: int) -> None:
             )
 
 
+def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
+    opts = {**CLUSTERING_DEFAULTS, **(clustering or {})}
+    unknown = sorted(set(opts) - set(CLUSTERING_DEFAULTS))
+    if unknown:
+        raise ParameterError(f"unknown clustering options {unknown}; known: {sorted(CLUSTERING_DEFAULTS)}")
+    rank = opts["rank"]
+    if not (rank in ("auto", "auto-cap", "paper") or (isinstance(rank, int) and not isinstance(rank, bool)
+                                                         and rank >= 1)):
+        raise ParameterError(f"clustering rank must be 'auto', 'auto-cap', 'paper' or a positive integer, got {rank!r}")
+    return {"n-clusters": int(n_clusters), "rank-rule": str(rank), "preprocess": str(opts["preprocess"]),
+            "normalize-views": bool(opts["normalize_views"]), "normalize-embedding": bool(opts["normalize_embedding"]),
+            "kmeans-n-init": int(opts["kmeans_n_init"]), "kmeans-max-iter": int(opts["kmeans_max_iter"])}
+
+
+def _update_result_json(out_dir: Path, extra: dict) -> None:
+    path = out_dir / "result.json"
+    d = json.loads(path.read_text())
+    d.update(extra)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(d, indent=1, default=json_default))
+    os.replace(tmp, path)
+
+
 def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
                seed: int = 0, resume: bool = False, round_timeout: float = 300.0, node_timeout: float = 120.0,
                record_wire: bool = False, pin_threads: bool = True, timeout: float = 3600.0,
                tls: tuple | bool | None = True, auth: bool = True, startup_timeout: float | None = None,
                mask_paths=None, participation=None, secure_aggregation: bool | None = None,
-               record_wire_arrays: bool = False) -> FitResult:
+               record_wire_arrays: bool = False, n_clusters: int | None = None, clustering: dict | None = None,
+               labels=None, progress=None) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per file in ``view_paths``, runs
@@ -739,7 +820,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ``resume=True`` continues the run saved in ``run_dir`` (same job id) and
     ends with the same V as an uninterrupted run.  Raises
     :class:`FlowerRunError` naming the client and round when the run fails.
-    The result's ``extra["flower"]`` holds start-up and wire numbers.
+    The result's ``extra["flower"]`` holds start-up and wire numbers, among them
+    ``time_to_round1`` (seconds from this call to the start of round 1).
     Secure by default: ``tls=True`` (a per-deployment CA), ``auth=True`` (SuperNode
     keys, each view pinned to its node's key); ``tls=(ca.crt, server.pem,
     server.key)`` uses your own certificate; ``tls=False, auth=False`` opt out
@@ -747,8 +829,9 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ``startup_timeout``: seconds for the nodes' start-up (the setup exchange),
     separate from ``round_timeout``; None uses ``node_timeout``.
 
-    The views' shapes are checked (r <= d_p, equal n) before any process starts;
-    the ServerApp checks them again at the handshake.
+    The views' files are checked (:func:`check_inputs`: present, 2-D, equal n, r <= d_p)
+    before any process starts (:class:`~fedsonmf.exceptions.InputError`); the ServerApp
+    checks them again at the handshake.
 
     ``mask_paths`` (one per view, None = complete; see :func:`write_masks`) are the
     nodes' availability masks (§15.1); ``participation`` (a
@@ -758,52 +841,137 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     ``False`` is the explicit opt-out; ``cfg.secure_aggregation`` is not consulted): the server
     receives only sums of the uploads (docs/privacy.md).  ``record_wire_arrays`` also saves every
     array the server receives (with ``record_wire``; for audits).
+    ``progress(status)`` is called with the ServerApp's ``status.json`` as the run goes
+    (phase, round k of K, seconds per round; :class:`.server_app.StatusFile`).
+
+    Clustering (``n_clusters = c``): the pipeline of
+    :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering` with its options
+    ``clustering = {"rank": "auto"|"auto-cap"|"paper"|int, "preprocess", "normalize_views",
+    "normalize_embedding", "kmeans_n_init", "kmeans_max_iter"}`` (defaults: the
+    estimator's).  ``cfg.n_components`` is replaced by the rank rule (settled at the
+    handshake from c and the nodes' d_p); each node preprocesses its own view; the
+    ServerApp runs k-means on the final V with ``seed`` and writes ``labels.csv``
+    (``sample_id,cluster``, ids 0..n-1 = the rows of the view files) and ``centers.npy``.
+    The result then also holds ``extra["labels"]`` (n,), ``extra["cluster_centers"]``
+    (c, r) and ``extra["clustering"]`` (options, r, sizes); with ``labels`` (the true
+    classes, length n) ``extra["scores"]`` = ACC/NMI/purity, also written to result.json.
+    Our choice: the true labels never enter the federation -- this function (the
+    submitting side) scores the labels the server wrote.  Same seed and rounds: labels
+    and V equal the in-process estimator's (BLAS pinned, as here).
     """
-    _check_view_files(view_paths, cfg.n_components)
+    import warnings
+
+    t_launch = time.time()
+    if mask_paths is not None and n_clusters is not None:
+        raise ParameterError("clustering over Flower does not support incomplete views (mask_paths)")
+    check_inputs(view_paths, None if n_clusters is not None else cfg.n_components, n_clusters=n_clusters,
+                 mask_paths=mask_paths)
+    if labels is not None and n_clusters is None:
+        raise ParameterError("labels (to score against) need n_clusters")
+    cluster_rc = _clustering_run_config(n_clusters, clustering) if n_clusters is not None else {}
     run_dir = Path(run_dir).resolve()
     lock = _lock_run_dir(run_dir)  # before job.json: a second launch must not touch the first's files
     try:
-        return _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume,
-                                  round_timeout, node_timeout, record_wire, pin_threads, timeout, tls,
-                                  startup_timeout, mask_paths, participation, auth=auth,
-                                  secure_aggregation=secure_aggregation, record_wire_arrays=record_wire_arrays)
+        job_file = run_dir / "job.json"
+        if resume:
+            if not job_file.is_file():
+                raise FlowerRunError(f"nothing to resume in {run_dir} (no job.json)")
+            job_id = json.loads(job_file.read_text())["job-id"]
+        else:
+            job_id = f"job-{uuid.uuid4().hex[:12]}"
+        run_config = {
+            "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol), "seed": int(seed),
+            "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
+            "resume": bool(resume), "round-timeout": float(round_timeout), "node-timeout": float(node_timeout),
+            "startup-timeout": float(startup_timeout or 0.0),
+            "record-wire": bool(record_wire), "record-wire-arrays": bool(record_wire_arrays),
+            "secure-aggregation": FLOWER_SECURE_AGGREGATION if secure_aggregation is None else bool(secure_aggregation),
+            **cluster_rc,
+        }
+        if participation is not None:
+            run_config.update({"min-clients": float(participation.min_clients or 0),
+                               "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
+        write_json_atomic(job_file, {"job-id": job_id, "run-config": run_config,
+                                     "views": [str(Path(p).resolve()) for p in view_paths]})
+        t0 = time.perf_counter()
+        with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
+                                mask_paths=mask_paths) as dep:
+            outcome = dep.run(run_config, timeout=timeout, progress=progress)
+        wall = time.perf_counter() - t0
+        if not outcome.ok:
+            raise FlowerRunError(failure_message(outcome.status), outcome.status)
+        res = load_result(outcome.out_dir)
+        fl = res.extra.setdefault("flower", {})
+        fl.update({"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds,
+                   "wall_seconds": wall, "run_dir": str(run_dir), "launched_at": t_launch, "tls": dep.tls is not None,
+                   "auth": dep.auth, "security_seconds": dep.security_seconds})
+        if fl.get("round1_started_at") is not None:
+            fl["time_to_round1"] = float(fl["round1_started_at"]) - t_launch
+        if n_clusters is not None:
+            from fedsonmf.federation.flower.clustering import read_labels_csv
+
+            found = read_labels_csv(outcome.out_dir / "labels.csv")
+            res.extra["labels"] = found
+            res.extra["cluster_centers"] = np.load(outcome.out_dir / "centers.npy")
+            message = res.extra.get("clustering", {}).get("rank_message")
+            if message:
+                warnings.warn(message, UserWarning, stacklevel=2)
+            if labels is not None:
+                from fedsonmf.metrics import clustering_scores
+
+                y = np.asarray(labels).ravel()
+                if y.size != found.size:
+                    raise InputError(f"{y.size} labels for {found.size} samples")
+                res.extra["scores"] = clustering_scores(y, found)
+                _update_result_json(outcome.out_dir, {"scores": res.extra["scores"]})
+        return res
     finally:
         lock.release()
 
 
-def _run_flower_locked(view_paths, cfg, run_dir, algorithm, max_rounds, tol, seed, resume, round_timeout,
-                       node_timeout, record_wire, pin_threads, timeout, tls, startup_timeout, mask_paths,
-                       participation, *, auth, secure_aggregation, record_wire_arrays) -> FitResult:
-    job_file = run_dir / "job.json"
-    if resume:
-        if not job_file.is_file():
-            raise FlowerRunError(f"nothing to resume in {run_dir} (no job.json)")
-        job_id = json.loads(job_file.read_text())["job-id"]
-    else:
-        job_id = f"job-{uuid.uuid4().hex[:12]}"
-    run_config = {
-        "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol), "seed": int(seed),
-        "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
-        "resume": bool(resume), "round-timeout": float(round_timeout), "node-timeout": float(node_timeout),
-        "startup-timeout": float(startup_timeout or 0.0),
-        "record-wire": bool(record_wire), "record-wire-arrays": bool(record_wire_arrays),
-        "secure-aggregation": FLOWER_SECURE_AGGREGATION if secure_aggregation is None else bool(secure_aggregation),
-    }
-    if participation is not None:
-        run_config.update({"min-clients": float(participation.min_clients or 0),
-                           "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
-    write_json_atomic(job_file, {"job-id": job_id, "run-config": run_config,
-                                 "views": [str(Path(p).resolve()) for p in view_paths]})
-    t0 = time.perf_counter()
-    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
-                            mask_paths=mask_paths) as dep:
-        outcome = dep.run(run_config, timeout=timeout)
-    wall = time.perf_counter() - t0
+@dataclass
+class PredictOutcome:
+    """What :func:`predict_flower` returns: the new samples' ``labels`` (n_new,), their
+    embedding ``V`` (r, n_new) and the out-dir (``labels.csv``, ``V.npy``, ``result.json``)."""
+
+    labels: np.ndarray
+    V: np.ndarray
+    out_dir: Path
+    wall_seconds: float
+
+
+def predict_flower(view_paths, new_view_paths, *, run_dir, out_dir=None, round_timeout: float = 300.0,
+                   node_timeout: float = 120.0, record_wire: bool = False, pin_threads: bool = True,
+                   timeout: float = 1800.0, tls: tuple | None = None, progress=None) -> PredictOutcome:
+    """Assign new samples to the clusters of the clustering run saved in ``run_dir`` (one exchange).
+
+    Starts the loopback deployment again on the same node folders (each node keeps its
+    fitted transform and basis there), with ``new_view_paths[p]`` as node p's
+    ``predict-path`` (the node config names the file a node reads, never the run config).
+    Each node sends ``U_p^T X_p^new`` (r x n_new) of its preprocessed new samples; the
+    server embeds them with the bases fixed and picks the nearest fitted centre -- the
+    in-process ``FedMultiViewClustering.predict``, bit for bit.  ``out_dir`` defaults to
+    ``<run_dir>/predict``.
+    """
+    run_dir = Path(run_dir).resolve()
+    model = run_dir / "server"
+    if not (model / "centers.npy").is_file():
+        raise InputError(f"{run_dir} holds no clustering run (no server/centers.npy): fit with n_clusters first")
+    if len(new_view_paths) != len(view_paths):
+        raise InputError(f"{len(new_view_paths)} files of new samples for {len(view_paths)} views")
+    fitted = [d for _, d in check_inputs(view_paths)]
+    widths = [d for _, d in check_inputs(new_view_paths)]
+    if widths != fitted:
+        raise InputError(f"the new samples' files have {widths} features per view, the fitted views {fitted}")
+    out_dir = Path(out_dir or run_dir / "predict").resolve()
+    rc = {"mode": "predict", "model-dir": str(model), "round-timeout": float(round_timeout),
+          "node-timeout": float(node_timeout), "record-wire": bool(record_wire)}
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls,
+                            predict_paths=new_view_paths) as dep:
+        outcome = dep.run(rc, out_dir=out_dir, timeout=timeout, progress=progress)
     if not outcome.ok:
-        raise FlowerRunError(failure_message(outcome.status), outcome.status)
-    res = load_result(outcome.out_dir)
-    res.extra.setdefault("flower", {}).update(
-        {"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds, "wall_seconds": wall,
-         "run_dir": str(run_dir), "tls": dep.tls is not None, "auth": dep.auth,
-         "security_seconds": dep.security_seconds})
-    return res
+        raise FlowerRunError(f"Flower predict run failed: {outcome.status.get('error')}", outcome.status)
+    from fedsonmf.federation.flower.clustering import read_labels_csv
+
+    return PredictOutcome(read_labels_csv(out_dir / "labels.csv"), np.load(out_dir / "V.npy"), out_dir,
+                          outcome.wall_seconds)

@@ -6,13 +6,18 @@ maps node -> view with a handshake, aggregates in view order, checkpoints the
 server state after every round, and writes its outputs to ``out-dir`` on the
 SuperLink host:
 
-``status.json``      {"status": "running"|"completed"|"failed", "error", "client", "round", ...}
+``status.json``      {"status": "running"|"completed"|"failed", "error", "client", "round", ...} and the
+                     progress (:class:`StatusFile`): phase, current round, rounds done, seconds per
+                     round, time stamps (round 1's start among them)
 ``result.json``      config, seed, per-round history, stopping reason, timings, wire bytes
+                     (+ ``clustering``: options, r, cluster sizes)
 ``V.npy``            the final V (r x n)
+``labels.csv``       clustering runs: ``sample_id,cluster`` (ids 0..n-1), ``centers.npy`` the k-means centres
 ``checkpoint/``      server state + history after the last completed round (resume)
 ``wire.jsonl``       every message that crossed the wire (``record-wire = true``)
 
-Run-config keys are those of the shipped app template (:mod:`.template`).
+Run-config keys are those of the shipped app template (:mod:`.template`).  A clustering
+run (``n-clusters`` > 0) and a ``predict`` run are described in :mod:`.clustering`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.exceptions import FederationError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
@@ -41,10 +47,11 @@ from fedsonmf.federation.flower.transport import (
 from fedsonmf.federation.loop import run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
+from fedsonmf.protocol.messages import Message
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 from fedsonmf.protocol.participation import Participation
 
-__all__ = ["app", "make_server_app", "server_main", "config_from_run_config"]
+__all__ = ["app", "make_server_app", "server_main", "config_from_run_config", "StatusFile"]
 
 
 def config_from_run_config(rc) -> FedConfig:
@@ -114,12 +121,66 @@ def stopped_status(last_completed_round: int) -> dict:
     return {"status": "stopped", "error": text, "report": text, "round": k}
 
 
-def server_main(grid: Grid, context: Context) -> None:
+class StatusFile:
+    """``status.json``, rewritten atomically at every phase change and round start / end.
+
+    Progress fields (time stamps are ``time.time()`` seconds): ``phase`` (handshake |
+    setup | round | clustering | done), ``round`` (the current round, 0 before round 1),
+    ``rounds_done``, ``max_rounds``, ``started_at`` (the ServerApp's start),
+    ``round1_started_at``, ``round_started_at``, ``last_round_seconds``,
+    ``seconds_per_round`` (mean of the completed rounds), ``updated_at``.  A launcher
+    polls it for a progress display (round k of K, s/round, ETA).
+    """
+
+    def __init__(self, path: Path, **fields):
+        self.path = Path(path)
+        now = time.time()
+        self.data = {"status": "running", "phase": "handshake", "round": 0, "rounds_done": 0,
+                     "started_at": now, "round1_started_at": None, **fields}
+        self._secs: list[float] = []
+        self.write()
+
+    def write(self, **fields) -> None:
+        self.data.update(fields, updated_at=time.time())
+        _write_json(self.path, self.data)
+
+    def exchange_started(self, kind: str, s: int) -> None:
+        """The transport's hook: a setup or round exchange is about to be pushed."""
+        if kind == "setup":
+            self.write(phase="setup")
+        elif kind == "round":
+            now = time.time()
+            extra = {"round1_started_at": now} if self.data.get("round1_started_at") is None else {}
+            self.write(phase="round", round=int(s), round_started_at=now, **extra)
+
+    def round_done(self, s: int, seconds: float) -> None:
+        self._secs.append(float(seconds))
+        self.write(rounds_done=int(s), last_round_seconds=float(seconds),
+                   seconds_per_round=float(sum(self._secs) / len(self._secs)))
+
+
+def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -> dict | None:
+    """The setup scalars (all but ``client``) the hellos carry, so that the nodes set up at the
+    handshake (one exchange less before round 1).  None when r is not known before the nodes
+    report their widths (a clustering rank rule other than "auto", which is r = 2c)."""
+    if copts is not None:
+        if copts["rank_rule"] != "auto":
+            return None
+        cfg = cfg.replace(n_components=2 * copts["n_clusters"])
+    spec = {"seed": int(seed), "algorithm": algorithm, "config": json.dumps(cfg.to_dict())}
+    return {**spec, **(fclust.setup_scalars(copts) if copts else {})}
+
+
+def server_main(grid: Grid, context: Context, clustering: str | None = None) -> None:
+    """The ServerApp's main.  ``clustering``: the clustering steps module's name (given by the
+    app, :func:`make_server_app`); needed by clustering and predict runs only."""
     rc = context.run_config
     out = str(rc.get("out-dir", "") or "")
     if not out:
         raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
     out = resolve_out_dir(out)
+    if str(rc.get("mode", "fit") or "fit") == "predict":
+        return _predict_main(grid, context, out, clustering)
     status_path = out / "status.json"
     cfg = config_from_run_config(rc)
     alg = get_algorithm(str(rc.get("algorithm", "fedsonmf")))
@@ -132,39 +193,58 @@ def server_main(grid: Grid, context: Context) -> None:
     # node start-up (handshake + the setup exchange) has its own timeout, separate from the round timeout
     startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
     participation = participation_from_run_config(rc)
+    copts = fclust.clustering_options(rc)
     ckpt_dir = _inside(out / "checkpoint", out)
-    run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
     recorder = None
     if bool(rc.get("record-wire", False)):
         recorder = WireRecorder(_inside(out / "wire.jsonl", out),
                                 arrays_dir=_inside(out / "wire-arrays", out) if bool(rc.get("record-wire-arrays", False))
                                 else None)
-    status = {"status": "running", "run_id": int(context.run_id), "job_id": job_id, "pid": os.getpid()}
-    _write_json(status_path, status)
+    status = StatusFile(status_path, run_id=int(context.run_id), job_id=job_id, pid=os.getpid(),
+                        max_rounds=max_rounds)
     t0 = time.perf_counter()
     last_round = {"completed": 0}
     try:
-        resume = None
-        if bool(rc.get("resume", False)):
-            saved = ckpt.load_server_checkpoint(ckpt_dir)
-            ckpt.check_resume_matches(saved, run_info)
-            if not str(rc.get("job-id", "") or ""):  # the clients' state files are named by the job id
-                job_id = run_info["job_id"] = status["job_id"] = str(saved.run["job_id"])
-            resume = (saved.state, saved.history)
-            last_round["completed"] = saved.completed_rounds
+        steps = fclust.load_steps(clustering) if copts else None
+        saved = ckpt.load_server_checkpoint(ckpt_dir) if bool(rc.get("resume", False)) else None
+        if saved is not None and not str(rc.get("job-id", "") or ""):
+            job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
+            status.write(job_id=job_id)
+        spec = None
+        if saved is None and bool(rc.get("setup-at-handshake", True)):
+            spec = _setup_spec(cfg, copts, alg.name, seed)  # None when r depends on the views' widths
         view_info: dict = {}
         pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
         node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
-                             info=view_info, pins=read_pins(pins_path) if pins_path else None,
+                             info=view_info, setup=spec, pins=read_pins(pins_path) if pins_path else None,
                              retired=read_retired(pins_path) if pins_path else frozenset())
-        check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
+        setup_extra, rank_message = {}, None
+        if copts:  # the rank rule, settled from c and the d_p the nodes reported
+            r, rank_message = fclust.resolve_rank_at_handshake(copts, view_info, m, steps)
+            # rank-rule "auto" pads narrow views to r on their nodes: only the other rules need r <= d_p
+            check_views_at_handshake(view_info, node_ids, 1 if copts["rank_rule"] == "auto" else r)
+            cfg = cfg.replace(n_components=r)
+            setup_extra = fclust.setup_scalars(copts)
+        else:
+            check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
+        run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
+        resume = None
+        if saved is not None:
+            ckpt.check_resume_matches(saved, run_info)  # after the rank rule: r is part of the config
+            resume = (saved.state, saved.history)
+            last_round["completed"] = saved.completed_rounds
+            status.write(rounds_done=saved.completed_rounds)
         t_hs = time.perf_counter() - t0
+        at_hello = {p: (v["setup"], v["setup_bytes"]) for p, v in view_info.items() if "setup" in v}
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
-                                    recorder=recorder, startup_timeout=startup_timeout, pins_path=pins_path)
+                                    recorder=recorder, startup_timeout=startup_timeout, pins_path=pins_path,
+                                    setup_scalars=setup_extra, on_exchange=status.exchange_started,
+                                    setup_at_hello=(spec, at_hello) if spec else None)
 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
             last_round["completed"] = state.round - 1
+            status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
         res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
                              on_round_end=on_round_end, resume=resume, participation=participation)
@@ -173,28 +253,87 @@ def server_main(grid: Grid, context: Context) -> None:
             "node_ids": node_ids, "job_id": job_id, "run_id": int(context.run_id),
             "handshake_seconds": t_hs, "wire_bytes": transport.wire_bytes,
             "resumed_from_round": resume[0].round if resume else None,
+            "started_at": status.data["started_at"], "round1_started_at": status.data["round1_started_at"],
         }
         if participation is not None:
             res.extra["flower"]["dropped"] = transport.dropped
+        if copts:
+            status.write(phase="clustering")
+            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps),
+                                       "rank_message": rank_message}
         _write_json(out / "result.json", res.to_json_dict())
-        _write_json(status_path, {**status, "status": "completed", "n_rounds": res.n_rounds,
-                                  "seconds": time.perf_counter() - t0})
+        status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
     except BaseException as exc:
-        info = {**status, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+        info = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                 "last_completed_round": last_round["completed"], "checkpoint": str(ckpt_dir),
                 "traceback": traceback.format_exc(limit=5)}
         if isinstance(exc, FederationError):
             info.update(client=exc.client, round=exc.round, node_id=exc.node_id)
         if (isinstance(exc, RunStopped) and exc.external) or isinstance(exc, RunNotRunningException):
             info.update(stopped_status(last_round["completed"]))
-        _write_json(status_path, info)
+        status.write(**info)
         raise
 
 
-def make_server_app() -> ServerApp:
-    """A fresh ServerApp whose main is :func:`server_main`."""
+def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | None) -> None:
+    """A ``predict`` run: one ``embed`` exchange with the fitted bases held fixed (:mod:`.clustering`).
+
+    Reads the fit's ``result.json`` and ``centers.npy`` from ``model-dir``; writes
+    ``labels.csv``, ``V.npy`` (r x n_new) and ``result.json`` to ``out-dir``.
+    """
+    from fedsonmf.core.server import embed_new_samples
+
+    rc = context.run_config
+    status = StatusFile(out / "status.json", run_id=int(context.run_id), pid=os.getpid(), mode="predict",
+                        max_rounds=0)
+    t0 = time.perf_counter()
+    try:
+        steps = fclust.load_steps(clustering)
+        model = Path(str(rc.get("model-dir", "") or ""))
+        if not (model / "result.json").is_file() or not (model / "centers.npy").is_file():
+            raise ValueError(f"run config 'model-dir' = {str(model)!r} holds no fitted clustering "
+                             "(result.json + centers.npy of a clustering run)")
+        fit = json.loads((model / "result.json").read_text())
+        opts, job_id = fit["clustering"], str(fit["flower"]["job_id"])
+        centers = np.load(model / "centers.npy")
+        m = int(fit["config"]["n_clients"])
+        poll = float(rc.get("poll-interval", 0.02))
+        recorder = WireRecorder(_inside(out / "wire.jsonl", out)) if bool(rc.get("record-wire", False)) else None
+        pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
+        node_ids = handshake(grid, m, job_id=job_id, timeout=float(rc.get("node-timeout", 120.0)),
+                             poll=max(poll, 0.05), recorder=recorder,
+                             pins=read_pins(pins_path) if pins_path else None,
+                             retired=read_retired(pins_path) if pins_path else frozenset())
+        transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=float(rc.get("round-timeout", 300.0)),
+                                    poll=poll, recorder=recorder,
+                                    startup_timeout=float(rc.get("startup-timeout", 0.0) or 0.0) or None)
+        status.write(phase="embed")
+        replies = transport.exchange([Message("embed", 0, {}, {}) for _ in range(m)])
+        ns = {int(rep.scalars["n"]) for rep in replies}
+        if len(ns) != 1:
+            raise FederationError(f"the nodes' new-sample files hold different numbers of samples: {sorted(ns)}")
+        V = embed_new_samples([rep.arrays["UtX"] for rep in replies], float(fit["config"]["mu_value"]))
+        labels = steps.assign_to_centers(V.T, centers, normalize_embedding=bool(opts["normalize_embedding"]))
+        save_npy_atomic(_inside(out / "V.npy", out), V)
+        fclust.write_labels_csv(out / "labels.csv", labels)
+        _write_json(out / "result.json", {"mode": "predict", "model_dir": str(model), "job_id": job_id,
+                                          "n_samples": int(V.shape[1]), "n_components": int(V.shape[0]),
+                                          "wire_bytes": transport.wire_bytes, "seconds": time.perf_counter() - t0})
+        status.write(status="completed", phase="done", seconds=time.perf_counter() - t0)
+    except BaseException as exc:
+        status.write(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
+        raise
+
+
+def make_server_app(clustering: str | None = None) -> ServerApp:
+    """A fresh ServerApp whose main is :func:`server_main`; ``clustering`` names the
+    clustering steps module (the shipped app gives ``fedsonmf.estimators.clustering_steps``)."""
     server = ServerApp()
-    server.main()(server_main)
+
+    def main(grid: Grid, context: Context) -> None:
+        server_main(grid, context, clustering=clustering)
+
+    server.main()(main)
     return server
 
 

@@ -3,7 +3,8 @@
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
 machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
-``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.app``.
+``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.make_server_app(...)``;
+the shim is also where the clustering steps are wired in (the composition root).
 
 One source of truth: this module.  :func:`write_app_dir` writes the folder (the
 launcher and the simulation driver write a fresh one per run); the repository's
@@ -24,7 +25,7 @@ from pathlib import Path
 from fedsonmf._io import private_dir, write_atomic
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
-__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
+__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE", "STEPS_MODULE"]
 
 PACKAGE = "fedsonmf_flower_app"
 
@@ -55,6 +56,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "node-timeout": 120.0,      # seconds to wait for all views to come online
     "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
+    "setup-at-handshake": True, # the hellos carry the setup: one exchange (a Flower round trip) less before round 1
     "record-wire": False,       # write out-dir/wire.jsonl (privacy audit)
     "record-wire-arrays": False,  # also save every array the server receives (out-dir/wire-arrays/)
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
@@ -63,18 +65,33 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
     "gate-token": "",           # the coordinator's signed authorisation of this run (set by the launcher; see .gate)
     "node-pins": "",            # pins file {view: node id, key} on the SuperLink host (node auth); "" = unpinned
+    # clustering (FedMultiViewClustering's pipeline, fedsonmf.federation.flower.clustering)
+    "mode": "fit",              # fit | predict (one exchange with the fitted bases fixed; new samples from each
+                                # node's own node-config predict-path)
+    "n-clusters": 0,            # c > 0: cluster the samples (labels.csv); 0 = factorisation only
+    "rank-rule": "auto",        # r from c and the d_p the nodes report: auto (2c, narrow views padded) | auto-cap |
+                                # paper (c) | an integer (capped); replaces rank / config-json's n_components
+    "preprocess": default("preprocess"),            # each node's rule for its own view
+    "normalize-views": default("normalize_views"),  # each node divides its view by its Frobenius norm
+    "normalize-embedding": default("normalize_embedding"),
+    "kmeans-n-init": default("kmeans_n_init"),
+    "kmeans-max-iter": default("kmeans_max_iter"),
+    "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
-_SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
+#: the clustering steps the shipped app wires into the apps (the federation layer never imports them)
+STEPS_MODULE = "fedsonmf.estimators.clustering_steps"
+
+_SERVER = f'''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app, with the clustering steps."""
 import fedsonmf.federation.flower.server_app as _impl
 
-app = _impl.app
+app = _impl.make_server_app(clustering="{STEPS_MODULE}")
 '''
 
-_CLIENT = '''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app."""
+_CLIENT = f'''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app, with the clustering steps."""
 import fedsonmf.federation.flower.client_app as _impl
 
-app = _impl.app
+app = _impl.make_client_app(clustering="{STEPS_MODULE}")
 '''
 
 # the project's LICENSE, verbatim (tests/test_flower_app_folder.py checks it)

@@ -11,6 +11,7 @@ that caused it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -152,7 +153,7 @@ def check_claim(pins: dict[int, Pin] | None, owner: dict[int, int], node_id: int
 
 def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float = 0.05,
               recorder: WireRecorder | None = None, info: dict | None = None,
-              pins: dict[int, Pin] | None = None, retired=frozenset()) -> list[int]:
+              pins: dict[int, Pin] | None = None, retired=frozenset(), setup: dict | None = None) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
     Asks every online node for its ``partition-id`` (a QUERY message); nodes
@@ -169,12 +170,20 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     the pinned key (no first-answer-wins).  ``retired`` node ids (this deployment's
     replaced keys, which the SuperLink may still list as online) are neither asked nor
     counted as unknown.
+    ``setup`` (the setup message's scalars but ``client``): the hello carries the
+    setup (kind ``hello+setup``); a node runs it as client = its partition-id and
+    answers with its setup reply, kept as ``info[view]["setup"]`` (a Message) --
+    one exchange less before round 1 (:meth:`FlowerTransport.exchange` uses it).
+    A node whose view is narrower than r does not run it (the server refuses the view).
     """
     deadline = time.monotonic() + timeout
     complete_at = None  # when every view had its pinned node
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
-    content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1, "job-id": job_id})})
+    kind = codec.SETUP_AT_HELLO if setup else "hello"
+    content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": -1, "job-id": job_id})})
+    if setup:
+        content[codec.SCALARS] = ConfigRecord({k: codec._scalar(v) for k, v in setup.items()})
     while True:
         online = set(grid.get_node_ids()) - set(retired)
         new = sorted(online - set(asked.values()))
@@ -201,6 +210,10 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             owner[pid] = nid
             if info is not None:
                 info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
+                if str(meta_rec["kind"]) == codec.SETUP_AT_HELLO:
+                    rep_msg, _ = codec.decode(rep.content)
+                    info[pid]["setup"] = dataclasses.replace(rep_msg, kind="setup")
+                    info[pid]["setup_bytes"] = _array_bytes(rep.content)
         if len(owner) == n_clients:
             unknown = sorted(set(grid.get_node_ids()) - set(owner.values()) - set(retired)) if pins is not None else []
             if not unknown:
@@ -245,6 +258,10 @@ class FlowerTransport:
     pins_path : path, optional
         The launcher's pins file: a node adopted after the handshake must hold the
         view pinned to it (the file is re-read: a restarted node has a new key).
+    setup_scalars : dict, optional
+        Scalars added to every setup message (a clustering run's options, :mod:`.clustering`).
+    on_exchange : callable(kind, round), optional
+        Called just before the messages of an exchange are pushed (progress: ``status.json``).
 
     Partial participation (§15.2): :meth:`exchange_some` waits for the asked
     clients until the round timeout (Flower's per-round deadline), returns the
@@ -254,9 +271,14 @@ class FlowerTransport:
     """
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
-                 recorder: WireRecorder | None = None, startup_timeout: float | None = None, pins_path=None):
+                 recorder: WireRecorder | None = None, startup_timeout: float | None = None, pins_path=None,
+                 setup_scalars: dict | None = None, on_exchange=None, setup_at_hello: tuple | None = None):
         self.grid = grid
         self.pins_path = pins_path
+        #: (the scalars the hellos carried, {view: setup reply}) of a setup run at the handshake
+        self.setup_at_hello = setup_at_hello
+        self.setup_scalars = dict(setup_scalars or {})
+        self.on_exchange = on_exchange
         self.node_ids = list(node_ids)
         self.n_clients = len(self.node_ids)
         self.job_id = job_id
@@ -324,6 +346,8 @@ class FlowerTransport:
         self.adopt_new_nodes(timeout=min(5.0, self.round_timeout))
         order = sorted(messages)
         s, kind = messages[order[0]].round, messages[order[0]].kind
+        if self.on_exchange is not None:
+            self.on_exchange(kind, s)
         flw = [FlwrMessage(codec.encode(messages[p], client=p, job_id=self.job_id), dst_node_id=self.node_ids[p],
                            message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
                for p in order]
@@ -355,11 +379,30 @@ class FlowerTransport:
         self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out)})
         return out
 
+    def _setup_done_at_hello(self, messages: Sequence[Message]) -> list[Message] | None:
+        """The setup replies the nodes gave at the handshake, if they answer exactly ``messages``
+        (each the hellos' scalars with client = the view); else None (the setup is sent)."""
+        if not self.setup_at_hello:
+            return None
+        spec, replies = self.setup_at_hello
+        for p, msg in enumerate(messages):
+            if p not in replies or msg.arrays or dict(msg.scalars) != {**spec, "client": p}:
+                return None
+        self.wire_bytes.append({"round": 0, "kind": "setup", "down": 0,
+                                "up": int(sum(b for _, b in replies.values())), "at_handshake": True})
+        return [replies[p][0] for p in range(self.n_clients)]
+
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         s, kind = messages[0].round, messages[0].kind
-        what = "setup" if kind == "setup" else f"round {s}"
+        if kind == "setup" and self.setup_scalars:
+            messages = [dataclasses.replace(msg, scalars={**msg.scalars, **self.setup_scalars}) for msg in messages]
+        if self.on_exchange is not None:
+            self.on_exchange(kind, s)
+        if kind == "setup" and (done := self._setup_done_at_hello(messages)) is not None:
+            return done
+        what = {"setup": "setup", "round": f"round {s}"}.get(kind, kind)
         timeout = self.startup_timeout if kind == "setup" else self.round_timeout
         timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
         flw = [

@@ -1,0 +1,165 @@
+"""The clustering pipeline split by party: what a client does to its own view, what the server does with V.
+
+One code path for both engines: :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
+calls these functions in process, and the Flower apps call the same functions on each
+SuperNode and in the ServerApp (the shipped app wires this module into them by name,
+:mod:`fedsonmf.federation.flower.template`; the federation layer never imports it).
+
+Client (each on its own view, statistics never leave it):
+    :func:`prepare_view` -- the label-free preprocessing rule, zero padding to r, Frobenius scaling;
+    :func:`apply_view` -- the same fitted transform on new samples of that view.
+Server (on what it holds anyway):
+    :func:`choose_rank` -- the rank rule from c and the views' widths d_p;
+    :func:`cluster_embedding` -- k-means on V^T (row-normalised), seeded as the estimator seeds it;
+    :func:`assign_to_centers` -- new samples to the nearest fitted centre.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedsonmf.estimators.clustering_rules import (
+    apply_view_preprocessing,
+    pad_view,
+    preprocess_view,
+    resolve_rank,
+)
+from fedsonmf.exceptions import InputError
+from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
+
+__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers",
+           "normalize_rows", "kmeans_on_embedding"]
+
+
+def normalize_rows(E: np.ndarray) -> np.ndarray:
+    """Scale every row of ``E`` to unit l2 norm; all-zero rows stay zero (no NaN).
+
+    >>> normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
+    array([[0.6, 0.8],
+           [0. , 0. ]])
+    """
+    E = np.asarray(E, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", E, E))
+    out = np.zeros_like(E)
+    ok = norms > 0
+    out[ok] = E[ok] / norms[ok, None]
+    return out
+
+
+def kmeans_on_embedding(
+    E, n_clusters: int, *, normalize: bool = True, n_init: int = 10, max_iter: int = 300, random_state=None
+):
+    """k-means (scikit-learn, ``n_init`` replicates, ``max_iter`` iterations) on an embedding.
+
+    Parameters
+    ----------
+    E : {ndarray, sparse matrix} of shape (n_samples, n_features)
+    n_clusters : int
+    normalize : bool, default=True
+        Row-normalise ``E`` first (:func:`normalize_rows`; dense embeddings only).
+
+    Returns
+    -------
+    labels : ndarray of shape (n_samples,)
+    kmeans : sklearn.cluster.KMeans, fitted
+    """
+    from sklearn.cluster import KMeans
+
+    if normalize:
+        E = normalize_rows(E.toarray() if sp.issparse(E) else E)
+    km = KMeans(n_clusters=n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state)
+    labels = km.fit_predict(E)
+    return labels, km
+
+
+# ----------------------------------------------------------------------------- client
+
+
+def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool = True, held=None, view: int = 0):
+    """One client's view as the federated fit sees it: preprocess, pad, scale.
+
+    Parameters
+    ----------
+    X : {ndarray, sparse matrix} of shape (n_samples, d_p)
+        The client's raw view.
+    preprocess : str
+        Rule of :func:`~fedsonmf.estimators.clustering_rules.preprocess_view`.
+    n_components : int
+        The rank r: a narrower (preprocessed) view is padded with zero features to r.
+    normalize_views : bool
+        Divide the view by its Frobenius norm.
+    held : int array or None
+        Rows (samples) the client holds (incomplete views); the transform is
+        fitted on them only and the other rows stay zero.  None: every row.
+    view : int
+        The view's index, for error messages.
+
+    Returns
+    -------
+    Y : ndarray or sparse matrix of shape (n_samples, max(d_p', r))
+    info : dict
+        ``preprocess_view``'s info plus ``"scale"`` (the Frobenius divisor, 1.0
+        without ``normalize_views``).  It holds the statistic that decided the
+        rule, and the training mean / scales: it stays with the client.
+    """
+    if held is None:
+        Y, info = preprocess_view(X, preprocess)
+    else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
+        Yh, info = preprocess_view(X[held], preprocess)
+        # scatter back to n rows without densifying a sparse view
+        k = held.size
+        S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
+        Y = S @ Yh
+    Y = pad_view(Y, n_components)
+    scale = 1.0
+    if normalize_views:
+        if not np.any(Y.data if sp.issparse(Y) else Y):  # named here: the scaling sees one view at a time
+            raise InputError(f"view {view} is all zero: its Frobenius norm is 0")
+        (Y,), (scale,) = _frobenius_scale([Y], return_scales=True)
+    return Y, {**info, "scale": float(scale)}
+
+
+def apply_view(X, info: dict, *, n_components: int, normalize_views: bool = True):
+    """New samples (n_new, d_p) of a view through the transform :func:`prepare_view` fitted (``info``)."""
+    Y = pad_view(apply_view_preprocessing(X, info), n_components)
+    if normalize_views:
+        (Y,) = _frobenius_scale([Y], scales=[info["scale"]])
+    return Y
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def choose_rank(n_clusters: int, view_widths, rule="auto"):
+    """``(r, message)``: the rank rule (:func:`~fedsonmf.estimators.clustering_rules.resolve_rank`)."""
+    return resolve_rank(n_clusters, view_widths, rule)
+
+
+def cluster_embedding(V, n_clusters: int, *, seed: int, normalize_embedding: bool = True, kmeans_n_init: int = 10,
+                      kmeans_max_iter: int = 300):
+    """k-means on the samples' rows of V^T, seeded with the run seed (as the estimator does).
+
+    Parameters
+    ----------
+    V : ndarray of shape (r, n_samples)
+
+    Returns
+    -------
+    labels : ndarray of shape (n_samples,)
+    centers : ndarray of shape (n_clusters, r)
+        In the (normalised) embedding; :func:`assign_to_centers` uses them.
+    kmeans : sklearn.cluster.KMeans
+    """
+    labels, km = kmeans_on_embedding(np.asarray(V).T, n_clusters, normalize=normalize_embedding,
+                                     n_init=kmeans_n_init, max_iter=kmeans_max_iter, random_state=seed)
+    return np.asarray(labels), np.asarray(km.cluster_centers_, dtype=np.float64), km
+
+
+def assign_to_centers(E, centers, *, normalize_embedding: bool = True) -> np.ndarray:
+    """The nearest centre of each row of the embedding ``E`` (n_new, r): shape (n_new,)."""
+    E = np.asarray(E, dtype=np.float64)
+    if normalize_embedding:
+        E = normalize_rows(E)
+    d2 = ((E[:, None, :] - np.asarray(centers)[None, :, :]) ** 2).sum(axis=2)
+    return np.argmin(d2, axis=1)

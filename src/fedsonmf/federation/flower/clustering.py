@@ -1,0 +1,236 @@
+"""Federated multi-view clustering on Flower: the node's and the server's parts.
+
+The pipeline is :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`'s, step for
+step; the steps themselves (preprocessing rule, padding, Frobenius scaling, rank rule,
+k-means) are the functions of a *steps module* (``fedsonmf.estimators.clustering_steps``)
+that the shipped app names (:mod:`.template`, the composition root) -- this layer never
+imports or names it, it loads the module the app was built with (:func:`load_steps`).
+
+Fit run (run config ``n-clusters = c > 0``):
+
+1. handshake: every node reports its view's (raw) width d_p; the server resolves
+   r = ``choose_rank(c, [d_p], rank-rule)`` (:func:`resolve_rank_at_handshake`);
+2. setup: the message carries r (in the config) and the clustering options
+   (scalar ``clustering``, :func:`setup_scalars`); each node applies
+   ``prepare_view`` to ITS OWN view (:func:`prepare_node_view`) and keeps the prepared
+   view and the preprocessing info (means, scales, the statistic that decided the
+   rule) in its job folder, written atomically with mode 0600; nothing of it is sent;
+3. rounds: the nodes factorise the prepared view (the ordinary rounds);
+4. the server runs ``cluster_embedding`` on the final V with the run seed and writes
+   ``labels.csv`` and ``centers.npy`` (:func:`write_clustering_outputs`).
+
+Predict run (run config ``mode = "predict"``, ``model-dir`` = the fit's out-dir): one
+``embed`` exchange with the fitted bases held fixed.  Each node reads its new samples
+from the file its **node config** names (``predict-path``; a run config never chooses
+a file a node reads), applies its saved transform and sends ``U_p^T X_p^new`` (r x n_new);
+the server takes the prox of their mean (the in-process ``transform``) and assigns the
+nearest fitted centre.
+
+Sample ids: row i of every view file is sample i; ``labels.csv`` holds
+``sample_id,cluster`` with ids 0..n-1 (our choice: no ids travel to the server, and a
+view file's own ids, where a reader provides them, stay on its node).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from fedsonmf.exceptions import FederationError, ProtocolError
+from fedsonmf.federation import checkpoint as ckpt
+from fedsonmf.federation.rejoin import load_latest_client_state
+from fedsonmf.protocol.messages import Message
+from fedsonmf.protocol.params import default
+
+__all__ = ["load_steps", "drop_prepared_view", "clustering_options", "setup_scalars", "resolve_rank_at_handshake",
+           "prepare_node_view", "prepared_view_path", "node_embed", "write_clustering_outputs", "write_labels_csv",
+           "read_labels_csv"]
+
+#: the setup-message scalar that carries the clustering options (JSON)
+SETUP_KEY = "clustering"
+
+
+def load_steps(name: str | None):
+    """The steps module ``name`` (given by the app's code, never by a run config)."""
+    if not name:
+        raise ProtocolError("this Flower app was built without the clustering steps "
+                            "(make_server_app/make_client_app(clustering=...)); use the shipped app")
+    return importlib.import_module(name)
+
+
+# ----------------------------------------------------------------------------- options (server)
+
+
+def clustering_options(rc) -> dict | None:
+    """The clustering options of a run config, or None for a plain factorisation (``n-clusters = 0``)."""
+    c = int(rc.get("n-clusters", 0) or 0)
+    if c <= 0:
+        return None
+    rule = str(rc.get("rank-rule", "auto") or "auto")
+    if rule.isdigit():
+        rule = int(rule)
+    return {
+        "n_clusters": c, "rank_rule": rule,
+        "preprocess": str(rc.get("preprocess", default("preprocess"))),
+        "normalize_views": bool(rc.get("normalize-views", default("normalize_views"))),
+        "normalize_embedding": bool(rc.get("normalize-embedding", default("normalize_embedding"))),
+        "kmeans_n_init": int(rc.get("kmeans-n-init", default("kmeans_n_init"))),
+        "kmeans_max_iter": int(rc.get("kmeans-max-iter", default("kmeans_max_iter"))),
+    }
+
+
+def setup_scalars(opts: dict) -> dict:
+    """What the nodes need of the options: the preprocessing rule and the Frobenius switch (r is in the config)."""
+    return {SETUP_KEY: json.dumps({"preprocess": opts["preprocess"], "normalize_views": opts["normalize_views"]})}
+
+
+def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int, steps) -> tuple[int, str | None]:
+    """r from c and the widths d_p the nodes reported at the handshake (``choose_rank``)."""
+    widths, ns = [], set()
+    for p in range(n_views):
+        v = view_info.get(p, {})
+        if "error" in v or "d" not in v:
+            return 0, None  # check_views_at_handshake names the view that cannot be used
+        widths.append(int(v["d"]))
+        ns.add(int(v["n"]))
+    c = opts["n_clusters"]
+    if ns and c > min(ns):
+        raise FederationError(f"n_clusters={c} is larger than the number of samples ({min(ns)})", round=0)
+    return steps.choose_rank(c, widths, opts["rank_rule"])
+
+
+# ----------------------------------------------------------------------------- node
+
+
+def _atomic_write(path: Path, write) -> None:
+    """``write(fh)`` into a 0600 temporary file beside ``path``, fsync, rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def prepared_view_path(sdir: Path, p: int) -> Path | None:
+    """The node's prepared view of this job (``view-<p>.npy`` or ``.npz``), or None for a plain factorisation."""
+    for suffix in (".npy", ".npz"):
+        path = Path(sdir) / f"view-{int(p)}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def drop_prepared_view(sdir: Path, p: int) -> None:
+    """Forget a prepared view of this job (a plain factorisation reuses the job id)."""
+    for suffix in (".npy", ".npz"):
+        (Path(sdir) / f"view-{int(p)}{suffix}").unlink(missing_ok=True)
+
+
+def _info_path(sdir: Path, p: int) -> Path:
+    return Path(sdir) / f"preprocessing-{int(p)}.npz"
+
+
+def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, steps) -> Path:
+    """Apply the clustering preprocessing to this node's raw view ``X`` (n, d_p) and keep it here.
+
+    Writes ``<sdir>/view-<p>.npy|.npz`` (the prepared view, (n, max(d_p', r))) and
+    ``<sdir>/preprocessing-<p>.npz`` (the info: rule, flags, mean share, means, scales,
+    Frobenius divisor), each atomically with mode 0600.  Returns the prepared view's path.
+    """
+    import scipy.sparse as sp
+
+    try:
+        opts = json.loads(str(scalars[SETUP_KEY]))
+        rule, scale_views = str(opts["preprocess"]), bool(opts["normalize_views"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"setup message with a malformed {SETUP_KEY!r} scalar: {exc}") from None
+    Y, info = steps.prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views,
+                                 view=p)
+    sdir = Path(sdir)
+    sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    drop_prepared_view(sdir, p)
+    if sp.issparse(Y):
+        path = sdir / f"view-{p}.npz"
+        _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(Y), compressed=False))
+    else:
+        path = sdir / f"view-{p}.npy"
+        _atomic_write(path, lambda fh: np.save(fh, np.asarray(Y), allow_pickle=False))
+    arrays = {k: v for k, v in info.items() if isinstance(v, np.ndarray)}
+    meta = {k: v for k, v in info.items() if k not in arrays}
+    meta.update(n_components=int(n_components), normalize_views=scale_views)
+    ckpt.atomic_save_npz(_info_path(sdir, p), arrays, meta)  # mkstemp: mode 0600
+    return path
+
+
+def _load_info(sdir: Path, p: int) -> dict:
+    arrays, meta = ckpt.load_npz(_info_path(sdir, p))
+    return {**meta, **arrays}
+
+
+def node_embed(X_new, sdir: Path, p: int, steps) -> Message:
+    """The node's half of ``predict``: its new samples ``X_new`` (n_new, d_p) through its saved
+    transform, then ``U_p^T X_p^new`` (r x n_new) with the fitted (final) basis U_p."""
+    from fedsonmf._validation import check_views
+    from fedsonmf.core._linalg import ut_x
+
+    info = _load_info(sdir, p)
+    r = int(info["n_components"])
+    Y = steps.apply_view(X_new, info, n_components=r, normalize_views=bool(info["normalize_views"]))
+    (Xi,) = check_views([Y])
+    state, _ = load_latest_client_state(sdir, p, 10**9)
+    U = np.ascontiguousarray(state.arrays["U"], dtype=np.float64)  # as FedSONMF._bases
+    if U.shape[0] != Xi.shape[0]:
+        raise ProtocolError(f"client {p}: the new samples have {Xi.shape[0]} features after preprocessing, "
+                            f"the fitted basis {U.shape[0]}")
+    return Message("embed", 0, {"UtX": ut_x(U, Xi)}, {"n": int(Xi.shape[1])})
+
+
+# ----------------------------------------------------------------------------- server outputs
+
+
+def write_labels_csv(path, labels, sample_ids=None) -> Path:
+    """``sample_id,cluster`` per line (header first), written atomically; ids 0..n-1 unless given."""
+    path = Path(path)
+    labels = np.asarray(labels)
+    ids = np.arange(labels.size) if sample_ids is None else np.asarray(sample_ids)
+    text = "sample_id,cluster\n" + "".join(f"{i},{int(k)}\n" for i, k in zip(ids, labels))
+    from fedsonmf._io import write_atomic
+
+    write_atomic(path, text)
+    return path
+
+
+def read_labels_csv(path) -> np.ndarray:
+    """The ``cluster`` column of a file written by :func:`write_labels_csv`, in sample-id order."""
+    rows = Path(path).read_text().splitlines()[1:]
+    pairs = sorted((int(a), int(b)) for a, b in (r.split(",") for r in rows if r))
+    return np.array([k for _, k in pairs], dtype=np.int64)
+
+
+def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps) -> dict:
+    """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
+
+    Returns the clustering summary for result.json.
+    """
+    labels, centers, km = steps.cluster_embedding(
+        V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
+        kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
+    write_labels_csv(out / "labels.csv", labels)
+    np.save(out / ".centers.tmp.npy", centers)
+    os.replace(out / ".centers.tmp.npy", out / "centers.npy")
+    return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
+            "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
+            "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv")}

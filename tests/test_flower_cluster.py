@@ -1,0 +1,385 @@
+"""Federated multi-view clustering over Flower: the same pipeline as the in-process estimator.
+
+* fast (no processes): the ServerApp's main against a fake Grid that calls the ClientApp
+  object directly -- labels and V equal ``FedMultiViewClustering`` bit for bit, the nodes keep
+  the prepared view and the preprocessing info (mode 0600), the server receives none of it;
+* deploy (real SuperLink + SuperNodes on loopback): the estimator with ``engine="flower"``
+  and ``predict`` over a deployment, BBCSport (real data), status.json while running,
+  the CLI's exit codes.
+"""
+
+import json
+import os
+import stat
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, Error, RecordDict  # noqa: E402
+from flwr.app import Message as FlwrMessage  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from fedsonmf.cli.app import app as cli_app  # noqa: E402
+from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
+from fedsonmf.federation.flower import run_flower, write_views  # noqa: E402
+from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
+from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
+from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
+from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE  # noqa: E402
+from fedsonmf.metrics import clustering_scores  # noqa: E402
+from fedsonmf.protocol.config import FedConfig  # noqa: E402
+
+C, ROUNDS, SEED = 3, 4, 7
+PRIVATE_KEYS = ("mean_share", "center", "inv_scale", "scale", "standardized", "centered", "sample_l2")
+
+
+def blobs(n_per=20, seed=0):
+    """3 planted clusters seen by 3 views: a sparse text-like view, a dense view dominated by a
+    common background (its node centres and standardises it), and a view narrower than r = 2c
+    (its node pads it)."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(C), n_per)
+    views = []
+    for d, background in ((12, 0.0), (9, 3.0), (4, 0.0)):
+        centers = np.zeros((C, d))
+        for k in range(C):
+            centers[k, (k * d) // C:((k + 1) * d) // C] = 1.0
+        views.append(background + centers[y] + 0.3 * rng.random((y.size, d)))
+    views[0] = sp.csr_matrix(views[0] * (rng.random(views[0].shape) < 0.6))
+    return views, y
+
+
+def reference(views, rounds=ROUNDS, seed=SEED, **kw):
+    with threadpool_limits(1):
+        return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views)
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+class FakeGrid:
+    """A Grid whose nodes are ClientApp objects called in this process (as in test_flower_apps)."""
+
+    def __init__(self, client_app, node_configs):
+        self.app = client_app
+        self.contexts = {nid: Context(run_id=1, node_id=nid, node_config=nc, state=RecordDict(), run_config={})
+                         for nid, nc in node_configs.items()}
+        self.replies = {}
+        self.log = []  # every reply, in push order
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            try:
+                self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
+            except Exception as exc:  # what the SuperNode runtime does
+                self.replies[mid] = FlwrMessage(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+            self.log.append(self.replies[mid])
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
+
+
+def _fake_run(tmp_path, views, new_views=None, **rc_extra):
+    paths = write_views(views, tmp_path / "views")
+    new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
+    nodes = {}
+    for p, nid in enumerate((11, 22, 33)[: len(views)]):
+        nc = {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}")}
+        if new_paths[p] is not None:
+            nc["predict-path"] = str(new_paths[p])
+        nodes[nid] = nc
+    grid = FakeGrid(make_client_app(clustering=STEPS_MODULE), nodes)
+    rc = dict(RUN_CONFIG_DEFAULTS)
+    rc.update({"num-clients": len(views), "num-rounds": ROUNDS, "seed": SEED, "tol": 0.0,
+               "config-json": json.dumps(FedConfig().to_dict()), "out-dir": str(tmp_path / "server"),
+               "job-id": "job-c", "round-timeout": 30.0, "node-timeout": 5.0, "poll-interval": 0.001,
+               "record-wire": True, "n-clusters": C})
+    rc.update(rc_extra)
+    with threadpool_limits(1):
+        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc),
+                    clustering=STEPS_MODULE)
+    return grid, rc
+
+
+def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_nodes(tmp_path):
+    views, y = blobs()
+    ref = reference(views)
+    assert ref.padded_views_ == [2] and ref.preprocessing_[1]["standardized"]  # the planted cases trigger
+    grid, rc = _fake_run(tmp_path, views)
+    out = Path(rc["out-dir"])
+    V = np.load(out / "V.npy")
+    assert np.array_equal(V, ref.result_.V)
+    labels = read_labels_csv(out / "labels.csv")
+    assert np.array_equal(labels, ref.labels_)
+    rows = (out / "labels.csv").read_text().splitlines()
+    assert rows[0] == "sample_id,cluster" and len(rows) == 1 + y.size
+    assert [int(r.split(",")[0]) for r in rows[1:]] == list(range(y.size))
+    assert np.array_equal(np.load(out / "centers.npy"), ref.cluster_centers_)
+    result = json.loads((out / "result.json").read_text())
+    assert result["clustering"]["n_components"] == ref.n_components_ == 2 * C
+    assert "padded" in result["clustering"]["rank_message"]
+    # every node kept its prepared view and its preprocessing info, private (0600)
+    for p in range(3):
+        sdir = tmp_path / f"node{p}" / "job-c"
+        files = [sdir / f"preprocessing-{p}.npz", next(sdir.glob(f"view-{p}.np[yz]"))]
+        for f in files:
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+        with np.load(files[0]) as z:
+            meta = json.loads(str(z["__meta_json__"]))
+        assert meta["mean_share"] == pytest.approx(ref.preprocessing_[p]["mean_share"])
+        assert meta["scale"] == ref.view_scales_[p]
+    # the server received none of it: the audit passes, and no private key is in any upward record
+    wire = [json.loads(line) for line in open(out / "wire.jsonl")]
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C), y.size)
+    for row in wire:
+        if row["direction"] == "up":
+            keys = {k for rec in row["records"].values() for k in rec["items"]}
+            assert not keys & set(PRIVATE_KEYS), keys
+    setup_down = [r for r in wire if r["direction"] == "down" and
+                  r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] == "setup"]
+    assert all("clustering" in r["records"]["fedsonmf.scalars"]["items"] for r in setup_down)
+
+
+def test_flower_predict_equals_the_estimator(tmp_path):
+    views, _ = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    ref = reference(views)
+    grid, rc = _fake_run(tmp_path, views, new_views=new)
+    model = rc["out-dir"]
+    rc2 = {**rc, "mode": "predict", "model-dir": model, "out-dir": str(tmp_path / "predict")}
+    with threadpool_limits(1):
+        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
+                    clustering=STEPS_MODULE)
+        want_E, want = ref.transform(new), ref.predict(new)
+    out = tmp_path / "predict"
+    assert np.array_equal(np.load(out / "V.npy").T, want_E)
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), want)
+    # what the nodes sent: one r x n_new matrix each, nothing with a feature dimension
+    for row in map(json.loads, open(out / "wire.jsonl")):
+        if row["direction"] == "up" and "fedsonmf.arrays" in row["records"]:
+            assert {k: v["shape"] for k, v in row["records"]["fedsonmf.arrays"]["items"].items()} == \
+                {"UtX": [2 * C, 15]}
+
+
+@pytest.mark.parametrize("rule,want", [("paper", C), ("auto-cap", 4), ("5", 4)])
+def test_rank_rules_are_settled_at_the_handshake(tmp_path, rule, want):
+    views, _ = blobs()
+    _, rc = _fake_run(tmp_path, views, **{"rank-rule": rule, "num-rounds": 1})
+    res = json.loads((Path(rc["out-dir"]) / "result.json").read_text())
+    assert res["config"]["n_components"] == res["clustering"]["n_components"] == want
+    ref = reference(views, rounds=1, n_components=int(rule) if rule.isdigit() else rule)
+    assert np.array_equal(np.load(Path(rc["out-dir"]) / "V.npy"), ref.result_.V)
+
+
+def test_status_file_reports_progress(tmp_path):
+    views, _ = blobs()
+    _, rc = _fake_run(tmp_path, views)
+    st = json.loads((Path(rc["out-dir"]) / "status.json").read_text())
+    assert st["status"] == "completed" and st["rounds_done"] == ROUNDS == st["max_rounds"] and st["round"] == ROUNDS
+    assert st["started_at"] <= st["round1_started_at"] <= st["updated_at"]
+    assert st["seconds_per_round"] > 0
+
+
+def test_a_clustering_run_needs_the_steps(tmp_path):
+    views, _ = blobs()
+    paths = write_views(views, tmp_path / "views")
+    nodes = {11 + p: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"n{p}")}
+             for p in range(3)}
+    rc = {**RUN_CONFIG_DEFAULTS, "num-clients": 3, "out-dir": str(tmp_path / "s"), "n-clusters": C,
+          "node-timeout": 2.0, "poll-interval": 0.001}
+    with pytest.raises(Exception, match="without the clustering steps"):
+        server_main(FakeGrid(make_client_app(), nodes),
+                    Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
+    assert json.loads((tmp_path / "s" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("rule", ["auto", "paper"])
+def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
+    """With r known before the nodes report (factorisation; clustering rank rule "auto" = 2c) the
+    hellos carry the setup: one exchange less before round 1, the same V and labels."""
+    views, _ = blobs()
+    out = {}
+    for at_hello in (True, False):
+        grid, rc = _fake_run(tmp_path / str(at_hello), views, **{"rank-rule": rule, "num-rounds": 2,
+                                                                 "setup-at-handshake": at_hello})
+        wire = [json.loads(line) for line in open(Path(rc["out-dir"]) / "wire.jsonl")]
+        kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
+        out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
+                         kinds)
+        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C), 60)
+    assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
+    if rule == "auto":
+        assert out[True][2] == ["hello+setup"] * 3 + ["round"] * 6
+    else:  # r = min(c, d_p) needs the widths first
+        assert out[True][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
+    assert out[False][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
+
+
+# ----------------------------------------------------------------------------- CLI: bad input, before anything starts
+
+
+def _cli(*args):
+    return CliRunner().invoke(cli_app, [str(a) for a in args])
+
+
+def test_cli_bad_input_exits_2_before_any_process_starts(tmp_path):
+    views, y = blobs()
+    paths = write_views(views, tmp_path / "v")
+    np.save(tmp_path / "short.npy", np.ones((7, 5)))
+    np.save(tmp_path / "flat.npy", np.ones(60))
+    cases = [
+        (["flower", "cluster", tmp_path / "nope.npy", paths[1], "-k", 3], "nope.npy does not exist"),
+        (["flower", "cluster", paths[1], tmp_path / "short.npy", "-k", 3], "different numbers of samples"),
+        (["flower", "cluster", paths[1], tmp_path / "flat.npy", "-k", 3], "expected (n_samples, n_features)"),
+        (["flower", "cluster", *paths, "-k", 61], "n_clusters=61"),
+        (["flower", "cluster", *paths, "-k", 3, "--rank", "lots"], "--rank"),
+        (["flower", "run", *paths, "--rank", 5], "larger than view 2's number of features (4"),
+        (["flower", "run", *paths, "--rejoin", "refresh"], "--rejoin"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        r = _cli(*args, "--out", out)
+        assert r.exit_code == 2, (args, r.output)
+        assert message in " ".join(r.output.split()), (message, r.output)
+        assert "starting" not in r.output and not out.exists()
+    (tmp_path / "y.csv").write_text("\n".join(map(str, y[:-1])) + "\n")
+    r = _cli("flower", "cluster", *paths, "-k", 3, "--labels", tmp_path / "y.csv", "--out", tmp_path / "runy")
+    assert r.exit_code == 2 and "59 labels for 60 samples" in r.output and not (tmp_path / "runy").exists()
+
+
+# ----------------------------------------------------------------------------- real loopback deployments
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path):
+    """FedMultiViewClustering(engine="flower"): each view in its own client folder, one SuperNode
+    each; the labels, V and centres equal the in-process fit, and predict over a deployment (the
+    nodes read the new samples from their own folders) equals the in-process predict."""
+    views, y = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    ref = reference(views, rounds=3)
+    with pytest.warns(UserWarning, match="padded"):
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower",
+                                       flower_run_dir=tmp_path / "fl").fit(views)
+    assert np.array_equal(model.result_.V, ref.result_.V)
+    assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
+    assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None
+    rows = (model.flower_run_dir_ / "server" / "labels.csv").read_text().splitlines()
+    assert rows[0] == "sample_id,cluster" and len(rows) == y.size + 1
+    assert [r.split(",") for r in rows[1:]] == [[str(i), str(k)] for i, k in enumerate(ref.labels_)]
+    for p in range(3):  # each client folder holds its own view only; its node keeps the prepared copy
+        assert [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()] == [f"view0.{'npz' if p == 0 else 'npy'}"]
+    fl = model.result_.extra["flower"]
+    assert 0 < fl["round1_started_at"] - fl["launched_at"] == pytest.approx(fl["time_to_round1"])
+    with threadpool_limits(1):
+        want = ref.predict(new)
+    assert np.array_equal(model.predict(new), want)
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
+    """``fedsonmf flower cluster`` on a real deployment: while it runs, status.json names the
+    current round (polled); at the end labels.csv, the scores in result.json and a wire log
+    that holds nothing of the nodes' preprocessing."""
+    views, y = blobs()
+    paths = write_views(views, tmp_path / "v")
+    (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{i},{k}\n" for i, k in enumerate(y)))
+    out = tmp_path / "run"
+    result = {}
+    th = threading.Thread(target=lambda: result.update(r=_cli(
+        "flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--labels", tmp_path / "y.csv",
+        "--record-wire", "--out", out)))
+    th.start()
+    seen = []
+    status = out / "server" / "status.json"
+    deadline = time.monotonic() + 600
+    while th.is_alive() and time.monotonic() < deadline:
+        try:
+            st = json.loads(status.read_text())
+        except (OSError, ValueError):
+            st = None
+        if st and st.get("status") == "running" and st.get("phase") == "round":
+            seen.append((st["round"], st["rounds_done"], st["max_rounds"]))
+        time.sleep(0.05)
+    th.join(timeout=60)
+    r = result["r"]
+    assert r.exit_code == 0, r.output
+    assert seen and {s[2] for s in seen} == {3}
+    assert all(done == k - 1 or done == k for k, done, _ in seen)  # round k runs with k-1 done (k once it ends)
+    assert {k for k, _, _ in seen} >= {2}  # seen mid-run, not only at the end
+    assert "launch to round 1" in r.output and "ACC" in r.output
+    ref = reference(views, rounds=3)
+    res = json.loads((out / "server" / "result.json").read_text())
+    assert res["scores"] == clustering_scores(y, ref.labels_)
+    assert np.array_equal(read_labels_csv(out / "server" / "labels.csv"), ref.labels_)
+    wire = [json.loads(line) for line in open(out / "server" / "wire.jsonl")]
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C), y.size)
+    text = (out / "server" / "wire.jsonl").read_text()
+    assert not any(k in text for k in ("mean_share", "inv_scale", '"center"'))
+
+
+DATA = Path(os.environ.get("FEDSONMF_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+BBCSPORT = DATA / "BBCSport" / "zskong" / "BBCSport.mat"
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+@pytest.mark.realdata
+@pytest.mark.skipif(not BBCSPORT.is_file(), reason="shared data folder absent")
+def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
+    """BBCSport's two (sparse, text) views, each written to its own client folder, clustered on a
+    loopback deployment: the labels (and V) of the in-process estimator, the same scores."""
+    from fedsonmf.datasets import load_mat
+
+    ds = load_mat(BBCSPORT)
+    c = int(np.unique(ds.labels).size)
+    paths = [write_views([X], tmp_path / f"client{p}")[0] for p, X in enumerate(ds.views)]
+    with threadpool_limits(1):
+        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0).fit(ds.views)
+    res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
+                     labels=ds.labels)
+    assert np.array_equal(res.extra["labels"], ref.labels_)
+    assert np.array_equal(res.V, ref.result_.V)
+    assert res.extra["scores"] == clustering_scores(ds.labels, ref.labels_)
+    assert res.extra["clustering"]["n_components"] == 2 * c
+
+
+def test_the_setup_reply_does_not_tell_whether_a_widening_rule_triggered(tmp_path):
+    """preprocess="auto-split" doubles a view's width when its mean-share statistic triggers; the
+    setup reply's d says max(d_p, r) (known to the server anyway), not the prepared width."""
+    from fedsonmf.federation.flower import codec
+
+    views, _ = blobs()
+    ref = reference(views, rounds=2, preprocess="auto-split")
+    assert [i["split"] for i in ref.preprocessing_] == [False, True, True]  # the dense views trigger
+    grid, rc = _fake_run(tmp_path, views, **{"num-rounds": 2, "preprocess": "auto-split"})
+    assert np.array_equal(np.load(Path(rc["out-dir"]) / "V.npy"), ref.result_.V)
+    setup = [codec.decode(r.content)[0] for r in grid.log
+             if str(r.content[codec.META]["kind"]) == codec.SETUP_AT_HELLO]
+    assert sorted(int(m.scalars["d"]) for m in setup) == sorted(max(X.shape[1], 2 * C) for X in views)
