@@ -521,7 +521,8 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     procs = []
     code = 0
     try:
-        daemon = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent)
+        daemon = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
+                                  umask=0o077)
         procs.append(daemon)
         _wait_port(runtime_api, daemon)
         ex_argv = gate.executor_argv(role, runtime_api, gate_dir, parent_pid=daemon.pid,
@@ -534,7 +535,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
             if executor.poll() is not None:  # a daemon without its gate would run nothing: say so, stop
                 typer.echo(f"error: the gate executor exited with code {executor.returncode}; stopping "
                            f"{program}", err=True)
-                code = 1
+                program, code = "the gate executor", 1
                 break
             time.sleep(0.2)
         else:
@@ -547,8 +548,8 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
         typer.echo(f"error: {exc}", err=True)
         code = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # no second signal in the middle of stopping
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in old:  # no second signal in the middle of stopping
+            signal.signal(sig, signal.SIG_IGN)
         _stop_groups(procs)
         for sig, h in old.items():
             signal.signal(sig, h)
