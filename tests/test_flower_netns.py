@@ -273,6 +273,15 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     assert info["status"] == "finished:failed", info
     assert "refused by the fedsonmf gate" in info["status-details"] and "is not the fedsonmf app pinned" in info[
         "status-details"], info
+    # our own app (anyone can write the byte-identical shim) without the coordinator's signature: refused too
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    stolen = dirs["link"] / "stolen"
+    plain = mallory.flwr("run", str(write_app_dir(tmp_path / "copy")), "x", "--format", "json", "--run-config",
+                         f'out-dir="{stolen}" num-clients=2')
+    info = mallory.wait_finished(int(json.loads(plain[plain.index("{"):])["run-id"]))
+    assert info["status"] == "finished:failed" and "carries no coordinator authorisation" in info["status-details"]
+    assert not stolen.exists()
     time.sleep(3)  # a node that (wrongly) got a task would have written by now: nodes pull every ~3 s
     assert list(markers.iterdir()) == []  # neither its ServerApp nor any ClientApp ran
     # the security actually in force: key files 0600, nodes only on their own address
