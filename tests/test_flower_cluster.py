@@ -60,6 +60,9 @@ def blobs(n_per=20, seed=0):
 
 
 def reference(views, rounds=ROUNDS, seed=SEED, **kw):
+    """The in-process estimator with secure aggregation, as a deployment runs by default (the
+    masked sums decode to the same V bit for bit)."""
+    kw.setdefault("secure_aggregation", True)
     with threadpool_limits(1):
         return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views)
 
@@ -154,7 +157,7 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
         assert meta["scale"] == ref.view_scales_[p]
     # the server received none of it: the audit passes, and no private key is in any upward record
     wire = [json.loads(line) for line in open(out / "wire.jsonl")]
-    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C), y.size)
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), y.size)
     for row in wire:
         if row["direction"] == "up":
             keys = {k for rec in row["records"].values() for k in rec["items"]}
@@ -230,13 +233,14 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)
-        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C), 60)
+        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True), 60)
     assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
+    # secure aggregation (the deployment default): an init exchange (key relay, masked V-bar^1) after the setup
     if rule == "auto":
-        assert out[True][2] == ["hello+setup"] * 3 + ["round"] * 6
+        assert out[True][2] == ["hello+setup"] * 3 + ["init"] * 3 + ["round"] * 6
     else:  # r = min(c, d_p) needs the widths first
-        assert out[True][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
-    assert out[False][2] == ["hello"] * 3 + ["setup"] * 3 + ["round"] * 6
+        assert out[True][2] == ["hello"] * 3 + ["setup"] * 3 + ["init"] * 3 + ["round"] * 6
+    assert out[False][2] == ["hello"] * 3 + ["setup"] * 3 + ["init"] * 3 + ["round"] * 6
 
 
 # ----------------------------------------------------------------------------- CLI: bad input, before anything starts
@@ -254,7 +258,7 @@ def test_cli_bad_input_exits_2_before_any_process_starts(tmp_path):
     cases = [
         (["flower", "cluster", tmp_path / "nope.npy", paths[1], "-k", 3], "nope.npy does not exist"),
         (["flower", "cluster", paths[1], tmp_path / "short.npy", "-k", 3], "different numbers of samples"),
-        (["flower", "cluster", paths[1], tmp_path / "flat.npy", "-k", 3], "expected (n_samples, n_features)"),
+        (["flower", "cluster", paths[1], tmp_path / "flat.npy", "-k", 3], "a view is 2-D (n_samples, n_features)"),
         (["flower", "cluster", *paths, "-k", 61], "n_clusters=61"),
         (["flower", "cluster", *paths, "-k", 3, "--rank", "lots"], "--rank"),
         (["flower", "run", *paths, "--rank", 5], "larger than view 2's number of features (4"),
@@ -339,7 +343,7 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     assert res["scores"] == clustering_scores(y, ref.labels_)
     assert np.array_equal(read_labels_csv(out / "server" / "labels.csv"), ref.labels_)
     wire = [json.loads(line) for line in open(out / "server" / "wire.jsonl")]
-    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C), y.size)
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), y.size)
     text = (out / "server" / "wire.jsonl").read_text()
     assert not any(k in text for k in ("mean_share", "inv_scale", '"center"'))
 
@@ -361,7 +365,7 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
     c = int(np.unique(ds.labels).size)
     paths = [write_views([X], tmp_path / f"client{p}")[0] for p, X in enumerate(ds.views)]
     with threadpool_limits(1):
-        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0).fit(ds.views)
+        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, secure_aggregation=True).fit(ds.views)
     res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
                      labels=ds.labels)
     assert np.array_equal(res.extra["labels"], ref.labels_)

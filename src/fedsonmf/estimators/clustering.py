@@ -152,7 +152,10 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         seed and rounds: the same labels and V as ``"inprocess"`` (BLAS pinned to one thread
         there, ``blas_threads=1`` here).  ``predict``/``transform`` run one exchange over a
         deployment again (the nodes read the new samples from their own folders).  Not with
-        ``masks``; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.
+        ``masks``; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
+        deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
+        (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
+        same V bit for bit).
     flower_run_dir : path or None, default=None
         ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
         deployment: node state, logs, the server's out-dir with ``labels.csv``); None = a

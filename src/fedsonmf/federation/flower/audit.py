@@ -134,8 +134,13 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
     decl = {
         ("down", "hello"): {},
         ("up", "hello"): {},
-        ("down", "setup"): {codec.SCALARS: {k: "scalar" for k in ("seed", "client", "algorithm", "config")}},
+        ("down", "setup"): {codec.SCALARS: {**{k: "scalar" for k in ("seed", "client", "algorithm", "config")},
+                                             "clustering": "scalar?"}},
         ("up", "setup"): setup_up,
+        # the setup sent with the hello (one exchange less): the setup's payload, "client" = the node's view
+        ("down", codec.SETUP_AT_HELLO): {codec.SCALARS: {**{k: "scalar" for k in ("seed", "algorithm", "config")},
+                                                         "clustering": "scalar?"}},
+        ("up", codec.SETUP_AT_HELLO): setup_up,
         ("down", "init"): {codec.SCALARS: {SECAGG_KEY: "scalar"}},
         ("up", "init"): {codec.ARRAYS: masked_items("setup")},
         ("down", "round"): down_round,

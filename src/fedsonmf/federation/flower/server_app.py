@@ -28,6 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import RunNotRunningException
