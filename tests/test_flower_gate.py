@@ -259,10 +259,12 @@ def _our_run(dep, job, rounds=1, **kw):
 class Outsider:
     """``flwr`` with a fresh FLWR_HOME that knows only the SuperLink's address (no credentials)."""
 
-    def __init__(self, home: Path, port: int):
+    def __init__(self, home: Path, port: int, ca: str | None = None):
+        # ca: the deployment's CA certificate (public; TLS is the default since the security merge)
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(f'[superlink]\ndefault = "x"\n\n[superlink.x]\n'
-                                          f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+                                          f'address = "127.0.0.1:{port}"\n'
+                                          + (f'root-certificates = "{ca}"\n' if ca else "insecure = true\n"))
         self.env, self.home = flower_env(home), home
 
     def flwr(self, *args, check=True) -> subprocess.CompletedProcess:
@@ -313,7 +315,7 @@ def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
     After: refused by the SuperLink host's gate (FAB not pinned); no marker, no loot; our run completes."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    mallory = Outsider(tmp_path / "mallory", gated.port)
+    mallory = Outsider(tmp_path / "mallory", gated.port, gated.tls[0])
     run_id = mallory.submit(write_evil_app(tmp_path / "evil", markers))
     info = mallory.wait_finished(run_id)
     assert info["status"] == "finished:failed"
@@ -370,7 +372,7 @@ def test_outsider_resubmitting_our_own_app_is_refused(gated, tmp_path):
     """(b) Our FAB (anyone can write the same shim: same sha256) without, or with a copied, token."""
     first = _our_run(gated, "own")
     assert first.ok, first.status
-    mallory = Outsider(tmp_path / "mallory", gated.port)
+    mallory = Outsider(tmp_path / "mallory", gated.port, gated.tls[0])
     copy = write_app_dir(tmp_path / "copy")  # `fedsonmf flower app` output: byte-identical FAB
     assert gate.fab_sha256(gate.build_fab(copy)) in gate.Pin.load(gated.run_dir / "gate" / "pin.json").fab_sha256
     stolen = gated.run_dir / "stolen"
@@ -401,7 +403,7 @@ def test_external_stop_is_reported_with_the_round_to_resume_from(gated, tmp_path
     while not (out / "checkpoint" / "server.npz").exists() and th.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     run_id = json.loads((out / "status.json").read_text())["run_id"]
-    Outsider(tmp_path / "mallory", gated.port).flwr("stop", str(run_id), "x")
+    Outsider(tmp_path / "mallory", gated.port, gated.tls[0]).flwr("stop", str(run_id), "x")
     th.join(timeout=180)
     assert not th.is_alive()
     st = got["o"].status
@@ -437,6 +439,11 @@ def test_every_folder_of_a_run_is_0700_and_every_file_0600(gated):
         if path.is_symlink():
             continue
         want = 0o700 if path.is_dir() else 0o600
+        # public key material (node .pub keys, CA and server certificates) is 0644 by design
+        # (security.py); the 0700 run folder still keeps it from other local users
+        public = path.suffix == ".pub" or path.name in ("ca.crt", "server.pem") or path.name == "tls"
+        if public and mode in (0o644, 0o755):
+            continue
         if mode != want:
             bad.append(f"{path.relative_to(gated.run_dir)}: {mode:04o}")
     assert not bad, bad

@@ -2,13 +2,16 @@
 namespace with its own address (198.18.0.1 link, 198.18.0.2/.3 nodes, on a bridge in the
 link's namespace), each node with only its own view file in its own folder, TLS and
 SuperNode authentication on, running exactly the recipe of docs/flower.md
-("Separate machines"), which this test reads from the page.  The result equals the
-in-process run.
+("Real multiple machines"), which this test reads from the page.  The result equals the
+in-process run.  Every daemon runs under its host's gate: a foreign app submitted with
+stock ``flwr run`` from the link's namespace runs on no host, and each daemon command
+stops its gate executor when it stops (also checked on loopback, without root).
 
 Needs root and ``ip netns``; the namespaces (unique names per run) are removed at the
 end, also on failure.
 """
 
+import json
 import os
 import re
 import shlex
@@ -31,9 +34,11 @@ from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
 from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
+from fedsonmf.federation.flower import security as sec  # noqa: E402
+from fedsonmf.federation.flower.launcher import _free_port  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
+from test_flower_gate import write_evil_app  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "flower.md"
 ADDRESSES = {"link": "198.18.0.1", "node0": "198.18.0.2", "node1": "198.18.0.3"}
@@ -72,6 +77,11 @@ def test_recipe_is_parsed_from_the_docs():
     assert {s[1] for s in runs} == set(ADDRESSES)
     assert [s[2][2] for s in runs if s[3]] == ["superlink", "supernode", "supernode"]  # the daemons
     assert all(s[2][0] == "fedsonmf" for s in runs) and runs[-1][2][2] == "submit"
+    # the gate on every daemon: the hosts trust the coordinator's public key, the submitter signs with its private one
+    for s in runs:
+        if s[3] or s[2][2] == "submit":
+            key = s[2][s[2].index("--coordinator-key") + 1]
+            assert key.endswith(".key" if s[2][2] == "submit" else ".pub"), s
 
 
 class Hosts:
@@ -147,6 +157,61 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def _processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line mentions ``text`` (e.g. a test's tmp folder)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and text in cmd:
+            found.append(f"{d.name}: {cmd}")
+    return found
+
+
+def _wait_for(predicate, what: str, timeout: float = 120.0, proc=None, log=None):
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()):
+        if proc is not None:
+            assert proc.poll() is None, f"exited {proc.returncode} before {what}:\n{log.read_text() if log else ''}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s" + (f":\n{log.read_text()}" if log else "")
+        time.sleep(0.2)
+    return got
+
+
+class Outsider:
+    """Stock ``flwr`` on a host with a fresh FLWR_HOME that knows only the SuperLink's address and the
+    (public) CA certificate: no coordinator key, no node key."""
+
+    def __init__(self, hosts, host: str, home: Path, address: str, ca: Path, env: dict):
+        home.mkdir(parents=True)
+        sec.write_connection(home, "x", address, ca)
+        self.hosts, self.host, self.home = hosts, host, home
+        self.env = {**env, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+    def flwr(self, *args) -> str:
+        p = subprocess.run(["ip", "netns", "exec", self.hosts.ns[self.host], str(Path(sys.executable).parent / "flwr"),
+                            *args], env=self.env, cwd=self.home, capture_output=True, text=True, timeout=180)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout
+
+    def submit(self, app_dir) -> int:
+        out = self.flwr("run", str(app_dir), "x", "--format", "json")
+        return int(json.loads(out[out.index("{"):])["run-id"])
+
+    def wait_finished(self, run_id: int, timeout: float = 180.0) -> dict:
+        def finished():
+            out = self.flwr("ls", "x", "--format", "json", "--run-id", str(run_id))
+            runs = json.loads(out[out.index("{"):])["runs"]
+            return runs[0] if runs and str(runs[0]["status"]).startswith("finished") else None
+
+        return _wait_for(finished, f"end of run {run_id}", timeout)
+
+
 @pytest.fixture
 def hosts():
     why = _netns_available()
@@ -162,6 +227,8 @@ def hosts():
         assert h.tag not in listed
 
 
+@pytest.mark.slow
+@pytest.mark.deploy
 def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     R, rounds, seed = 3, 3, 0  # as in the recipe's submit line
     data = make_synthetic(n_clients=2, n_samples=40, n_features=10, rank=R, heterogeneity=0.5, random_state=2)
@@ -196,16 +263,170 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
             assert proc.returncode == 0, f"{shlex.join(argv)} on {host} failed:\n{log.read_text()}"
             last = log
     assert "completed 3 rounds" in last.read_text()
+    # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
+    markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
+    markers.mkdir(mode=0o777)
+    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092", dirs["link"] / "tls" / "ca.crt",
+                       env)
+    run_id = mallory.submit(write_evil_app(tmp_path / "evil", markers))
+    info = mallory.wait_finished(run_id)
+    assert info["status"] == "finished:failed", info
+    assert "refused by the fedsonmf gate" in info["status-details"] and "is not the fedsonmf app pinned" in info[
+        "status-details"], info
+    # our own app (anyone can write the byte-identical shim) without the coordinator's signature: refused too
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    stolen = dirs["link"] / "stolen"
+    plain = mallory.flwr("run", str(write_app_dir(tmp_path / "copy")), "x", "--format", "json", "--run-config",
+                         f'out-dir="{stolen}" num-clients=2')
+    info = mallory.wait_finished(int(json.loads(plain[plain.index("{"):])["run-id"]))
+    assert info["status"] == "finished:failed" and "carries no coordinator authorisation" in info["status-details"]
+    assert not stolen.exists()
+    time.sleep(3)  # a node that (wrongly) got a task would have written by now: nodes pull every ~3 s
+    assert list(markers.iterdir()) == []  # neither its ServerApp nor any ClientApp ran
     # the security actually in force: key files 0600, nodes only on their own address
     assert (dirs["node0"] / "key" / "node0").stat().st_mode & 0o777 == 0o600
     assert (dirs["link"] / "pins.json").stat().st_mode & 0o777 == 0o600
     superlink_log = next(logs.glob("*-link-superlink.log")).read_text()
     assert "--enable-supernode-auth" in superlink_log and "--ssl-certfile" in superlink_log
+    assert f"run {run_id}: refused by the fedsonmf gate" in superlink_log  # the SuperLink host's gate said no
+    for log in logs.glob("*-node*-supernode.log"):  # every daemon under its gate; no node saw the foreign run
+        text = log.read_text()
+        assert "--isolation process" in text and "--superexec-auth-secret-file" in text and "gate executor" in text
+        assert f"run {run_id}" not in text
+    for h in ("node0", "node1"):
+        assert (dirs[h] / "supernode-home" / "gate" / "superexec.secret").stat().st_mode & 0o777 == 0o600
     # separate hosts: a node reaches the SuperLink only at the link's address, not on its own loopback
     assert hosts.reaches("node0", ADDRESSES["link"], 9092) and not hosts.reaches("node0", "127.0.0.1", 9092)
     res = load_result(dirs["link"] / "run1")
     with threadpool_limits(1):
-        ref = run_inprocess(check_views(data.views, R), FedConfig(n_components=R), max_rounds=rounds, seed=seed)
-    assert res.n_rounds == rounds
+        # the deployment default is secure aggregation (its masks cancel exactly, as in-process)
+        ref = run_inprocess(check_views(data.views, R), FedConfig(n_components=R, secure_aggregation=True),
+                            max_rounds=rounds, seed=seed)
+    assert res.n_rounds == rounds and res.config["secure_aggregation"] is True
     assert np.array_equal(res.V, ref.V)
+    # stopping the daemon commands stops their gate executors (and everything else they started)
+    hosts.down()
+    assert _processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_daemon_command_stops_its_gate_executor_with_it(tmp_path):
+    """On loopback (no root): `fedsonmf flower superlink` runs flower-superlink with --isolation process
+    and its gate executor; SIGTERM to the command stops both; a daemon that dies (kill -9) takes the
+    executor and the command with it (exit code 1)."""
+    from fedsonmf.federation.flower import gate
+
+    sec.make_tls(tmp_path / "tls", ["127.0.0.1"])
+    gate.Authority.create(tmp_path / "c.key").write_public(tmp_path / "c.pub")
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+
+    def start(name):
+        home, log = tmp_path / name, tmp_path / f"{name}.log"
+        argv = [str(Path(sys.executable).parent / "fedsonmf"), "flower", "superlink", "--host", "127.0.0.1", "--port",
+                str(_free_port()), "--tls", str(tmp_path / "tls"), "--coordinator-key", str(tmp_path / "c.pub"),
+                "--home", str(home), "--out-root", str(tmp_path)]
+        with open(log, "wb") as fh:
+            cmd = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, cwd=tmp_path)
+        try:
+            def both():
+                mine = _processes_mentioning(str(home / "gate"))
+                ex = [p for p in mine if "-m fedsonmf.federation.flower.gate --role serverapp" in p]
+                daemon = [p for p in mine if "/flower-superlink " in p and "--isolation process" in p]
+                return (int(daemon[0].split(":")[0]), int(ex[0].split(":")[0])) if ex and daemon else None
+
+            return cmd, log, home, _wait_for(both, "SuperLink + gate executor", proc=cmd, log=log)
+        except BaseException:
+            os.killpg(cmd.pid, signal.SIGKILL)
+            cmd.wait()
+            raise
+
+    cmd, log, home, (daemon, executor) = start("a")
+    assert gate.Pin.load(home / "gate" / "pin.json").fab_sha256 == {gate.installed_fab_sha256()}
+    os.kill(cmd.pid, signal.SIGTERM)
+    assert cmd.wait(timeout=60) == 0, log.read_text()
+    assert _processes_mentioning(str(home)) == []
+    cmd, log, home, (daemon, executor) = start("b")
+    os.kill(daemon, signal.SIGKILL)
+    assert cmd.wait(timeout=60) == 1, log.read_text()
+    assert "flower-superlink exited with code -9" in log.read_text()
+    assert _processes_mentioning(str(home)) == []
+
+
+# ----------------------------------------------------------------------------- fast: the gate options
+def test_keys_coordinator_writes_a_private_key_and_a_public_key_the_hosts_accept(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+    from fedsonmf.federation.flower import gate
+
+    r = CliRunner().invoke(app, ["flower", "keys", "coordinator", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    key, pub = tmp_path / "c" / "coordinator.key", tmp_path / "c" / "coordinator.pub"
+    assert key.stat().st_mode & 0o777 == 0o600 and (tmp_path / "c").stat().st_mode & 0o777 == 0o700
+    authority = gate.Authority.load(key)
+    assert gate.read_public_key(pub) == authority.public_key
+    # a token signed with it passes a host's gate pinned to the installed app and this public key
+    fab = gate.installed_fab_sha256()
+    gate.write_pin(tmp_path / "pin.json", [fab], gate.read_public_key(pub))
+    conf = gate.sign_run_config(authority, fab, {"out-dir": "/runs/a", "job-id": "j", "num-rounds": 2})
+    assert gate.Gate(tmp_path / "pin.json", tmp_path / "ledger.json").check(
+        gate.build_fab(gate_app(tmp_path)), 1, conf)["fab-sha256"] == fab
+    r = CliRunner().invoke(app, ["flower", "keys", "coordinator", str(tmp_path / "c")])
+    assert r.exit_code == 1 and "coordinator.key exists" in r.output, r.output
+    with pytest.raises(ValueError, match="is the coordinator's private key"):
+        gate.read_public_key(key)
+    (tmp_path / "junk.pub").write_text("not a key\n")
+    with pytest.raises(ValueError, match="is not a coordinator public key"):
+        gate.read_public_key(tmp_path / "junk.pub")
+
+
+def gate_app(tmp_path):
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    return write_app_dir(tmp_path / "app")
+
+
+def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    tls = sec.make_tls(tmp_path / "tls")
+    key = sec.make_node_key(tmp_path, "n0")
+    np.save(tmp_path / "v.npy", np.ones((4, 3)))
+    r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--tls", str(tmp_path / "tls"),
+                                 "--home", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "give --coordinator-key PUB" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "supernode", "--superlink", "198.18.0.1:9092", "--view",
+                                 str(tmp_path / "v.npy"), "--partition", "0", "--partitions", "2", "--key",
+                                 str(key.private), "--ca", str(tls.ca_cert), "--home", str(tmp_path / "h"),
+                                 "--coordinator-key", str(tmp_path / "missing.pub")])
+    assert r.exit_code == 1 and "missing.pub" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "give --coordinator-key coordinator.key" in r.output, r.output
+    (tmp_path / "open.key").write_text("x")
+    os.chmod(tmp_path / "open.key", 0o644)
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
+                                 str(tmp_path / "open.key")])
+    assert r.exit_code == 1 and "(mode 0644); run: chmod 600" in r.output, r.output
+    r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
+                                 "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
+                                 "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
+                                 str(key.private)])  # a node's key is not the coordinator's
+    assert r.exit_code == 1 and "is not the coordinator's private key" in r.output, r.output
+    assert not (tmp_path / "h" / "run-config.toml").exists()  # nothing submitted
+
+
+def test_superlink_runtime_api_dials_loopback_for_a_wildcard_listen_address():
+    assert sec.superlink_runtime_api("198.18.0.1", 9092) == "198.18.0.1:9092"
+    assert sec.superlink_runtime_api("0.0.0.0", 9092) == "127.0.0.1:9092"
+    assert sec.superlink_runtime_api("::", 9092) == "[::1]:9092"
 

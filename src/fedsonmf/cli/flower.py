@@ -10,14 +10,18 @@ Both runs check the view files before anything starts (exit 2 on bad input), sho
 progress the ServerApp writes to ``status.json`` (phase, round k of K, s/round, ETA) and
 print the time from the launch to the start of round 1.
 
-Separate machines (docs/flower.md, "Separate machines"; each a thin wrapper that prints what it runs):
+Separate machines (docs/flower.md, "Real multiple machines"; each a thin wrapper that prints what it runs):
 
 ``fedsonmf flower keys tls DIR --host ADDR``   CA + SuperLink certificate (server.key 0600; no CA key kept)
 ``fedsonmf flower keys node DIR --name N``     a SuperNode key pair (ECDSA P-384, private 0600)
-``fedsonmf flower superlink --host ADDR ...``  flower-superlink with TLS + SuperNode authentication
+``fedsonmf flower keys coordinator DIR``       the coordinator's Ed25519 pair (coordinator.key 0600, .pub)
+``fedsonmf flower superlink --host ADDR ...``  flower-superlink with TLS + SuperNode authentication + gate
 ``fedsonmf flower register N.pub --partition P ...``  register a node key, pin view P to its node id
-``fedsonmf flower supernode --view FILE ...``  flower-supernode for one view with its own key
-``fedsonmf flower submit --superlink ...``     flwr run of the shipped app with the pins, then the status
+``fedsonmf flower supernode --view FILE ...``  flower-supernode for one view with its own key + gate
+``fedsonmf flower submit --superlink ...``     flwr run of the shipped app, signed, with the pins; the status
+
+superlink and supernode run the daemon with ``--isolation process`` and this host's gate
+executor (:mod:`fedsonmf.federation.flower.gate`) in the foreground, and stop both together.
 
 Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
 uses secure aggregation unless ``--no-secure-aggregation`` is given.
@@ -25,6 +29,10 @@ uses secure aggregation unless ``--no-secure-aggregation`` is given.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -402,7 +410,7 @@ def register(app, reproduce_app) -> None:
 
 # ------------------------------------------------------------------------------------------ separate machines
 # Thin wrappers around flower-superlink / flower-supernode / flwr with the exact flags of a secure
-# deployment (docs/flower.md, "Separate machines"); each prints the command it runs.
+# deployment (docs/flower.md, "Real multiple machines"); each prints the command it runs.
 
 DEFAULT_HOME = Path("flwr-home")
 
@@ -414,19 +422,153 @@ def _sec():
     return security
 
 
-def _exec(program: str, args: list[str], home: Path) -> None:
-    """Replace this process by ``program args`` with the deployment environment (signals reach it directly)."""
-    import os
-    import shlex
+class _Stop(Exception):
+    """A signal asked the daemon command to stop."""
 
+
+def _new_group_dying_with_parent() -> None:  # preexec_fn of the daemon and its executor
+    os.setsid()
+    if sys.platform.startswith("linux"):  # this command killed with -9: its children get SIGTERM
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _stop_groups(procs) -> None:
+    """As ``LoopbackDeployment.stop``: TERM to each process group, wait, KILL what is left, reap."""
+    import subprocess
+
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:  # the group may still hold children (a ServerApp of the executor)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.poll() is None:
+            proc.wait(timeout=10)
+
+
+def _wait_port(address: str, daemon, timeout: float = 120.0) -> None:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        if daemon.poll() is not None:
+            raise _DaemonExited(daemon.returncode)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the runtime API {address} did not open within {timeout:g} s") from None
+            time.sleep(0.1)
+
+
+class _DaemonExited(Exception):
+    def __init__(self, code):
+        self.code = code
+
+
+def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_api: str, public_key: str,
+               root_certificates=None, out_root: Optional[Path] = None) -> None:
+    """Run ``program args`` (a Flower daemon) with this host's gate executor (``gate.py``) in the
+    foreground, until the daemon exits or this command gets SIGTERM/SIGINT/SIGHUP.
+
+    Both run in process groups of their own (the executor's ServerApp children too) and are
+    stopped together, like ``LoopbackDeployment.stop``; the executor also exits when the daemon
+    dies, and (Linux) both get SIGTERM when this command is killed with -9.  The pin (the installed
+    app's FAB hash, the coordinator's public key) and a fresh SuperExec secret are written to
+    ``home/gate`` (0700, files 0600); the ledger there is kept across restarts, so a run id's
+    authorisation stays single-use."""
+    import shlex
+    import subprocess
+
+    from fedsonmf.federation.flower import gate
     from fedsonmf.federation.flower.launcher import _bin, flower_env
 
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
+    fab_hash = gate.installed_fab_sha256()
+    gate_dir = home / "gate"
+    _, secret = gate.prepare_host(gate_dir, [fab_hash], public_key)
     env = flower_env(home)
     exe = _bin(program)
-    typer.echo(f"FLWR_HOME={home} {shlex.join([exe, *args])}", err=True)
-    os.execve(exe, [exe, *args], env)
+    argv = [exe, *args, *_sec().gate_daemon_args(secret)]
+    typer.echo(f"FLWR_HOME={home} {shlex.join(argv)}", err=True)
+    typer.echo(f"gate: only the fedsonmf app with FAB sha256 {fab_hash}, authorised by the coordinator key "
+               f"{public_key}", err=True)
+    exec_env = dict(env)
+    if out_root is not None:  # the ServerApp writes only below it
+        exec_env["FEDSONMF_OUT_ROOT"] = str(out_root)
+
+    def on_signal(signum, _frame):
+        raise _Stop(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    procs = []
+    code = 0
+    try:
+        daemon = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
+                                  umask=0o077)
+        procs.append(daemon)
+        _wait_port(runtime_api, daemon)
+        ex_argv = gate.executor_argv(role, runtime_api, gate_dir, parent_pid=daemon.pid,
+                                     root_certificates=root_certificates)
+        typer.echo(f"gate executor: {shlex.join(ex_argv)}", err=True)
+        executor = subprocess.Popen(ex_argv, env=exec_env, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_new_group_dying_with_parent, umask=0o077)
+        procs.append(executor)
+        while daemon.poll() is None:
+            if executor.poll() is not None:  # a daemon without its gate would run nothing: say so, stop
+                typer.echo(f"error: the gate executor exited with code {executor.returncode}; stopping "
+                           f"{program}", err=True)
+                program, code = "the gate executor", 1
+                break
+            time.sleep(0.2)
+        else:
+            code = daemon.returncode
+    except _DaemonExited as exc:
+        code = exc.code
+    except _Stop:
+        code = 0
+    except TimeoutError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        code = 1
+    finally:
+        for sig in old:  # no second signal in the middle of stopping
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_groups(procs)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    if code:
+        typer.echo(f"{program} exited with code {code}", err=True)
+    raise typer.Exit(0 if not code else (code if code > 0 else 1))
+
+
+def _coordinator_public(path: Optional[Path]) -> str:
+    from fedsonmf.federation.flower import gate
+
+    if path is None:
+        raise typer.BadParameter("give --coordinator-key PUB (the coordinator's public key, from `fedsonmf "
+                                 "flower keys coordinator`): only runs it signed execute here",
+                                 param_hint="--coordinator-key")
+    try:
+        return gate.read_public_key(path)
+    except ValueError as exc:
+        _fail(exc)
 
 
 def _fail(exc) -> None:
@@ -465,6 +607,25 @@ def _register_machine_commands(flower_app) -> None:
         key = sec.make_node_key(dest, name)
         typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}")
 
+    @keys_app.command("coordinator")
+    def keys_coordinator(
+        dest: Path = typer.Argument(..., help="Folder for coordinator.key (0600) and coordinator.pub."),
+    ):
+        """The coordinator's Ed25519 key pair: it signs every run it submits; every host's gate runs
+        only runs signed by it.  coordinator.key stays with the coordinator (`flower submit`); give
+        coordinator.pub to the SuperLink host and every node (`--coordinator-key`)."""
+        _flower()
+        from fedsonmf._io import private_dir
+        from fedsonmf.federation.flower import gate
+
+        d = private_dir(dest)
+        if (d / "coordinator.key").exists():
+            _fail(f"{d / 'coordinator.key'} exists; a new key would orphan every host that trusts the old "
+                  "one (remove it first to re-key)")
+        auth = gate.Authority.create(d / "coordinator.key")
+        pub = auth.write_public(d / "coordinator.pub")
+        typer.echo(f"{d / 'coordinator.key'}\n{pub}\npublic key {auth.public_key}")
+
     @flower_app.command("superlink")
     def superlink(
         host: str = typer.Option(..., "--host", help="Address to listen on (Fleet AND Control API: firewall it)."),
@@ -472,8 +633,15 @@ def _register_machine_commands(flower_app) -> None:
         tls_dir: Optional[Path] = typer.Option(None, "--tls", help="Folder with ca.crt, server.pem, server.key."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the SuperLink."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no node authentication (warns)."),
+        coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
+                                                       "PUBLIC key (coordinator.pub): only runs it signed execute."),
+        out_root: Path = typer.Option(Path("."), "--out-root", help="The ServerApp writes only below this folder "
+                                      "(run out-dirs must lie in it)."),
     ):
-        """Run flower-superlink with TLS and SuperNode authentication (foreground)."""
+        """Run flower-superlink with TLS, SuperNode authentication and the gate (foreground).
+
+        The SuperLink starts no app itself (``--isolation process``): this host's gate executor
+        runs the installed fedsonmf ServerApp, only for the pinned app bundle and coordinator-signed runs."""
         sec = _sec()
         try:
             if insecure:
@@ -489,7 +657,9 @@ def _register_machine_commands(flower_app) -> None:
             args = sec.superlink_args(host, port, tls, auth=not insecure)
         except sec.InputError as exc:
             _fail(exc)
-        _exec("flower-superlink", args, home)
+        public = _coordinator_public(coordinator_key)
+        _run_gated("flower-superlink", args, home, role="serverapp", runtime_api=sec.superlink_runtime_api(host, port),
+                   public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve())
 
     @flower_app.command("register")
     def register_cmd(
@@ -535,8 +705,13 @@ def _register_machine_commands(flower_app) -> None:
         runtime_port: int = typer.Option(9094, "--runtime-port", help="The node's local runtime API port."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of this node."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no key (warns)."),
+        coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
+                                                       "PUBLIC key (coordinator.pub): only runs it signed execute."),
     ):
-        """Run flower-supernode for one view, with TLS and its own key (foreground)."""
+        """Run flower-supernode for one view, with TLS, its own key and the gate (foreground).
+
+        The node starts no app itself (``--isolation process``): its gate executor runs the installed
+        fedsonmf ClientApp, only for the pinned app bundle and coordinator-signed runs."""
         sec = _sec()
         try:
             if not view.is_file():
@@ -553,7 +728,9 @@ def _register_machine_commands(flower_app) -> None:
                                       sec.node_config(partition, partitions, view, state_dir, mask), port=runtime_port)
         except sec.InputError as exc:
             _fail(exc)
-        _exec("flower-supernode", args, home)
+        public = _coordinator_public(coordinator_key)
+        _run_gated("flower-supernode", args, home, role="clientapp", runtime_api=f"127.0.0.1:{runtime_port}",
+                   public_key=public)
 
     @flower_app.command("submit")
     @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
@@ -571,6 +748,8 @@ def _register_machine_commands(flower_app) -> None:
         node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the submitter."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP and no pins (warns)."),
+        coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
+                                                       "PRIVATE key (coordinator.key, 0600): signs this run."),
         params: dict = None,
     ):
         """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status."""
@@ -582,8 +761,21 @@ def _register_machine_commands(flower_app) -> None:
         from fedsonmf.protocol.config import FedConfig
 
         sec = _sec()
+        from fedsonmf._io import write_atomic
+        from fedsonmf.federation.flower import gate
+
         if not insecure and (ca is None or pins is None):
             raise typer.BadParameter("give --ca and --pins, or --insecure", param_hint="--ca/--pins")
+        if coordinator_key is None:
+            raise typer.BadParameter("give --coordinator-key coordinator.key (`fedsonmf flower keys coordinator`): "
+                                     "the hosts run only runs it signed", param_hint="--coordinator-key")
+        try:
+            authority = gate.Authority.load(coordinator_key)  # refuses a group/world-readable key
+        except OSError as exc:
+            _fail(exc)
+        except (ValueError, TypeError, AttributeError) as exc:  # not a PEM Ed25519 private key
+            _fail(f"coordinator key {coordinator_key} is not the coordinator's private key (coordinator.key "
+                  f"from `fedsonmf flower keys coordinator`): {exc}")
         if insecure:
             typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
@@ -595,8 +787,10 @@ def _register_machine_commands(flower_app) -> None:
                 "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
                 "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
                 "node-timeout": node_timeout, "node-pins": "" if insecure else str(pins.resolve())}
-        overrides = home / "run-config.toml"
-        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
+        conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
+        overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
+        write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
         typer.echo(f"flwr run {app_dir} {CONNECTION} --stream --run-config {overrides}", err=True)
         proc = subprocess.run([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config",
                                str(overrides)], env=flower_env(home), stdin=subprocess.DEVNULL)

@@ -61,12 +61,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsonmf._io import check_private_file, write_atomic, write_json_atomic
+from fedsonmf._io import check_private_file, private_dir, write_atomic, write_json_atomic
 from fedsonmf.exceptions import RunStopped
 
 __all__ = [
     "TOKEN_KEY", "DEFAULT_CLIENT_APP", "DEFAULT_SERVER_APP", "Authority", "Pin", "Gate", "Refused",
     "fab_sha256", "build_fab", "config_digest", "write_pin", "write_secret", "serve",
+    "read_public_key", "installed_fab_sha256", "sign_run_config", "prepare_host", "executor_argv",
 ]
 
 #: run-config key of the coordinator's signed authorisation
@@ -117,6 +118,20 @@ def write_secret(path, nbytes: int = 32) -> Path:
     return write_atomic(path, secrets.token_bytes(nbytes))
 
 
+def installed_fab_sha256() -> str:
+    """sha256 of the FAB of the installed fedsonmf's app (``fedsonmf flower app`` / ``write_app_dir``).
+
+    Flower's builder is deterministic (fixed zip dates, sorted files) and the shim app holds
+    no path, so every host with the same fedsonmf version computes the same hash: the one
+    each host pins, and the one ``fedsonmf flower submit`` submits."""
+    import tempfile
+
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    with tempfile.TemporaryDirectory(prefix="fedsonmf-fab-") as tmp:
+        return fab_sha256(build_fab(write_app_dir(Path(tmp) / "app")))
+
+
 # ----------------------------------------------------------------------------- coordinator
 
 
@@ -140,8 +155,13 @@ class Authority:
     def load(cls, path) -> "Authority":
         from cryptography.hazmat.primitives import serialization
 
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         check_private_file(path, "coordinator key file")
-        return cls(serialization.load_pem_private_key(Path(path).read_bytes(), password=None))
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path} holds a {type(key).__name__}, not the coordinator's Ed25519 key")
+        return cls(key)
 
     @property
     def public_key(self) -> str:
@@ -150,12 +170,30 @@ class Authority:
 
         return _b64(self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
+    def write_public(self, path) -> Path:
+        """The public key file nodes trust (one base64url line; not secret, mode 0644)."""
+        return write_atomic(path, self.public_key + "\n", mode=0o644)
+
     def token(self, *, job_id: str, fab_hash: str, run_config: dict) -> str:
         """Authorise one run: ``base64url(payload) . base64url(signature)``."""
         payload = {"v": 1, "job-id": str(job_id), "fab-sha256": fab_hash, "config-sha256": config_digest(run_config),
                    "nonce": secrets.token_hex(16), "issued": time.time()}
         body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
         return f"{_b64(body)}.{_b64(self._key.sign(body))}"
+
+
+def sign_run_config(authority: Authority, fab_hash: str, conf: dict) -> dict:
+    """``conf`` + the gate token for the FAB ``fab_hash``.  The token signs exactly what the
+    executors will see: the values as ``flwr`` parses the ``--run-config`` overrides file
+    (written with the template's TOML formatting)."""
+    import tomllib
+
+    from fedsonmf.federation.flower.template import _toml_value
+
+    conf = {k: v for k, v in conf.items() if k != TOKEN_KEY}
+    parsed = tomllib.loads("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+    token = authority.token(job_id=str(conf.get("job-id", "")), fab_hash=fab_hash, run_config=parsed)
+    return {**conf, TOKEN_KEY: token}
 
 
 # ----------------------------------------------------------------------------- node side
@@ -178,6 +216,49 @@ class Pin:
 def write_pin(path, fab_hashes, public_key: str) -> Path:
     """Write (replace) a pin file, 0600."""
     return write_json_atomic(path, {"fab-sha256": sorted(set(fab_hashes)), "coordinator-public-key": public_key})
+
+
+def read_public_key(path) -> str:
+    """The coordinator's public key from its file (``Authority.write_public``), checked to be
+    a raw 32-byte Ed25519 key; a private key file is refused (it must not travel)."""
+    path = Path(path)
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"coordinator public key {path}: {exc.strerror or exc}") from None
+    if "PRIVATE KEY" in text:
+        raise ValueError(f"{path} is the coordinator's private key; give the nodes and the SuperLink the "
+                         "public key (coordinator.pub)")
+    try:
+        ok = len(_unb64(text)) == 32
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{path} is not a coordinator public key (one base64url line of a 32-byte Ed25519 key, "
+                         "from `fedsonmf flower keys coordinator`)")
+    return text
+
+
+def prepare_host(gate_dir, fab_hashes, public_key: str) -> tuple[Path, Path]:
+    """One host's gate folder (0700): a fresh SuperExec secret and the pin (both 0600).
+    Returns (pin path, secret path); the ledger (``gate_dir/ledger.json``) is kept."""
+    d = private_dir(gate_dir)
+    secret = write_secret(d / "superexec.secret")
+    return write_pin(d / "pin.json", fab_hashes, public_key), secret
+
+
+def executor_argv(role: str, runtime_api: str, gate_dir, *, parent_pid: int, root_certificates=None,
+                  app: str | None = None) -> list[str]:
+    """The command line of one host's executor (files of :func:`prepare_host` in ``gate_dir``)."""
+    d = Path(gate_dir)
+    args = [sys.executable, "-m", "fedsonmf.federation.flower.gate", "--role", role, "--runtime-api", runtime_api,
+            "--pin", str(d / "pin.json"), "--secret", str(d / "superexec.secret"),
+            "--ledger", str(d / "ledger.json"), "--parent-pid", str(int(parent_pid))]
+    if root_certificates:
+        args += ["--root-certificates", str(root_certificates)]
+    if app:
+        args += ["--app", app]
+    return args
 
 
 class Gate:

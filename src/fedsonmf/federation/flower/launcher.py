@@ -444,13 +444,8 @@ class LoopbackDeployment:
                 self.run_dir / "logs" / "gate-superlink.log"
         else:
             role, api, certs, log = "clientapp", f"127.0.0.1:{self._node_ports[who]}", None, d / "gate.log"
-        args = [sys.executable, "-m", "fedsonmf.federation.flower.gate", "--role", role, "--runtime-api", api,
-                "--pin", str(d / "pin.json"), "--secret", str(d / "superexec.secret"),
-                "--ledger", str(d / "ledger.json"), "--parent-pid", str(leader.pid)]
-        if certs:
-            args += ["--root-certificates", certs]
-        if role == "clientapp" and self.client_app:
-            args += ["--app", self.client_app]
+        args = _gate().executor_argv(role, api, d, parent_pid=leader.pid, root_certificates=certs,
+                                     app=self.client_app if role == "clientapp" else None)
         env = dict(self.env)
         if role == "serverapp":  # the ServerApp writes only below the run folder
             env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
@@ -463,8 +458,6 @@ class LoopbackDeployment:
     def _gate_run_config(self, app_dir, conf: dict) -> dict:
         """Pin the FAB that ``flwr run app_dir`` will submit (built here with Flower's builder,
         which is deterministic) on every host, and sign the run: ``conf`` + the gate token."""
-        import tomllib
-
         out = Path(str(conf.get("out-dir", ""))).resolve()
         if out != self.run_dir and self.run_dir not in out.parents:
             raise ValueError(f"out_dir {out} must lie inside the run folder {self.run_dir} "
@@ -474,11 +467,7 @@ class LoopbackDeployment:
             self._pinned.add(fab_hash)
             for who in ["superlink", *range(len(self.view_paths))]:
                 _gate().write_pin(self._gate_dir(who) / "pin.json", self._pinned, self._authority.public_key)
-        conf = {k: v for k, v in conf.items() if k != _gate().TOKEN_KEY}
-        # sign exactly what the executors will see: the values as flwr parses the overrides file
-        parsed = tomllib.loads("".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
-        token = self._authority.token(job_id=str(conf.get("job-id", "")), fab_hash=fab_hash, run_config=parsed)
-        return {**conf, _gate().TOKEN_KEY: token}
+        return _gate().sign_run_config(self._authority, fab_hash, conf)
 
     # ------------------------------------------------------------------ faults
     def _wait_flwr_run(self, proc: subprocess.Popen, timeout: float, log: Path, *, status_path: Path | None = None,

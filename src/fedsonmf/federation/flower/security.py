@@ -35,7 +35,8 @@ What Flower 1.42 (OSS) gives and what this module adds:
   handshake while the SuperLink still lists the dead node as online).
 * **Commands**: :func:`superlink_args` / :func:`supernode_args` / :func:`node_config`
   are the exact daemon flags the launcher and ``fedsonmf flower superlink/supernode``
-  use.
+  use; :func:`gate_daemon_args` adds the flags that hand task execution to our gate
+  executor (``gate.py``) instead of Flower's SuperExec.
 
 Everything here is plain files and the ``cryptography`` package (a dependency of
 ``flwr``); no Flower import, so the CLI can create keys without a deployment.
@@ -61,7 +62,7 @@ __all__ = [
     "TLSFiles", "NodeKey", "Pin", "InsecureDeploymentWarning", "make_tls", "make_node_key", "load_node_key",
     "check_private_file", "key_fingerprint", "write_private", "register_node_key", "register_node_keys",
     "unregister_node", "superlink_args", "supernode_args", "node_config", "write_connection", "write_pins",
-    "read_pins", "read_retired", "add_pin", "check_pin",
+    "read_pins", "read_retired", "add_pin", "check_pin", "gate_daemon_args", "superlink_runtime_api",
 ]
 
 
@@ -336,6 +337,23 @@ def supernode_args(superlink: str, ca_cert, private_key, node_config: str, *, po
     if private_key:
         args += ["--auth-supernode-private-key", str(private_key)]
     return [*args, "--superlink", str(superlink), "--port", str(int(port)), "--node-config", node_config]
+
+
+def gate_daemon_args(secret_file) -> list[str]:
+    """The flags that make a SuperLink/SuperNode start no app process itself and hand its tasks
+    only to a process holding ``secret_file`` (our gate executor, ``gate.py``)."""
+    return ["--isolation", "process", "--superexec-auth-secret-file", str(secret_file)]
+
+
+def superlink_runtime_api(host: str, port: int) -> str:
+    """The address the SuperLink host's executor dials: the listen address, or loopback when the
+    SuperLink listens on every interface (as Flower's own SuperExec does)."""
+    host = str(host).strip("[]")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 def node_config(partition: int, partitions: int, view, state_dir=None, mask=None) -> str:
