@@ -438,12 +438,7 @@ def test_every_folder_of_a_run_is_0700_and_every_file_0600(gated):
         mode = stat.S_IMODE(path.lstat().st_mode)
         if path.is_symlink():
             continue
-        want = 0o700 if path.is_dir() else 0o600
-        # public key material (node .pub keys, CA and server certificates) is 0644 by design
-        # (security.py); the 0700 run folder still keeps it from other local users
-        public = path.suffix == ".pub" or path.name in ("ca.crt", "server.pem") or path.name == "tls"
-        if public and mode in (0o644, 0o755):
-            continue
+        want = 0o700 if path.is_dir() else 0o600  # public key material too: the operator copies it
         if mode != want:
             bad.append(f"{path.relative_to(gated.run_dir)}: {mode:04o}")
     assert not bad, bad

@@ -171,8 +171,8 @@ class Authority:
         return _b64(self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
     def write_public(self, path) -> Path:
-        """The public key file nodes trust (one base64url line; not secret, mode 0644)."""
-        return write_atomic(path, self.public_key + "\n", mode=0o644)
+        """The public key file nodes trust (one base64url line; not secret; 0600 like every file we write: the operator copies it)."""
+        return write_atomic(path, self.public_key + "\n", mode=0o600)
 
     def token(self, *, job_id: str, fab_hash: str, run_config: dict) -> str:
         """Authorise one run: ``base64url(payload) . base64url(signature)``."""

@@ -55,7 +55,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsonmf._io import write_atomic
+from fedsonmf._io import private_dir, write_atomic
 from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = [
@@ -104,7 +104,7 @@ def write_private(path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically, created with mode 0600 (never readable by others,
     not even for an instant: the temporary file is opened 0600)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -120,12 +120,11 @@ def write_private(path, data: bytes) -> Path:
 
 
 def _write_public(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    """Public key material (a node's .pub, the CA and server certificates): no secret, but written
+    0600 in a 0700 folder like every file of a run (our choice: the operator, who copies it to the
+    other hosts, can read it; nobody else on the machine needs to)."""
+    private_dir(Path(path).parent)
+    return write_atomic(path, data, mode=0o600)
 
 
 def check_private_file(path, what: str) -> Path:
@@ -160,7 +159,7 @@ def _host_names(hosts) -> list:
 def make_tls(directory, hosts=("127.0.0.1",), *, days: int = 365, name: str = "fedsonmf") -> TLSFiles:
     """A fresh CA and a server certificate for ``hosts`` (IP addresses or DNS names the nodes dial).
 
-    Writes ``ca.crt`` (0644), ``server.pem`` (0644) and ``server.key`` (0600) to ``directory``.
+    Writes ``ca.crt``, ``server.pem`` and ``server.key`` (all 0600) to ``directory`` (0700).
     The CA's private key is not kept (module docstring).  ECDSA P-256 keys, SHA-256 signatures.
     """
     from cryptography import x509
@@ -370,7 +369,7 @@ def write_connection(flwr_home, name: str, address: str, ca_cert=None) -> Path:
     """Write ``FLWR_HOME/config.toml`` with the one connection ``name`` (the default) to ``address``,
     verifying the SuperLink against ``ca_cert`` (None: plain HTTP, ``insecure = true``)."""
     home = Path(flwr_home)
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home)
     path = home / "config.toml"
     write_atomic(path, f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n'
                     + (f'root-certificates = "{Path(ca_cert).resolve()}"\n' if ca_cert else "insecure = true\n"))
