@@ -151,6 +151,8 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
     # generous limits: on a loaded 2-core machine the handshake (Ray start + 100 hellos) took 90 s
     res = run_simulation(data.views, cfg, run_dir=run_dir, max_rounds=rounds, seed=seed, record_wire=True,
                          node_timeout=900.0, round_timeout=900.0)
+    # the app runs with secure aggregation (its default); the in-process secure run decodes the same sums
+    cfg = cfg.replace(secure_aggregation=True)
     with threadpool_limits(1):  # the simulation pins BLAS to one thread in every process
         ref = run_inprocess(check_views(data.views, 3), cfg, "fedsonmf", max_rounds=rounds, seed=seed)
     assert np.array_equal(res.V, ref.V)  # bit-identical
@@ -167,7 +169,8 @@ def test_100_simulated_clients_equal_the_inprocess_engine(tmp_path):
     # what crossed Flower's wire is what a deployment sends, nothing of a view's feature dimension
     rows = [json.loads(line) for line in (run_dir / "server" / "wire.jsonl").read_text().splitlines()]
     summary = audit_wire(rows, "fedsonmf", cfg, 60)
-    assert summary["up round"]["messages"] == m * rounds and summary["up hello"]["messages"] == m
+    hellos = sum(summary.get(k, {"messages": 0})["messages"] for k in ("up hello", "up hello+setup"))
+    assert summary["up round"]["messages"] == m * rounds and hellos == m
     # every process of the simulation (SuperLink, flwr-simulation, Ray) is gone
     assert _our_processes(run_dir / "flwr-home", info["ray_tmp"]) == []
     assert not Path(info["ray_tmp"]).exists()
