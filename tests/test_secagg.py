@@ -418,6 +418,8 @@ def wire_transcript(rows, arrays_dir):
     for row in rows:
         meta = row["records"].get("fedsonmf.meta", {}).get("items", {})
         kind, rnd = meta.get("kind", {}).get("value"), meta.get("round", {}).get("value")
+        if row["direction"] == "up" and kind == "hello+setup":  # the setup sent with the hello
+            kind = "setup"
         if row["direction"] == "up" and kind in ("setup", "init", "round"):
             arrays = {k.split("/", 1)[1]: np.load(arrays_dir / f) for k, f in row.get("saved", {}).items()}
             received.append((kind, rnd, row["client"], arrays))
