@@ -48,9 +48,9 @@ builds the common order.
 from __future__ import annotations
 
 import csv
-import io
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,7 +58,6 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf._io import write_atomic
 from fedsonmf.datasets.mat import MultiViewDataset, _read_variables
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -899,9 +898,19 @@ def write_assignments(path, ids, labels, *, header=("sample_id", "cluster")) -> 
     ids = np.arange(labels.shape[0]) if ids is None else np.asarray(ids)
     if ids.shape != labels.shape:
         raise InputError(f"{len(ids)} ids for {len(labels)} assignments")
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(zip(ids.tolist(), labels.tolist()))
-    write_atomic(path, buf.getvalue())  # the project's one atomic writer (tmp, fsync, replace; 0600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh, lineterminator="\n")
+            w.writerow(header)
+            w.writerows(zip(ids.tolist(), labels.tolist()))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return path

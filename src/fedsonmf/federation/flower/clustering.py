@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from fedsonmf._io import save_npy_atomic, write_atomic
 from fedsonmf.exceptions import FederationError, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
@@ -106,6 +107,23 @@ def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int, steps) 
 # ----------------------------------------------------------------------------- node
 
 
+def _atomic_write(path: Path, write) -> None:
+    """``write(fh)`` into a 0600 temporary file beside ``path``, fsync, rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def prepared_view_path(sdir: Path, p: int) -> Path | None:
     """The node's prepared view of this job (``view-<p>.npy`` or ``.npz``), or None for a plain factorisation."""
     for suffix in (".npy", ".npz"):
@@ -146,10 +164,10 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
     drop_prepared_view(sdir, p)
     if sp.issparse(Y):
         path = sdir / f"view-{p}.npz"
-        write_atomic(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(Y), compressed=False))
+        _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(Y), compressed=False))
     else:
         path = sdir / f"view-{p}.npy"
-        write_atomic(path, lambda fh: np.save(fh, np.asarray(Y), allow_pickle=False))
+        _atomic_write(path, lambda fh: np.save(fh, np.asarray(Y), allow_pickle=False))
     arrays = {k: v for k, v in info.items() if isinstance(v, np.ndarray)}
     meta = {k: v for k, v in info.items() if k not in arrays}
     meta.update(n_components=int(n_components), normalize_views=scale_views)
@@ -189,6 +207,8 @@ def write_labels_csv(path, labels, sample_ids=None) -> Path:
     labels = np.asarray(labels)
     ids = np.arange(labels.size) if sample_ids is None else np.asarray(sample_ids)
     text = "sample_id,cluster\n" + "".join(f"{i},{int(k)}\n" for i, k in zip(ids, labels))
+    from fedsonmf._io import write_atomic
+
     write_atomic(path, text)
     return path
 
@@ -209,7 +229,8 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
     write_labels_csv(out / "labels.csv", labels)
-    save_npy_atomic(out / "centers.npy", centers)
+    np.save(out / ".centers.tmp.npy", centers)
+    os.replace(out / ".centers.tmp.npy", out / "centers.npy")
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv")}
