@@ -40,7 +40,8 @@ class ServerUpdateV(FedMGS):
     """
 
     def __init__(self, server_step: str | float = "alpha", *, name: str | None = None):
-        default = {"alpha": "server_update", "eta_g_alpha": "server_update_etag"}.get(server_step, "server_update_custom")
+        names = {"alpha": "server_update", "eta_g_alpha": "server_update_etag"}
+        default = names.get(server_step, "server_update_custom") if isinstance(server_step, str) else "server_update_custom"
         super().__init__(gradient="last", server_step=server_step, local_steps=1, name=name or default)
 
 
@@ -77,8 +78,10 @@ class LocalCopy(FedSONMFAlgorithm):
     def server_init(self, Vbar1, cfg: FedConfig) -> ServerState:
         return super().server_init(Vbar1, self.inner_config(cfg))
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, **kw):
-        return super().client_round(X, x_sqnorm, state, msg, self.inner_config(cfg), **kw)
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
+        return super().client_round(X, x_sqnorm, state, msg, self.inner_config(cfg), cols=cols)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, **kw) -> ServerState:
-        return super().server_round(state, replies, self.inner_config(cfg), **kw)
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None, *,
+                     clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
+        return super().server_round(state, replies, self.inner_config(cfg), agg=agg, clients=clients,
+                                    keep_g=keep_g, n_clients=n_clients)

@@ -65,7 +65,7 @@ class FederatedAlgorithm:
         """Mean over the clients of uplink array ``key``: from the aggregate when it holds it,
         else from the replies (in client order; bit-identical to the aggregate's S / m)."""
         if agg is not None and key in agg.sums:
-            return agg.sums[key] / agg.count
+            return np.asarray(agg.sums[key] / agg.count)
         return aggregate([rep.arrays[key] for rep in replies])
     #: differential privacy (fedsonmf.protocol.privacy) is implemented: ``dp_references`` names every
     #: uplink array and the public point it is clipped around
@@ -81,9 +81,16 @@ class FederatedAlgorithm:
         return (), ("d", "n", "x_sqnorm")
 
     # ------------------------------------------------------------------ client side
-    def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig) -> tuple[ClientState, Message]:
+    def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None,
+                     n: int | None = None) -> tuple[ClientState, Message]:
         """Draw U_p^{1,0} from the client's own seeded stream; reply with what
-        the server needs for Vbar^1 (ALGORITHM.md §6)."""
+        the server needs for Vbar^1 (ALGORITHM.md §6).
+
+        ``cols`` (sorted sample indices) and ``n`` describe an incomplete view
+        (§15.1): ``X`` then holds only those columns.  Only algorithms with
+        :attr:`supports_masks` accept them.
+        """
+        _no_masks(self, cols)
         d, n = X.shape
         rng = client_rng(int(msg.scalars["seed"]), int(msg.scalars["client"]))
         U = init_basis(X, cfg.n_components, cfg.init_u, rng)
@@ -94,8 +101,12 @@ class FederatedAlgorithm:
             return state, Message("setup", 0, {"Vproj": np.maximum(UtX, 0.0)}, scalars)
         return state, Message("setup", 0, {}, {**scalars, "x_sqnorm": float(x_sqnorm)})
 
-    def client_round(self, X, x_sqnorm: float, state: ClientState, msg: Message, cfg: FedConfig):
-        """One round on one client. Returns ``(new_state, reply)``."""
+    def client_round(self, X, x_sqnorm: float, state: ClientState, msg: Message, cfg: FedConfig,
+                     cols=None) -> tuple[ClientState, Message]:
+        """One round on one client. Returns ``(new_state, reply)``.
+
+        ``cols``: the held samples of an incomplete view (:attr:`supports_masks`).
+        """
         raise NotImplementedError
 
     def dp_references(self, msg: Message, cfg: FedConfig, cols=None) -> dict:
@@ -124,7 +135,7 @@ class FederatedAlgorithm:
             if agg is not None and "x_sqnorm" in agg.sums:
                 target = float(agg.sums["x_sqnorm"]) / agg.count
             else:
-                target = float(np.mean([rep.scalars["x_sqnorm"] for rep in replies]))
+                target = float(np.mean([float(rep.scalars["x_sqnorm"]) for rep in replies]))
             Vbar1 *= np.sqrt(target) / max(np.linalg.norm(Vbar1), 1e-300)
         return self.state_from_vbar1(Vbar1, cfg)
 
@@ -133,11 +144,11 @@ class FederatedAlgorithm:
         if cfg.mu_is_auto:
             cfg = cfg.resolved(resolve_mu(cfg.mu_scale, cfg.eta_tilde, Vbar1))
         state = self.server_init(Vbar1, cfg)
-        state.arrays["mu"] = np.asarray(float(cfg.mu))  # the number in force (kept in checkpoints)
+        state.arrays["mu"] = np.asarray(cfg.mu_value)  # the number in force (kept in checkpoints)
         return state
 
     def server_init(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
-        return ServerState(1, {"Vbar": Vbar1, "V": prox_l21_nonneg(Vbar1, cfg.eta_tilde * cfg.mu)})
+        return ServerState(1, {"Vbar": Vbar1, "V": prox_l21_nonneg(Vbar1, cfg.eta_tilde * cfg.mu_value)})
 
     def broadcast(self, state: ServerState) -> Message:
         """The downlink message of round ``state.round``."""
@@ -148,11 +159,35 @@ class FederatedAlgorithm:
         return state.arrays["V"]
 
     def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig,
-                     agg: Aggregate | None = None) -> ServerState:
+                     agg: Aggregate | None = None, *, clients=None, keep_g: bool = False,
+                     n_clients: int | None = None) -> ServerState:
         """The server step from the round's replies; the items of :meth:`summed_items`
-        are read from ``agg`` when given (their sums), else from the replies."""
+        are read from ``agg`` when given (their sums), else from the replies.
+
+        Partial participation (§15.2, :attr:`supports_partial`) adds: ``clients``, the
+        indices of the replies when not every client answered (None: all did);
+        ``keep_g`` with ``n_clients``, the server keeps every client's last correction
+        (rejoin rule "server").  The loop passes them only to algorithms that support
+        partial rounds.
+        """
         raise NotImplementedError
 
-    def reply_columns(self, state: ServerState, clients):
+    def reply_columns(self, state: ServerState, clients) -> list | None:
         """Sample indices of each reply's blocks (None: complete data)."""
         return None
+
+    def rejoin_message(self, state: ServerState, base: Message, rule: str, has_rounds: bool) -> Message:
+        """The round message for a client that missed the previous round (§15.2).
+
+        ``base`` is the round's ordinary message, ``rule`` the participation's rejoin
+        rule, ``has_rounds`` whether the client took part in any round before.
+        Only algorithms with :attr:`supports_partial` implement it.
+        """
+        raise NotImplementedError(f"{self.name} does not support partial participation")
+
+
+def _no_masks(alg: FederatedAlgorithm, cols) -> None:
+    if cols is not None and not alg.supports_masks:
+        from fedsonmf.exceptions import ParameterError
+
+        raise ParameterError(f"algorithm {alg.name!r} does not support incomplete views (masks)")

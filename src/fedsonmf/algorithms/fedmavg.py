@@ -57,9 +57,9 @@ class FedMAvg(FederatedAlgorithm):
     def broadcast(self, state: ServerState) -> Message:
         return Message("round", state.round, {"V": state.arrays["V"]})
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig):
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
-        alpha, t = cfg.alpha, cfg.alpha * cfg.mu
+        alpha, t = cfg.alpha, cfg.alpha * cfg.mu_value
 
         def v_update(k, U, UtX, Vl):
             return prox_l21_nonneg(Vl - alpha * grad_at(U, UtX, Vl), t)
@@ -69,5 +69,6 @@ class FedMAvg(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX})
         return new_state, Message("round", msg.round, {"V": tr.V}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None, *,
+                     clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
         return ServerState(state.round + 1, {"V": self.mean_of("V", replies, agg)})

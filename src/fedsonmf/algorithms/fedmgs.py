@@ -69,7 +69,7 @@ class FedMGS(FederatedAlgorithm):
     def broadcast(self, state: ServerState) -> Message:
         return Message("round", state.round, {"V": state.arrays["V"]})
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig):
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
         tau = self.local_steps or cfg.tau
         grads = []
@@ -88,8 +88,9 @@ class FedMGS(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX})
         return new_state, Message("round", msg.round, {"grad": g}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None, *,
+                     clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
         eta = resolve_step(self.server_step, cfg)
         V = state.arrays["V"]
         G = self.mean_of("grad", replies, agg)
-        return ServerState(state.round + 1, {"V": prox_l21_nonneg(V - eta * G, eta * cfg.mu)})
+        return ServerState(state.round + 1, {"V": prox_l21_nonneg(V - eta * G, eta * cfg.mu_value)})

@@ -68,7 +68,7 @@ class FedVRA(FederatedAlgorithm):
     def broadcast(self, state: ServerState) -> Message:
         return Message("round", state.round, {"V": state.arrays["V"]})
 
-    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig):
+    def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
         rho, alpha = self.rho(cfg), cfg.alpha
         Lam = state.arrays.get("Lambda")
@@ -84,9 +84,10 @@ class FedVRA(FederatedAlgorithm):
         new_state = ClientState(msg.round, {"U": tr.U, "UtX": tr.UtX, "Lambda": Lam_new})
         return new_state, Message("round", msg.round, {"W": tr.V + Lam_new / rho}, {}, diag)
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None, *,
+                     clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
         rho = self.rho(cfg)
-        V_plus = prox_l21_nonneg(self.mean_of("W", replies, agg), cfg.mu / rho)
+        V_plus = prox_l21_nonneg(self.mean_of("W", replies, agg), cfg.mu_value / rho)
         V = state.arrays["V"]
         theta = self.relaxation
         V_next = V_plus if theta == 1.0 else (1.0 - theta) * V + theta * V_plus

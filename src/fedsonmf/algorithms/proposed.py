@@ -173,8 +173,8 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             arrays["V_prev"] = state.arrays["V_prev"]
         return Message(base.kind, base.round, arrays, {**base.scalars, "rejoin": rule})
 
-    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, clients=None,
-                     keep_g: bool = False, n_clients: int | None = None, agg: Aggregate | None = None) -> ServerState:
+    def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg: Aggregate | None = None,
+                     *, clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
         """Server step; ``clients`` (indices of the replies, None = every client in order)
         for a partial round; ``keep_g`` maintains the server-kept G_p of rule (b) (it needs
         every client's own upload, so it cannot run on an aggregate alone); ``agg``: the

@@ -16,7 +16,7 @@ rounds divided by ref, for ref in {R^1 (paper), R^0 (at initialisation)}.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def diagnostic_sums(diagnostics: Sequence[dict], cols=None, shape=None) -> dict:
     return out
 
 
-def round_metrics_from_sums(V: np.ndarray, sums: dict, m: int, eta: float, mu: float, counts=None) -> dict:
+def round_metrics_from_sums(V: np.ndarray, sums: Mapping, m: int, eta: float, mu: float, counts=None) -> dict:
     """Objective and residuals of round s from the *sums* of the clients' diagnostics.
 
     ``sums``: ``grad0`` (r x n, the sum of the m clients' gradients at the round
@@ -131,6 +131,6 @@ def normalised(R: Sequence[float], ref: float, average: bool, eps: float = 1e-12
     ``average=True, ref=R^1`` is the paper's printed metric, which can never
     fall below 1/s (§7.3); the other three variants are reported next to it.
     """
-    R = np.asarray(R, dtype=float)
-    vals = np.cumsum(R) / np.arange(1, len(R) + 1) if average else R
-    return vals / max(ref, eps)
+    Rs = np.asarray(R, dtype=float)
+    vals = np.cumsum(Rs) / np.arange(1, len(Rs) + 1) if average else Rs
+    return np.asarray(vals / max(ref, eps))

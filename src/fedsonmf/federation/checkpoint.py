@@ -19,7 +19,6 @@ Arrays are stored with ``np.savez`` (no pickle); float64 round-trips bit-exactly
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import private_dir, temp_writer_alive, write_atomic
-from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import CheckpointError
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import History, json_default
@@ -114,13 +112,8 @@ def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def config_from_dict(d: dict) -> FedConfig:
-    """Rebuild a :class:`FedConfig` from ``FedConfig.to_dict()`` (or its JSON)."""
-    names = {f.name for f in dataclasses.fields(FedConfig)}
-    kwargs = {k: v for k, v in d.items() if k in names and k != "ustep"}
-    if "ustep" in d:
-        u = d["ustep"]
-        kwargs["ustep"] = u if isinstance(u, PenaltyOptions) else PenaltyOptions(**u)
-    return FedConfig(**kwargs)
+    """Rebuild a :class:`FedConfig` from ``FedConfig.to_dict()`` (or its JSON): :meth:`FedConfig.from_dict`."""
+    return FedConfig.from_dict(d)
 
 
 # ----------------------------------------------------------------------------- server

@@ -21,7 +21,8 @@ import json
 import secrets
 import time
 import warnings
-from typing import Callable, Protocol, Sequence
+from types import FrameType
+from typing import Any, Callable, Mapping, Protocol, Sequence, cast, runtime_checkable
 
 import numpy as np
 
@@ -55,7 +56,8 @@ def _user_stacklevel() -> int:
 
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fedsonmf package
     skip = (pkg + os.sep, os.sep + "sklearn" + os.sep)
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(skip[0])
                                  or skip[1] in frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
@@ -70,10 +72,29 @@ def _algorithm(name) -> FederatedAlgorithm:
         raise ParameterError(f"algorithm: {exc}") from None
 
 
+@runtime_checkable
 class Transport(Protocol):
+    """What the loop needs of a driver: send one message to every client, get the replies.
+
+    ``exchange(messages)`` sends ``messages[p]`` to client ``p`` and returns the
+    replies in client order; a lost client raises
+    :class:`~fedsonmf.exceptions.FederationError`.
+    """
+
     n_clients: int
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]: ...
+
+
+@runtime_checkable
+class PartialTransport(Transport, Protocol):
+    """A transport that can run partial rounds (§15.2): ask some clients, keep who answered.
+
+    ``exchange_some({p: message})`` returns ``{p: reply}`` for the clients that
+    answered in time; missing clients are simply absent (the loop checks the quorum).
+    """
+
+    def exchange_some(self, messages: Mapping[int, Message]) -> dict[int, Message]: ...
 
 
 class ClientRuntime:
@@ -177,7 +198,7 @@ class ClientRuntime:
         if cfg.mu_is_auto:  # the server resolved mu="auto" from V-bar^1 and sends the number (§11 [C])
             if "mu" not in msg.scalars:
                 raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
-            cfg = cfg.resolved(msg.scalars["mu"])
+            cfg = cfg.resolved(float(msg.scalars["mu"]))
         dp_seed = self.state.arrays.get("dp_seed")
         if cfg.dp_enabled and dp_seed is None:
             raise ProtocolError("differential privacy: the client state holds no noise seed (set up without DP?)")
@@ -186,6 +207,7 @@ class ClientRuntime:
         if secure:
             self.state = secagg.keep_protocol_state(old, self.state)
         if cfg.dp_enabled:
+            assert dp_seed is not None  # checked above
             self.state.arrays["dp_seed"] = dp_seed
             reply = self._privatise(msg, reply, cfg)
         reply = self.finalise_upload(reply, msg)
@@ -210,6 +232,7 @@ class ClientRuntime:
         extra += sorted(set(reply.scalars) - set(alg.dp_clear_scalars))
         if extra:
             raise ProtocolError(f"differential privacy: {alg.name} reply items {extra} are not covered by the noise")
+        assert self.state is not None and cfg.dp_sigma is not None  # set up, with DP on
         seed = self.state.arrays["dp_seed"]
         clip = cfg.dp_clip_setup if msg.kind == "setup" else cfg.dp_clip
         std = cfg.dp_sigma * 2.0 * clip  # multiplier x L2 sensitivity (2 clip) of replacing the view
@@ -281,7 +304,8 @@ class DivergenceMonitor:
 
     def __init__(self, alg: FederatedAlgorithm, cfg: FedConfig):
         self.alg, self.cfg = alg, cfg
-        self.F1 = self.N1 = None
+        self.F1: float | None = None
+        self.N1: float | None = None
         self.warned = False
 
     def _ref(self, F1: float, N1: float) -> float:
@@ -398,7 +422,7 @@ def run_federation(
         participation.check(m)
         if not alg.supports_partial:
             raise ParameterError(f"algorithm {alg.name!r} does not support partial participation")
-        if not hasattr(transport, "exchange_some"):
+        if not isinstance(transport, PartialTransport):
             raise ParameterError(f"{type(transport).__name__} cannot run partial rounds (no exchange_some)")
     t_start = time.perf_counter()
 
@@ -448,23 +472,24 @@ def run_federation(
         s = state.round
         msg = alg.broadcast(state)
         if auto_mu:
-            msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu})
+            msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu_value})
         if kept_sum:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
         V_s = alg.current_v(state)
         bits = None
         if secure:  # the fixed point of this round, from public numbers only
+            assert sa_exp_arr is not None  # set at setup (or refused at resume)
             bits = secagg.server_bits(round_spec, int(sa_exp_arr), float(np.sqrt(sqnorm(V_s))), m)
         extra_up = 0
         if participation is None:
-            if secure:
+            if bits is not None:
                 msg = _with_secagg(msg, range(m), bits)
                 replies, agg = exchange_sum(transport, [msg] * m, bits)
             else:
                 replies = transport.exchange([msg] * m)
             who = list(range(m))
         else:
-            replies, who, msgs, agg, extra_up = _partial_exchange(transport, alg, state, msg, participation, history,
+            replies, who, msgs, agg, extra_up = _partial_exchange(cast(PartialTransport, transport), alg, state, msg, participation, history,
                                                                   m, seed, round_spec if secure else None,
                                                                   sa_exp_arr, V_s)
         for p, rep in zip(who, replies):
@@ -476,7 +501,7 @@ def run_federation(
             agg = plain_aggregate(replies, who, round_spec, "round", s, cols=cols, shape=V_s.shape)
         # plain replies carry the uploads themselves (the sums from them are bit-identical); with
         # secure aggregation the server step reads them from the aggregate only
-        kw = {"agg": agg} if secure else {}
+        kw: dict[str, Any] = {"agg": agg} if secure else {}
         if participation is None:
             state = alg.server_round(state, replies, cfg, **kw)
         else:
@@ -487,12 +512,12 @@ def run_federation(
             state.arrays["mu"] = mu_arr
         if sa_exp_arr is not None:
             state.arrays["secagg_exp"] = sa_exp_arr
-        row = {"round": s}
+        row: dict[str, Any] = {"round": s}
         if cfg.diagnostics:
             counts = None
             if cols is not None and any(c is not None for c in cols):
                 counts = column_counts(cols, V_s.shape[1])
-            row.update(round_metrics_from_sums(V_s, agg.sums, agg.count, cfg.eta_tilde, cfg.mu, counts=counts))
+            row.update(round_metrics_from_sums(V_s, agg.sums, agg.count, cfg.eta_tilde, cfg.mu_value, counts=counts))
         row["effective_rank"] = effective_rank(alg.current_v(state))
         diag_masked = sum(a.nbytes for rep in replies for k, a in rep.arrays.items()
                           if k.startswith(secagg.MASKED_PREFIX + "diagnostics."))
@@ -562,7 +587,7 @@ def _last_rounds(history: History, m: int) -> np.ndarray:
     return last
 
 
-def _partial_exchange(transport, alg, state: ServerState, msg: Message, participation: Participation,
+def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, state: ServerState, msg: Message, participation: Participation,
                       history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None):
     """One partial round (§15.2): ask the sampled clients, keep those that replied.
 
@@ -597,7 +622,7 @@ def _partial_exchange(transport, alg, state: ServerState, msg: Message, particip
     who = sorted(got)
     _check_quorum(s, asked, who, need)
     replies = [got[p] for p in who]
-    if spec is None:
+    if spec is None or bits is None:
         return replies, who, list(msgs.values()), None, 0
     params = secagg.params_json(asked, bits, nonce=nonce, survivors=who)
     keys = transport.exchange_some({p: Message("unmask", s, {}, {secagg.SECAGG_KEY: params}) for p in who})
@@ -633,7 +658,7 @@ def plain_aggregate(replies: Sequence[Message], clients, spec: dict, kind: str, 
     used before the sums existed, so plain runs are bit-identical; scalars with ``np.sum``.
     """
     masked = cols is not None and any(c is not None for c in cols)
-    sums = {}
+    sums: dict[str, Any] = {}
     for key, (field, _deg) in spec.items():
         vals = [getattr(rep, field)[key] for rep in replies]
         if field == "scalars" or np.ndim(vals[0]) == 0:
@@ -651,11 +676,8 @@ def plain_aggregate(replies: Sequence[Message], clients, spec: dict, kind: str, 
 def exchange_sum(transport, messages: Sequence[Message], bits: dict) -> tuple[list[Message], Aggregate]:
     """One masked exchange with every client: ``(replies, Aggregate)``.
 
-    Uses ``transport.exchange_sum`` when the transport has it, else its ``exchange``; the
-    aggregate is the ring sum of the masked items decoded at the scale ``bits``.
+    The aggregate is the ring sum of the masked items decoded at the scale ``bits``.
     """
-    if hasattr(transport, "exchange_sum"):
-        return transport.exchange_sum(messages, bits)
     replies = transport.exchange(messages)
     return replies, secagg.aggregate_masked(replies, range(len(replies)), messages[0].kind, messages[0].round, bits)
 

@@ -144,6 +144,14 @@ class FedConfig:
     def mu_is_auto(self) -> bool:
         return isinstance(self.mu, str) and self.mu == "auto"
 
+    @property
+    def mu_value(self) -> float:
+        """The l2,1 weight as a number; a config still at ``mu="auto"`` has none yet (the
+        server resolves it from V-bar^1 at setup: :meth:`resolved`)."""
+        if isinstance(self.mu, str):
+            raise ParameterError("mu='auto' is resolved by the server at setup; this config has no number yet")
+        return float(self.mu)
+
     def __post_init__(self):
         # NumPy scalars (np.int64, np.float32, np.bool_) are accepted and stored as Python scalars,
         # so the config's JSON (checkpoints, setup messages) is the same whatever the caller passed
@@ -184,6 +192,8 @@ class FedConfig:
             if self.init_v != "projection":
                 raise ParameterError(f"differential privacy needs init_v='projection' (its setup upload is noised); "
                                      f"init_v={self.init_v!r} sends ||X_p||_F^2 in the clear")
+        if self.ustep is None:  # the table's default: the U-solver's own defaults
+            set_("ustep", PenaltyOptions())
         if not isinstance(self.ustep, PenaltyOptions):
             raise ParameterError(
                 f"ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance, got {type(self.ustep).__name__}")
@@ -193,6 +203,17 @@ class FedConfig:
         return self.replace(mu=float(mu)) if self.mu_is_auto else self
 
     def to_dict(self) -> dict:
+        """Every field (``ustep`` as a dict) plus the derived ``eta_tilde``; JSON-ready."""
         d = dataclasses.asdict(self)
         d["eta_tilde"] = self.eta_tilde
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FedConfig":
+        """The config of :meth:`to_dict` (or of its JSON): unknown and derived keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names and k != "ustep"}
+        u = d.get("ustep")
+        if u is not None:
+            kwargs["ustep"] = u if isinstance(u, PenaltyOptions) else PenaltyOptions(**u)
+        return cls(**kwargs)

@@ -10,7 +10,7 @@ and are counted separately so the algorithm's traffic stays visible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Any, Mapping, Union
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class Aggregate:
 
     kind: str
     round: int
-    sums: Mapping[str, object] = field(default_factory=dict)
+    sums: Mapping[str, Any] = field(default_factory=dict)  # ndarray or float per item
     clients: tuple = ()
 
     @property

@@ -30,8 +30,8 @@ def _count(x, m: int, name: str) -> int:
         raise ParameterError(f"{name} must be an integer >= 1 or a fraction in (0, 1], got {x!r}")
     if isinstance(x, numbers.Integral):
         k = int(x)
-    elif 0 < x <= 1:
-        k = math.ceil(x * m - 1e-12)
+    elif 0 < float(x) <= 1:
+        k = math.ceil(float(x) * m - 1e-12)
     else:
         raise ParameterError(f"{name} must be an integer >= 1 or a fraction in (0, 1], got {x!r}")
     if not 1 <= k <= m:
