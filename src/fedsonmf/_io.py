@@ -19,8 +19,9 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
+from typing import Union
 
 __all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
            "check_private_file", "FILE_MODE", "DIR_MODE"]

@@ -18,7 +18,8 @@ import typer
 
 from fedsonmf.protocol.params import PARAMS
 
-__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS", "DP_OPTIONS"]
+__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS",
+           "DP_OPTIONS"]
 
 #: the algorithm options every federated command offers (flags derived from the names)
 ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "algorithm")

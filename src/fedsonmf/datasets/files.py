@@ -395,7 +395,10 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
                     what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
                     raise InputError(f"{path}: line {dlines[k]}, column {cols[jj] + 1}: {what}{hint}")
         raise InputError(f"{path}: cells that are not numbers")  # pragma: no cover - numpy and float() disagree
-    locate = (lambda i, j: f"line {dlines[i]}, column {cols[j] + 1}")
+
+    def locate(i, j):
+        return f"line {dlines[i]}, column {cols[j] + 1}"
+
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
 

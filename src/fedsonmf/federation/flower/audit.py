@@ -33,12 +33,13 @@ not reply, ``secagg.pair_keys``, uint8 (k, 32)).
 
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
-at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
+at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array
+with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.federation.flower import codec
@@ -148,7 +149,8 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
-        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key", MASKED_PREFIX + "pair_keys": "keys"}}
+        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key",
+                                                 MASKED_PREFIX + "pair_keys": "keys"}}
     return decl
 
 
@@ -194,7 +196,8 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
         meta = recs.get(codec.META, {}).get("items", {})
         kind = meta.get("kind", {}).get("value")
         key = (row["direction"], kind)
-        where = f"message {i} ({row['direction']} {kind} round {meta.get('round', {}).get('value')}, client {row['client']})"
+        rnd = meta.get("round", {}).get("value")
+        where = f"message {i} ({row['direction']} {kind} round {rnd}, client {row['client']})"
         if key not in decl:
             bad.append(f"{where}: undeclared message kind")
             continue

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict

@@ -142,7 +142,7 @@ class Authority:
         self._key = private_key
 
     @classmethod
-    def create(cls, path) -> "Authority":
+    def create(cls, path) -> Authority:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -152,9 +152,8 @@ class Authority:
         return cls(key)
 
     @classmethod
-    def load(cls, path) -> "Authority":
+    def load(cls, path) -> Authority:
         from cryptography.hazmat.primitives import serialization
-
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         check_private_file(path, "coordinator key file")
@@ -171,7 +170,8 @@ class Authority:
         return _b64(self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
     def write_public(self, path) -> Path:
-        """The public key file nodes trust (one base64url line; not secret; 0600 like every file we write: the operator copies it)."""
+        """The public key file nodes trust (one base64url line; not secret; 0600 like every file we
+        write: the operator copies it)."""
         return write_atomic(path, self.public_key + "\n", mode=0o600)
 
     def token(self, *, job_id: str, fab_hash: str, run_config: dict) -> str:
@@ -207,7 +207,7 @@ class Pin:
     public_key: str
 
     @classmethod
-    def load(cls, path) -> "Pin":
+    def load(cls, path) -> Pin:
         check_private_file(path, "gate pin file")
         d = json.loads(Path(path).read_text())
         return cls(frozenset(d["fab-sha256"]), str(d["coordinator-public-key"]))
@@ -349,8 +349,8 @@ def _runtime_client(address: str, root_certificates: str | None, interceptors):
 def _task_client(address: str, root_certificates: str | None, token: str, component: str):
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 
-    return _runtime_client(address, root_certificates,
-                           [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)])
+    interceptors = [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)]
+    return _runtime_client(address, root_certificates, interceptors)
 
 
 def _heartbeat_fn(client, stopped: threading.Event):
@@ -516,9 +516,9 @@ def run_serverapp_task(spec: dict) -> int:
     from flwr.common.constant import SubStatus
     from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
     from flwr.proto.runtime_pb2 import PullTaskInputResponse, PushTaskOutputRequest
-    from flwr.superlink.grid import HttpGrid
     from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.grid import HttpGrid
 
     res = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id

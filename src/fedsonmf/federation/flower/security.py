@@ -171,7 +171,7 @@ def make_tls(directory, hosts=("127.0.0.1",), *, days: int = 365, name: str = "f
     if not hosts:
         raise InputError("make_tls needs at least one host address for the server certificate")
     directory = Path(directory)
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     start, end = now - _dt.timedelta(minutes=5), now + _dt.timedelta(days=int(days))
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} deployment CA {os.urandom(4).hex()}")])

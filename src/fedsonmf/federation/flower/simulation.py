@@ -41,6 +41,8 @@ import uuid
 from pathlib import Path
 
 from fedsonmf.exceptions import FlowerRunError, InputError
+from fedsonmf.federation import deployment_defaults as dd
+from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.federation.flower.launcher import (
     _bin,
     _check_view_files,
@@ -57,6 +59,9 @@ from fedsonmf.protocol.history import FitResult
 __all__ = ["SimulationSuperLink", "run_simulation", "simulation_run_config", "federation_config"]
 
 CONNECTION = "fedsonmf-sim"
+#: seconds for a simulation's handshake: it includes Ray's start-up and one message per client
+#: (our choice, more than a deployment's ``node-timeout``)
+SIM_NODE_TIMEOUT = 300.0
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:
@@ -130,7 +135,7 @@ class SimulationSuperLink:
         self.ray_tmp: Path | None = None
         self.log = self.run_dir / "logs" / "superlink.log"
 
-    def start(self, timeout: float = 120.0) -> "SimulationSuperLink":
+    def start(self, timeout: float = 120.0) -> SimulationSuperLink:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -220,10 +225,13 @@ def federation_config(n_clients: int, *, cpus_per_client: int = 1) -> str:
 
 
 def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorithm: str = "fedsonmf",
-                          max_rounds: int = 10, tol: float = 0.0, seed: int = 0, job_id: str | None = None,
-                          round_timeout: float = 300.0, node_timeout: float = 300.0,
+                          max_rounds: int | None = None, tol: float | None = None, seed: int = dd.SEED,
+                          job_id: str | None = None, round_timeout: float = dd.ROUND_TIMEOUT,
+                          node_timeout: float = SIM_NODE_TIMEOUT,
                           record_wire: bool = False) -> dict:
-    """The run config (keys of the app template) of a simulation run."""
+    """The run config (keys of the app template) of a simulation run (``max_rounds``, ``tol``:
+    :func:`~fedsonmf.federation.budget.resolve_budget`)."""
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     rc = {
         "num-clients": int(n_clients), "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol),
         "seed": int(seed), "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
@@ -274,9 +282,10 @@ def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
     return folder, len(views)
 
 
-def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
-                   seed: int = 0, cpus_per_client: int = 1, round_timeout: float = 300.0,
-                   node_timeout: float = 300.0, record_wire: bool = False, pin_threads: bool = True,
+def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int | None = None,
+                   tol: float | None = None, seed: int = dd.SEED, cpus_per_client: int = 1,
+                   round_timeout: float = dd.ROUND_TIMEOUT,
+                   node_timeout: float = SIM_NODE_TIMEOUT, record_wire: bool = False, pin_threads: bool = True,
                    timeout: float = 3600.0) -> FitResult:
     """Run a federation in Flower's simulation engine, one virtual node per view, and return its result.
 
@@ -290,6 +299,13 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
         Hyper-parameters (``cfg.diagnostics`` is honoured).
     run_dir : path
         The run folder (created).
+    algorithm : str, default="fedsonmf"
+        A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
+    max_rounds, tol : int, float or None, default=None
+        The budget; None = the parameter table's defaults
+        (:func:`~fedsonmf.federation.budget.resolve_budget`).
+    seed : int, default=0
+        The run seed (a run config needs a number).
     cpus_per_client : int
         Ray CPUs per virtual node: the engine runs ``cores // cpus_per_client`` clients at a time.
     pin_threads : bool
@@ -315,6 +331,7 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
         raise ImportError("Flower's simulation engine needs Ray: pip install \"fedsonmf[simulation]\" "
                           "(from a checkout: pip install \".[simulation]\")")
     t0 = time.perf_counter()
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     sim_dir, m = _view_dir(views, run_dir)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
