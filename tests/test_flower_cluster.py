@@ -12,7 +12,6 @@ import json
 import os
 import stat
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from flwr.app import Message as FlwrMessage  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
+
+from _waits import read_status, status_progress, wait_until  # noqa: E402
 
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
@@ -322,16 +323,15 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     th.start()
     seen = []
     status = out / "server" / "status.json"
-    deadline = time.monotonic() + 600
-    while th.is_alive() and time.monotonic() < deadline:
-        try:
-            st = json.loads(status.read_text())
-        except (OSError, ValueError):
-            st = None
+
+    def watch():
+        st = read_status(status)
         if st and st.get("status") == "running" and st.get("phase") == "round":
             seen.append((st["round"], st["rounds_done"], st["max_rounds"]))
-        time.sleep(0.05)
-    th.join(timeout=60)
+        return not th.is_alive()
+
+    wait_until(watch, "the CLI run to end", progress=status_progress(out / "server"))
+    th.join()
     r = result["r"]
     assert r.exit_code == 0, r.output
     assert seen and {s[2] for s in seen} == {3}

@@ -30,6 +30,8 @@ pytest.importorskip("flwr")
 
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from _waits import STALL  # noqa: E402
+
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
@@ -173,7 +175,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def _wait_for(predicate, what: str, timeout: float = 120.0, proc=None, log=None):
+def _wait_for(predicate, what: str, timeout: float = STALL, proc=None, log=None):
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
         if proc is not None:
@@ -203,7 +205,7 @@ class Outsider:
         out = self.flwr("run", str(app_dir), "x", "--format", "json")
         return int(json.loads(out[out.index("{"):])["run-id"])
 
-    def wait_finished(self, run_id: int, timeout: float = 180.0) -> dict:
+    def wait_finished(self, run_id: int, timeout: float = STALL) -> dict:
         def finished():
             out = self.flwr("ls", "x", "--format", "json", "--run-id", str(run_id))
             runs = json.loads(out[out.index("{"):])["runs"]
@@ -254,7 +256,7 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
         if background:
             if argv[2] == "superlink":
                 port = int(argv[argv.index("--port") + 1])
-                deadline = time.monotonic() + 120
+                deadline = time.monotonic() + STALL  # an event (the port answers) with a generous ceiling
                 while not hosts.reaches(host, ADDRESSES[host], port):
                     assert proc.poll() is None, log.read_text()
                     assert time.monotonic() < deadline, f"the SuperLink never listened; {log.read_text()}"
@@ -347,11 +349,11 @@ def test_daemon_command_stops_its_gate_executor_with_it(tmp_path):
     cmd, log, home, (daemon, executor) = start("a")
     assert gate.Pin.load(home / "gate" / "pin.json").fab_sha256 == {gate.installed_fab_sha256()}
     os.kill(cmd.pid, signal.SIGTERM)
-    assert cmd.wait(timeout=60) == 0, log.read_text()
+    assert cmd.wait(timeout=STALL) == 0, log.read_text()
     assert _processes_mentioning(str(home)) == []
     cmd, log, home, (daemon, executor) = start("b")
     os.kill(daemon, signal.SIGKILL)
-    assert cmd.wait(timeout=60) == 1, log.read_text()
+    assert cmd.wait(timeout=STALL) == 1, log.read_text()
     assert "flower-superlink exited with code -9" in log.read_text()
     assert _processes_mentioning(str(home)) == []
 

@@ -32,6 +32,8 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from _waits import STALL  # noqa: E402
+
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.exceptions import FederationError, InputError  # noqa: E402
@@ -209,7 +211,7 @@ def _online(dep) -> set[int]:
     return {int(n["node-id"]) for n in nodes if n["status"] == "online"}
 
 
-def _wait(pred, what, timeout=90.0):
+def _wait(pred, what, timeout=STALL):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -244,7 +246,7 @@ def _stop(proc):
 
 def _config(job):
     return {"num-rounds": ROUNDS, "seed": SEED, "config-json": json.dumps(CFG.to_dict()), "job-id": job,
-            "round-timeout": 90.0, "node-timeout": 90.0}
+            "round-timeout": STALL, "node-timeout": STALL}  # ceilings of event waits (a loaded machine)
 
 
 @deploy
