@@ -390,10 +390,10 @@ def register(app, reproduce_app) -> None:
         views: list[Path] = typer.Argument(..., help="A folder of view0.*, view1.*, ... (one per simulated "
                                            "client; node state is written into it), or the view files."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, results)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        seed: int = _seed_option("Run seed."),
         cpus_per_client: int = typer.Option(1, "--cpus-per-client", min=1,
                                             help="Ray CPUs per simulated client (clients run cores/this at a time)."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
+        round_timeout: float = _round_timeout_option(),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
         params: dict = None,
     ):
@@ -756,11 +756,11 @@ def _register_machine_commands(flower_app) -> None:
         out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
                                  "here: submit on the SuperLink host, or give an absolute path)."),
         clients: int = typer.Option(..., "--clients", min=1, help="Number of views (SuperNodes)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        seed: int = _seed_option("Run seed."),
         job_id: str = typer.Option("", "--job-id", help="Names the nodes' state files (keep it to resume)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from out-dir/checkpoint."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
-        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
+        round_timeout: float = _round_timeout_option(),
+        node_timeout: float = _node_timeout_option(),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the submitter."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP and no pins (warns)."),
         coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
@@ -793,8 +793,11 @@ def _register_machine_commands(flower_app) -> None:
                   f"from `fedsonmf flower keys coordinator`): {exc}")
         if insecure:
             typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
+        from fedsonmf.federation.budget import resolve_budget
+
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         cfg = FedConfig(**params)
+        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
         home = home.resolve()
         sec.write_connection(home, CONNECTION, superlink_addr, None if insecure else ca)
         app_dir = write_app_dir(home / "fedsonmf-app")
