@@ -41,7 +41,7 @@ no id is sent.  (Agreeing that every party holds the same ids is a check between
 where all files are read in one process, :func:`load_views` does it directly.)  In the incomplete
 mode the server learns the **membership**: which positions of the common order each client holds,
 i.e. the availability mask -- this is the information the masks of the incomplete-views mode always
-carry (ALGORITHM.md §15.1), no more; the union of ids itself must be known to every party that
+carry (docs/algorithm.md §15.1), no more; the union of ids itself must be known to every party that
 builds the common order.
 """
 
@@ -58,7 +58,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.datasets.mat import MultiViewDataset, _read_variables
+from fedsonmf.datasets._mat_read import _read_variables
+from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["SUPPORTED_FORMATS", "IDS_SUFFIX", "read_view", "read_ids", "read_labels", "load_views",
@@ -469,7 +470,8 @@ def _read_mtx(path: Path):
 
 
 def _read_mat_view(path: Path, key):
-    from fedsonmf.datasets.mat import _describe, _is_cell, _is_numeric
+    from fedsonmf.datasets._mat_layout import _describe
+    from fedsonmf.datasets._mat_read import _is_cell, _is_numeric
 
     variables = _read_variables(path)
     seen = ", ".join(f"{k} {_describe(v)}" for k, v in variables.items()) or "none"
@@ -694,7 +696,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     missing : {"error", "mask", "zeros"}, default="error"
         Views whose ids differ: "error" refuses them (the complete case: every view must hold the
         same samples); "mask" returns them over the sorted union of ids, zero-filled, with the
-        availability ``mask`` (incomplete views, ALGORITHM.md §15.1); "zeros" the same without a
+        availability ``mask`` (incomplete views, docs/algorithm.md §15.1); "zeros" the same without a
         mask (missing samples are all-zero rows fitted as data).  Without ids, "mask" marks a
         view's all-zero rows as missing, as :func:`~fedsonmf.datasets.load_mat` does.
     labels_delimiter : str, optional
@@ -806,7 +808,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         out_ids = None
         numeric = True
         if missing == "mask":
-            from fedsonmf.datasets.mat import _nonzero_rows
+            from fedsonmf.datasets._mat_layout import _nonzero_rows
 
             mask = np.column_stack([_nonzero_rows(X) for X in views])
             mask = None if mask.all() else mask
