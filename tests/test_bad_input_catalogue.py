@@ -1,4 +1,4 @@
-"""The bad-input catalogue (issue 11): every case is an input through the public API, the
+"""The bad-input catalogue: every case is an input through the public API, the
 error type it must raise and a fragment of the message.  No case may end in a raw
 traceback (an exception that is not one of fedsonmf's errors), a hang, or a silent result.
 

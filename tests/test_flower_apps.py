@@ -1,5 +1,5 @@
 """The Flower apps' handlers without servers: the ServerApp's main runs against a
-fake Grid that calls the ClientApp object directly (FLOWER.md §2.5(c)).
+fake Grid that calls the ClientApp object directly (docs/flower.md, "Flower behaviours").
 
 Fast (no processes, no network); the loopback deployment is in test_flower_deploy.py.
 """
@@ -333,7 +333,7 @@ def test_client_app_refuses_misrouted_message(tmp_path, problem):
     assert int(rep.content[codec.META]["partition-id"]) == 1
 
 
-# ----------------------------------------------------------------------------- issue 11: checks before round 1
+# ----------------------------------------------------------------------------- checks before round 1
 
 
 class SlowStartGrid(FakeGrid):
@@ -492,7 +492,7 @@ def test_quorum_failure_in_the_apps_is_a_federation_error(tmp_path, problem):
 
 
 def test_node_validates_and_hashes_its_view_once(tmp_path, problem, monkeypatch):
-    """Issue 12: a node's per-round process reuses the validated facts of its view file."""
+    """A node's per-round process reuses the validated facts of its view file."""
     import fedsonmf.federation.flower.client_app as ca
     from fedsonmf.core._linalg import sqnorm
 

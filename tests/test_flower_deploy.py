@@ -1,5 +1,5 @@
 """The loopback deployment end to end: a SuperLink and 3 SuperNodes as separate
-processes, shared by all tests of this module (FLOWER.md: ≈5-8 s per round,
+processes, shared by all tests of this module (≈5-8 s per round on a loaded machine,
 so every run is short).  Slow (≈3-4 min in total), run in CI.
 """
 

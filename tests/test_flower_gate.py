@@ -1,4 +1,4 @@
-"""The attacks of issue 17 (only our app runs on the nodes; faults and files) on a real
+"""The attacks on a deployment (only our app runs on the nodes; faults and files) on a real
 loopback deployment, and the gate's checks and the file helpers without processes.
 
 Deploy-marked tests share one gated deployment (a SuperLink, 3 SuperNodes, their gate

@@ -304,7 +304,7 @@ def test_missing_rule_for_incomplete_files(data_root, tmp_path):
         load_mat(path, missing="nope")
 
 
-# ------------------------------------------------------------------ issue 20: no view dropped silently
+# ------------------------------------------------------------------ no view dropped silently
 
 
 def test_load_mat_refuses_a_view_that_does_not_fit_the_labels(tmp_path):

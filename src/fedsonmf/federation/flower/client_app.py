@@ -30,7 +30,7 @@ atomically written node-local file ``<state-dir>/<job-id>/client-<p>-r<s>.npz``
 (:mod:`fedsonmf.federation.checkpoint`), saved before the reply is returned and loaded
 for round s+1 only if it holds round s.  ``context.state`` holds only small
 items (a ConfigRecord with the job id, partition and last round); large
-arrays there are subject to a stale-state race (FLOWER.md §3.5).
+arrays there are subject to a stale-state race (docs/flower.md, "Flower behaviours").
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ A refused task gets an error reply (ClientApp) or a failed task status
 (ServerApp) whose text names the reason; nothing of the node's data is read.
 
 ClientApp tasks run *in this long-lived process*, one after the other: no
-process spawn and no imports per round (FLOWER.md §3.4: 1.2-2.5 s/round saved).
+process spawn and no imports per round (1.2-2.5 s/round saved; docs/flower.md, "Flower behaviours").
 That is safe for fedsonmf because the ClientApp keeps its private state in
 node-local files with a round check (module state is never used), and tasks
 are sequential: the context is pushed (PushTaskOutput) before the next task
@@ -466,7 +466,7 @@ class Executor:
         finally:
             if heartbeat.is_running:
                 heartbeat.stop()
-            # the context is pushed before the next task is acquired: no stale state (FLOWER.md §3.5)
+            # the context is pushed before the next task is acquired: no stale state (docs/flower.md, "Flower behaviours")
             push_task_output(client=client, context=context, sub_status=sub_status, details=details)
             client.close()
 

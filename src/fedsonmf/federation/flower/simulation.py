@@ -12,7 +12,7 @@ The route, and why: ``flwr run <app> <connection> --federation-config
 SuperLink (``flower-superlink --simulation``) that :class:`SimulationSuperLink`
 starts in its own session on a free loopback port and stops again.  Our choice
 over the two alternatives: the CLI's managed ``:local:`` SuperLink is detached and
-outlives ``flwr run`` (FLOWER.md §4.5), and ``flwr.simulation.run_simulation`` is
+outlives ``flwr run`` (docs/flower.md, "Flower behaviours"), and ``flwr.simulation.run_simulation`` is
 deprecated in flwr 1.42 and passes an empty run config.
 
 Everything lives in one run folder::

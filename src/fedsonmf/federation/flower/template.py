@@ -2,7 +2,7 @@
 
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
-machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
+machine (docs/flower.md, "Flower behaviours").  ``flwr run`` checks statically that
 ``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.make_server_app(...)``;
 the shim is also where the clustering steps are wired in (the composition root).
 
