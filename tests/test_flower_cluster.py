@@ -28,13 +28,12 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from _waits import read_status, status_progress, wait_until  # noqa: E402
-
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
 from fedsonmf.federation.flower import run_flower, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
-from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
+from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402

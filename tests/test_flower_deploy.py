@@ -17,7 +17,6 @@ pytest.importorskip("flwr")
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from _waits import STALL, join, status_progress, wait_until  # noqa: E402
-
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import (  # noqa: E402

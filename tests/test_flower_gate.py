@@ -25,13 +25,17 @@ import pytest
 pytest.importorskip("flwr")
 
 from _waits import STALL, join, status_progress, wait_until  # noqa: E402
-
-from fedsonmf._io import check_private_file, write_atomic, write_json_atomic  # noqa: E402
+from fedsonmf._io import PrivateFileError, check_private_file, write_atomic, write_json_atomic  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
-from fedsonmf.exceptions import FlowerRunError  # noqa: E402
+from fedsonmf.exceptions import FlowerRunError, InputError  # noqa: E402
 from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
-from fedsonmf.federation.flower import LoopbackDeployment, load_result, write_app_dir, write_views  # noqa: E402
-from fedsonmf.federation.flower import gate  # noqa: E402
+from fedsonmf.federation.flower import (  # noqa: E402
+    LoopbackDeployment,
+    gate,  # noqa: E402
+    load_result,
+    write_app_dir,
+    write_views,
+)
 from fedsonmf.federation.flower.launcher import _bin, flower_env, run_flower, superlink_exit_report  # noqa: E402
 from fedsonmf.federation.flower.server_app import _write_json, resolve_out_dir, stopped_status  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
@@ -173,8 +177,9 @@ def test_key_secret_and_pin_files_readable_by_others_are_refused(tmp_path):
         gate.Authority.load(tmp_path / "coordinator.key")
     secret = gate.write_secret(tmp_path / "superexec.secret")
     assert check_private_file(secret) == secret and len(secret.read_bytes()) == 32
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(PrivateFileError, match="does not exist") as caught:
         check_private_file(tmp_path / "nope.key")
+    assert isinstance(caught.value, InputError) and isinstance(caught.value, FileNotFoundError)  # one type, both roles
 
 
 def test_write_atomic_failure_mid_write_leaves_the_old_file(tmp_path, monkeypatch):

@@ -31,16 +31,14 @@ pytest.importorskip("flwr")
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from _waits import STALL  # noqa: E402
-
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
-from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
 from fedsonmf.federation.flower.launcher import _free_port  # noqa: E402
+from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from test_flower_gate import write_evil_app  # noqa: E402
-
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "flower.md"
 ADDRESSES = {"link": "198.18.0.1", "node0": "198.18.0.2", "node1": "198.18.0.3"}

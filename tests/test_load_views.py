@@ -554,9 +554,9 @@ def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp
     their views as CSV / Matrix Market / MATLAB files with rows shuffled and ids: V equals the in-process run on
     the views in the common id order."""
     pytest.importorskip("flwr")
-    import test_flower_apps as fa
     from flwr.supercore.task_identity import TaskIdentity
 
+    import test_flower_apps as fa
     from fedsonmf._validation import check_views
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess

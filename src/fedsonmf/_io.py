@@ -10,7 +10,7 @@ old file or the new one, never a torn one.
 Files are created 0600 and folders 0700 (our choice: a run folder holds
 private views' fingerprints, node state and keys; nobody but the owner needs
 to read it).  :func:`check_private_file` refuses a key or secret that group or
-others may read.
+others may read (:class:`PrivateFileError`, the one check every key and secret goes through).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Union
 
+from fedsonmf.exceptions import InputError
+
 __all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
-           "check_private_file", "FILE_MODE", "DIR_MODE"]
+           "check_private_file", "PrivateFileError", "MissingPrivateFileError", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -133,21 +135,48 @@ def open_private(path, flags: str = "ab"):
     return os.fdopen(fd, flags)
 
 
-def check_private_file(path, what: str = "key file") -> Path:
-    """Refuse ``path`` unless it is a regular file that only its owner may read or write.
+class PrivateFileError(InputError, PermissionError):
+    """A key or secret file that is missing, not a regular file, another user's, or readable or
+    writable by group/others.  Bad input (an :class:`~fedsonmf.exceptions.InputError`: exit 2 in the
+    CLI) and a :class:`PermissionError` (an ``OSError``, for code that handles file errors).  A missing
+    file raises the subclass :class:`MissingPrivateFileError`, also a :class:`FileNotFoundError`."""
 
-    Raises PermissionError naming the file, its mode and the fix (``chmod 600``).
+
+class MissingPrivateFileError(PrivateFileError, FileNotFoundError):
+    """The key or secret file does not exist (a :class:`PrivateFileError` and a :class:`FileNotFoundError`)."""
+
+
+def check_private_file(path, what: str = "key file") -> Path:
+    """Refuse ``path`` unless it is a regular file of this user that only its owner may read or write.
+
+    Parameters
+    ----------
+    path : path-like
+        The key or secret file (``~`` is expanded).
+    what : str, default="key file"
+        What the file is, for the message ("TLS server key", "gate pin file", ...).
+
+    Returns
+    -------
+    Path
+        The resolved path.
+
+    Raises
+    ------
+    PrivateFileError
+        Naming the file, what is wrong and the fix (``chmod 600``); :class:`MissingPrivateFileError`
+        when it does not exist.
     """
-    path = Path(path)
+    path = Path(path).expanduser().resolve()
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path} does not exist") from None
+        raise MissingPrivateFileError(f"{what} {path} does not exist") from None
     if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(f"{what} {path} is not a regular file")
+        raise PrivateFileError(f"{what} {path} is not a regular file")
     if st.st_mode & 0o077:
-        raise PermissionError(f"{what} {path} is readable or writable by group/others (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+        raise PrivateFileError(f"{what} {path} is readable or writable by group/others (mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{what} {path} belongs to another user (uid {st.st_uid})")
+        raise PrivateFileError(f"{what} {path} belongs to another user (uid {st.st_uid})")
     return path

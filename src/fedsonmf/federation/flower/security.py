@@ -55,7 +55,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsonmf._io import private_dir, write_atomic
+from fedsonmf._io import PrivateFileError, check_private_file, private_dir, write_atomic  # noqa: F401 - re-exported
 from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = [
@@ -125,22 +125,6 @@ def _write_public(path: Path, data: bytes) -> Path:
     other hosts, can read it; nobody else on the machine needs to)."""
     private_dir(Path(path).parent)
     return write_atomic(path, data, mode=0o600)
-
-
-def check_private_file(path, what: str) -> Path:
-    """Refuse a private-key file that is missing, not a regular file, or readable or writable
-    by group/others (``chmod 600`` fixes it).  Returns the resolved path."""
-    path = Path(path).expanduser().resolve()
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise InputError(f"{what} {path} does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{what} {path} is not a regular file")
-    if st.st_mode & 0o077:
-        raise InputError(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: a private key must not be "
-                         f"readable or writable by group or others; run: chmod 600 {path}")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------- TLS
