@@ -405,7 +405,7 @@ def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
                                  str(tmp_path / "v.npy"), "--partition", "0", "--partitions", "2", "--key",
                                  str(key.private), "--ca", str(tls.ca_cert), "--home", str(tmp_path / "h"),
                                  "--coordinator-key", str(tmp_path / "missing.pub")])
-    assert r.exit_code == 1 and "missing.pub" in r.output, r.output
+    assert r.exit_code == 2 and "missing.pub" in r.output, r.output  # bad input
     r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h")])
@@ -416,7 +416,7 @@ def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
                                  str(tmp_path / "open.key")])
-    assert r.exit_code == 1 and "(mode 0644); run: chmod 600" in r.output, r.output
+    assert r.exit_code == 2 and "(mode 0644); run: chmod 600" in r.output, r.output  # bad input
     r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",

@@ -391,7 +391,7 @@ def test_machine_commands_refuse_readable_keys_and_missing_credentials(tmp_path)
     base = ["flower", "supernode", "--superlink", "198.18.0.1:9092", "--view", str(tmp_path / "v.npy"),
             "--partition", "0", "--partitions", "2", "--home", str(tmp_path / "h")]
     r = CliRunner().invoke(app, [*base, "--key", str(key.private), "--ca", str(tmp_path / "ca.crt")])
-    assert r.exit_code == 1 and "(mode 0644)" in r.output, r.output
+    assert r.exit_code == 2 and "(mode 0644)" in r.output, r.output  # bad input
     r = CliRunner().invoke(app, base)
     assert r.exit_code == 2 and "give --key and --ca, or --insecure" in r.output, r.output
     r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--home", str(tmp_path / "h")])
@@ -400,7 +400,7 @@ def test_machine_commands_refuse_readable_keys_and_missing_credentials(tmp_path)
     os.chmod(tls.server_key, 0o640)
     r = CliRunner().invoke(app, ["flower", "superlink", "--host", "198.18.0.1", "--tls", str(tmp_path / "tls"),
                                  "--home", str(tmp_path / "h")])
-    assert r.exit_code == 1 and "server.key is readable or writable by group/others (mode 0640)" in r.output, r.output
+    assert r.exit_code == 2 and "server.key is readable or writable by group/others (mode 0640)" in r.output, r.output
 
 
 def test_a_second_pin_on_a_view_is_refused(tmp_path):

@@ -399,12 +399,16 @@ def register(app, reproduce_app) -> None:
     ):
         """Run a federation in Flower's simulation engine (needs the simulation extra: Ray)."""
         fl = _flower()
+        from fedsonmf.federation.budget import resolve_budget
         from fedsonmf.protocol.config import FedConfig
 
         check_output_path(json_path, "--json")
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         cfg = FedConfig(**params)
+        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2, nothing started
         source = views[0] if len(views) == 1 and views[0].is_dir() else views
+        if not isinstance(source, Path):  # view files (a folder is checked by run_simulation, before it starts)
+            _check_inputs_or_exit(fl, source, cfg, out, rounds, tol, n_components=cfg.n_components)
         typer.echo(f"starting a simulation SuperLink on 127.0.0.1 (run folder {out})")
         try:
             res = fl.run_simulation(source, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
@@ -587,8 +591,12 @@ def _coordinator_public(path: Optional[Path]) -> str:
 
 
 def _fail(exc) -> None:
+    """One ``error:`` line; exit 2 for bad input (an InputError, such as a missing view or an open key
+    file), 1 for anything that failed."""
+    from fedsonmf.exceptions import InputError
+
     typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(2 if isinstance(exc, InputError) else 1)
 
 
 def _register_machine_commands(flower_app) -> None:

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsonmf._io import check_private_file, private_dir, write_atomic, write_json_atomic
-from fedsonmf.exceptions import RunStopped
+from fedsonmf.exceptions import InputError, RunStopped
 
 __all__ = [
     "TOKEN_KEY", "DEFAULT_CLIENT_APP", "DEFAULT_SERVER_APP", "Authority", "Pin", "Gate", "Refused",
@@ -220,21 +220,22 @@ def write_pin(path, fab_hashes, public_key: str) -> Path:
 
 def read_public_key(path) -> str:
     """The coordinator's public key from its file (``Authority.write_public``), checked to be
-    a raw 32-byte Ed25519 key; a private key file is refused (it must not travel)."""
+    a raw 32-byte Ed25519 key; a private key file is refused (it must not travel).  Raises
+    :class:`~fedsonmf.exceptions.InputError` (a ValueError) naming the file."""
     path = Path(path)
     try:
         text = path.read_text().strip()
     except OSError as exc:
-        raise ValueError(f"coordinator public key {path}: {exc.strerror or exc}") from None
+        raise InputError(f"coordinator public key {path}: {exc.strerror or exc}") from None
     if "PRIVATE KEY" in text:
-        raise ValueError(f"{path} is the coordinator's private key; give the nodes and the SuperLink the "
+        raise InputError(f"{path} is the coordinator's private key; give the nodes and the SuperLink the "
                          "public key (coordinator.pub)")
     try:
         ok = len(_unb64(text)) == 32
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{path} is not a coordinator public key (one base64url line of a 32-byte Ed25519 key, "
+        raise InputError(f"{path} is not a coordinator public key (one base64url line of a 32-byte Ed25519 key, "
                          "from `fedsonmf flower keys coordinator`)")
     return text
 
@@ -466,7 +467,8 @@ class Executor:
         finally:
             if heartbeat.is_running:
                 heartbeat.stop()
-            # the context is pushed before the next task is acquired: no stale state (docs/flower.md, "Flower behaviours")
+            # the context is pushed before the next task is acquired: no stale state
+            # (docs/flower.md, "Flower behaviours")
             push_task_output(client=client, context=context, sub_status=sub_status, details=details)
             client.close()
 
