@@ -288,6 +288,7 @@ def test_find_datasets(tmp_path):
         list(find_datasets(tmp_path / "missing"))
 
 
+@pytest.mark.realdata
 def test_missing_rule_for_incomplete_files(data_root, tmp_path):
     """``missing=``: the file's ``ind`` (auto, mask), derived from all-zero rows when the file has no
     availability variable (mask), or no mask at all (zeros, zero-filling)."""

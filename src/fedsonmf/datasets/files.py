@@ -48,9 +48,9 @@ builds the common order.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf._io import write_atomic
 from fedsonmf.datasets._mat_read import _read_variables
 from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
@@ -889,33 +890,37 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
 
 
 def write_assignments(path, ids, labels, *, header=("sample_id", "cluster")) -> Path:
-    """Write cluster assignments as CSV ``sample_id,cluster``, atomically (tmp + fsync + replace).
+    """Write cluster assignments as CSV ``sample_id,cluster``, atomically and private (0600).
 
     Parameters
     ----------
     path : str or path-like
+        The CSV file (written with :func:`fedsonmf._io.write_atomic`: the old file, if any,
+        stays whole until the new one replaces it).
     ids : array-like of shape (n_samples,) or None
         Sample ids (None: ``0..n-1``).
     labels : array-like of int of shape (n_samples,)
+        The cluster of each sample.
+    header : tuple of str, default=("sample_id", "cluster")
+        The header line.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    InputError
+        ``ids`` and ``labels`` differ in length.
     """
     path = Path(path)
     labels = np.asarray(labels)
     ids = np.arange(labels.shape[0]) if ids is None else np.asarray(ids)
     if ids.shape != labels.shape:
         raise InputError(f"{len(ids)} ids for {len(labels)} assignments")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(header)
-            w.writerows(zip(ids.tolist(), labels.tolist()))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    text = io.StringIO(newline="")
+    w = csv.writer(text, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(zip(ids.tolist(), labels.tolist()))
+    return write_atomic(path, text.getvalue())
