@@ -35,7 +35,20 @@ Payload = Union[bytes, str, Callable]
 
 
 def private_dir(path, mode: int = DIR_MODE) -> Path:
-    """Create ``path`` (and missing parents) with ``mode``; an existing folder gets ``mode`` too."""
+    """Create a folder (and its missing parents) with ``mode``; an existing folder gets ``mode`` too.
+
+    Parameters
+    ----------
+    path : path-like
+        The folder.
+    mode : int, default=0o700
+        Its permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     path = Path(path)
     missing = []
     p = path
@@ -68,11 +81,33 @@ def _fsync_dir(directory: Path) -> None:
 def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
     """Write ``data`` to ``path`` atomically and give it ``mode``.
 
-    ``data`` is bytes, a str (UTF-8), or a callable ``data(fh)`` that writes to
-    the open binary file (e.g. ``lambda fh: np.save(fh, a)``).  The temporary
-    file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells a
-    cleaner whether its writer is still alive, see :func:`temp_writer_alive`);
-    it is removed when the write fails, and the old ``path`` (if any) stays as it was.
+    The temporary file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells
+    a cleaner whether its writer is still alive, see :func:`temp_writer_alive`); it is
+    removed when the write fails, and the old ``path`` (if any) stays as it was.
+
+    Parameters
+    ----------
+    path : path-like
+        The target (its folder is created if missing).
+    data : bytes, str or callable
+        The content: bytes, a str (UTF-8), or ``data(fh)`` that writes to the open binary
+        file (e.g. ``lambda fh: np.save(fh, a)``).
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> write_atomic(d / "a.txt", "hello").read_text()
+    'hello'
+    >>> oct((d / "a.txt").stat().st_mode & 0o777)
+    '0o600'
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,8 +133,18 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
 
 
 def temp_writer_alive(name: str) -> bool:
-    """Whether the process that is writing temporary file ``name`` (``.<target>.<pid>-<random>.tmp``,
-    from :func:`write_atomic`) is still alive; False for names without a pid (older writers)."""
+    """Whether the process writing temporary file ``name`` (from :func:`write_atomic`) is alive.
+
+    Parameters
+    ----------
+    name : str
+        A file name ``.<target>.<pid>-<random>.tmp``.
+
+    Returns
+    -------
+    bool
+        True while that pid runs; False for names without a pid (older writers).
+    """
     middle = name[:-len(".tmp")].rsplit(".", 1)[-1] if name.endswith(".tmp") else ""
     pid, sep, _ = middle.partition("-")
     if not sep or not pid.isdigit():
@@ -114,19 +159,68 @@ def temp_writer_alive(name: str) -> bool:
 
 
 def write_json_atomic(path, obj, *, default=None, indent: int | None = 1, mode: int = FILE_MODE) -> Path:
-    """``json.dumps(obj)`` written with :func:`write_atomic` (serialised first, so a bad object leaves no file)."""
+    """``json.dumps(obj)`` written with :func:`write_atomic`.
+
+    The object is serialised first, so a bad object leaves no file.
+
+    Parameters
+    ----------
+    path : path-like
+        The target.
+    obj : object
+        Anything ``json.dumps`` accepts (with ``default``).
+    default : callable or None, default=None
+        ``json.dumps``'s ``default`` (e.g. :func:`fedsonmf.protocol.history.json_default`).
+    indent : int or None, default=1
+        ``json.dumps``'s ``indent``.
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     return write_atomic(path, json.dumps(obj, indent=indent, default=default), mode=mode)
 
 
 def save_npy_atomic(path, array, *, mode: int = FILE_MODE) -> Path:
-    """``np.save`` (no pickle) written with :func:`write_atomic`."""
+    """``np.save`` (no pickle) written with :func:`write_atomic`.
+
+    Parameters
+    ----------
+    path : path-like
+        The target ``.npy`` file.
+    array : array-like
+        The array (object arrays are refused, as ``allow_pickle=False`` does).
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     import numpy as np
 
     return write_atomic(path, lambda fh: np.save(fh, array, allow_pickle=False), mode=mode)
 
 
 def open_private(path, flags: str = "ab"):
-    """Open ``path`` for appending (``"ab"``) or writing (``"wb"``), created 0600 (logs)."""
+    """Open ``path`` for appending or writing, created 0600 (logs).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    flags : {"ab", "wb"}, default="ab"
+        Append or truncate.
+
+    Returns
+    -------
+    file object
+        Binary, open for writing.
+    """
     if flags not in ("ab", "wb"):
         raise ValueError(f"flags must be 'ab' or 'wb', got {flags!r}")
     os_flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if flags == "ab" else os.O_TRUNC)

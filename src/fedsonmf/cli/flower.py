@@ -94,6 +94,7 @@ class FlowerProgress:
         return self
 
     def update(self, st: dict) -> None:
+        """Show the ServerApp's status ``st`` (phase, or round k of K with s/round and ETA)."""
         if self._progress is None:
             return
         phase, done = st.get("phase"), int(st.get("rounds_done", 0) or 0)

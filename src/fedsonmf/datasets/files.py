@@ -83,7 +83,23 @@ _MISSING = ("error", "mask", "zeros")
 
 
 def check_format(path) -> str:
-    """The lower-case extension of ``path`` if it is a supported view format; else an InputError."""
+    """The format of a view file, from its extension.
+
+    Parameters
+    ----------
+    path : path-like
+        A view file.
+
+    Returns
+    -------
+    str
+        The lower-case extension (``".csv"``, ``".npy"``, ...).
+
+    Raises
+    ------
+    InputError
+        The extension is not a supported view format.
+    """
     path = Path(path)
     ext = path.suffix.lower()
     if ext not in SUPPORTED_FORMATS:
@@ -241,6 +257,11 @@ def read_ids(path) -> np.ndarray:
 
     A first line reading ``id``, ``ids``, ``sample_id`` or ``sample`` (any case) is a header, and so
     is a first line that is not an integer when every other line is one.
+
+    Parameters
+    ----------
+    path : path-like
+        The ids file (e.g. ``<stem>.ids.txt`` beside a view file).
 
     Returns
     -------
@@ -566,6 +587,13 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     found); ``.npy`` a 1-D array.  A first row is a header [our choice] when a cell of it names a
     label or id column (``label``, ``y``, ``class``, ``cluster``, ``id``, ``sample_id``...) or when
     it is not a number where every later row has a number.
+
+    Parameters
+    ----------
+    path : path-like
+        The labels file.
+    delimiter : str or None, default=None
+        The column separator; None = from the extension (above).
 
     Returns
     -------

@@ -57,6 +57,7 @@ class InProcessTransport:
         return out
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
+        """Deliver one message to every client (in threads if ``n_jobs > 1``); the replies in client order."""
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         if self.n_jobs > 1:

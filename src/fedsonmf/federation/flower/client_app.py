@@ -130,6 +130,7 @@ def _partition(context: Context) -> int:
 
 
 def state_dir_of(context: Context, job_id: str) -> Path:
+    """The folder of a node's private state files for job ``job_id`` (below its ``state-dir``)."""
     base = nodeconfig.state_base(context)  # node config, or the simulation rule (nodeconfig's docstring)
     if not job_id or "/" in job_id or job_id.startswith("."):
         raise ProtocolError(f"invalid job id {job_id!r}")

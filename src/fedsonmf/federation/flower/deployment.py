@@ -72,7 +72,25 @@ InsecureDeploymentWarning = sec.InsecureDeploymentWarning
 
 def flower_env(flwr_home, *, pin_threads: bool = True, log_level: str = "WARNING",
                superexec_poll: float = 0.05) -> dict:
-    """Environment of every process the launcher starts."""
+    """Environment of every process the launcher starts.
+
+    Parameters
+    ----------
+    flwr_home : path
+        ``FLWR_HOME`` (the connection config and the installed FABs).
+    pin_threads : bool, default=True
+        OMP/OpenBLAS/MKL threads = 1 (bit-identical results across engines).
+    log_level : str, default="WARNING"
+        ``FLWR_LOG_LEVEL``.
+    superexec_poll : float, default=0.05
+        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` in seconds.
+
+    Returns
+    -------
+    dict
+        This process's environment with telemetry, update checks and run-time installs off,
+        and this interpreter's ``bin`` first on ``PATH``.
+    """
     env = dict(os.environ)
     env.update({
         "FLWR_HOME": str(flwr_home),
@@ -134,8 +152,18 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
 
 
 def stop_process_groups(procs, grace: float = 10.0) -> None:
-    """Stop the process groups that ``procs`` lead: TERM to each, ``grace`` seconds to exit,
-    then KILL what is left of each group (children such as flwr-clientapp too), and reap."""
+    """Stop the process groups that ``procs`` lead, and reap them.
+
+    TERM to each group, ``grace`` seconds to exit, then KILL what is left of each group
+    (children such as flwr-clientapp too).
+
+    Parameters
+    ----------
+    procs : list of subprocess.Popen
+        Leaders of their own process groups (started with ``start_new_session=True``).
+    grace : float, default=10.0
+        Seconds between TERM and KILL.
+    """
     for proc in procs:
         if proc.poll() is None:
             try:
@@ -181,6 +209,7 @@ class RunOutcome:
 
     @property
     def ok(self) -> bool:
+        """The ServerApp reported ``completed``."""
         return self.status.get("status") == "completed"
 
 
@@ -344,6 +373,7 @@ class LoopbackDeployment:
         raise TimeoutError(f"SuperLink not healthy at {url} after {timeout:g} s")
 
     def node_dir(self, p: int) -> Path:
+        """SuperNode ``p``'s folder: its state, key, gate files and log."""
         return self.run_dir / "nodes" / f"p{p}"
 
     def _register(self, views: list[int]) -> None:
@@ -647,8 +677,22 @@ def _signal_name(returncode: int | None) -> str:
 
 
 def superlink_exit_report(returncode: int | None, out_dir) -> dict:
-    """Status fields for a run whose SuperLink exited: its signal/exit code, the round that
-    was running and the last checkpointed round (read from ``out_dir/checkpoint``)."""
+    """Status fields for a run whose SuperLink exited.
+
+    Parameters
+    ----------
+    returncode : int or None
+        The SuperLink's return code (negative: the signal).
+    out_dir : path
+        The ServerApp's out-dir (its ``checkpoint/`` names the last completed round).
+
+    Returns
+    -------
+    dict
+        ``status="failed"``, ``error`` and ``report`` (one line: the signal or exit code, the
+        round that was running, the last checkpointed round, what to do), ``superlink_exit``,
+        ``last_completed_round``, ``round``.
+    """
     from fedsonmf.federation import checkpoint as ckpt
 
     try:
@@ -663,7 +707,17 @@ def superlink_exit_report(returncode: int | None, out_dir) -> dict:
 
 
 def failure_message(status: dict) -> str:
-    """One line for a failed or stopped run (the CLI prints it)."""
+    """One line for a failed or stopped run (the CLI prints it).
+
+    Parameters
+    ----------
+    status : dict
+        The ServerApp's ``status.json`` (or :func:`superlink_exit_report`'s fields).
+
+    Returns
+    -------
+    str
+    """
     if status.get("report"):
         return str(status["report"])
     return (f"Flower run failed: {status.get('error')} (last completed round "

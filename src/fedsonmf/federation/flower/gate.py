@@ -143,6 +143,7 @@ class Authority:
 
     @classmethod
     def create(cls, path) -> Authority:
+        """A fresh coordinator key pair; the private key written to ``path`` (0600)."""
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -153,6 +154,7 @@ class Authority:
 
     @classmethod
     def load(cls, path) -> Authority:
+        """The coordinator key at ``path`` (refused unless private: :func:`fedsonmf._io.check_private_file`)."""
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -208,6 +210,7 @@ class Pin:
 
     @classmethod
     def load(cls, path) -> Pin:
+        """The pin file at ``path`` (refused unless private)."""
         check_private_file(path, "gate pin file")
         d = json.loads(Path(path).read_text())
         return cls(frozenset(d["fab-sha256"]), str(d["coordinator-public-key"]))
@@ -402,6 +405,7 @@ class Executor:
         self.timings: list[float] = []
 
     def serve_forever(self) -> None:
+        """Acquire and run tasks until the daemon goes away (checked every poll)."""
         import httpx
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
@@ -431,6 +435,7 @@ class Executor:
 
     # ---------------------------------------------------------------- ClientApp, in this process
     def handle_client_task(self, token: str) -> None:
+        """Run one ClientApp task in this process, after the pin and authorisation checks."""
         from flwr.app import Message
         from flwr.app.error import Error
         from flwr.common.constant import ErrorCode, SubStatus
@@ -474,6 +479,7 @@ class Executor:
 
     # ---------------------------------------------------------------- ServerApp, in a child process
     def handle_server_task(self, token: str) -> None:
+        """Run one ServerApp task in a child process, after the pin and authorisation checks."""
         from flwr.common.constant import SubStatus
         from flwr.common.serde import fab_from_proto, run_from_proto
         from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest

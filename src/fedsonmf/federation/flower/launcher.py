@@ -62,7 +62,19 @@ __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "InsecureDeploy
 
 
 def load_result(out_dir) -> FitResult:
-    """The FitResult of a completed Flower run from its out-dir (V.npy + result.json)."""
+    """The FitResult of a completed Flower run, read from its out-dir.
+
+    Parameters
+    ----------
+    out_dir : path
+        The ServerApp's out-dir (``<run_dir>/server``), holding ``V.npy`` and ``result.json``.
+
+    Returns
+    -------
+    FitResult
+        V, history, stopping reason, seed and config; ``bases`` is None (they stay on the
+        nodes); every other field of ``result.json`` is in ``extra``.
+    """
     out_dir = Path(out_dir)
     d = json.loads((out_dir / "result.json").read_text())
     hist = History(d["history"], R0=d.get("R0"))
@@ -304,8 +316,44 @@ def predict_flower(view_paths, new_view_paths, *, run_dir, out_dir=None,
     ``predict-path`` (the node config names the file a node reads, never the run config).
     Each node sends ``U_p^T X_p^new`` (r x n_new) of its preprocessed new samples; the
     server embeds them with the bases fixed and picks the nearest fitted centre -- the
-    in-process ``FedMultiViewClustering.predict``, bit for bit.  ``out_dir`` defaults to
-    ``<run_dir>/predict``.
+    in-process ``FedMultiViewClustering.predict``, bit for bit.
+
+    Parameters
+    ----------
+    view_paths : list of path
+        The fitted run's view files (one per node, in view order).
+    new_view_paths : list of path
+        One file of new samples per view (``.npy`` or sparse ``.npz``, the fitted widths).
+    run_dir : path
+        The folder of a clustering run (:func:`run_flower` with ``n_clusters``).
+    out_dir : path or None, default=None
+        Where the ServerApp writes ``labels.csv``, ``V.npy`` and ``result.json``;
+        None = ``<run_dir>/predict``.
+    round_timeout, node_timeout : float, default=300.0, 120.0
+        Seconds the server waits for the replies, and for the nodes at the handshake.
+    record_wire : bool, default=False
+        Log every message (privacy audit).
+    pin_threads : bool, default=True
+        BLAS threads = 1 in every process.
+    timeout : float, default=1800.0
+        Seconds the ``flwr run`` may go without progress.
+    tls : tuple or None, default=None
+        As in :class:`LoopbackDeployment` (None: a per-deployment CA).
+    progress : callable or None, default=None
+        ``progress(status)`` with the ServerApp's ``status.json``.
+
+    Returns
+    -------
+    PredictOutcome
+        The new samples' labels (n_new,), their embedding V (r, n_new), the out-dir.
+
+    Raises
+    ------
+    InputError
+        Before anything starts: no clustering run in ``run_dir``, or new-sample files that do
+        not match the views.
+    FlowerRunError
+        The predict run failed.
     """
     run_dir = Path(run_dir).resolve()
     model = run_dir / "server"

@@ -75,6 +75,7 @@ class TLSFiles:
     server_key: Path
 
     def as_tuple(self) -> tuple[str, str, str]:
+        """``(ca.crt, server.pem, server.key)`` as the launcher and ``superlink_args`` take them."""
         return str(self.ca_cert), str(self.server_cert), str(self.server_key)
 
 

@@ -162,6 +162,7 @@ class StatusFile:
         self.write()
 
     def write(self, **fields) -> None:
+        """Update ``fields`` and ``updated_at`` and rewrite the file atomically."""
         self.data.update(fields, updated_at=time.time())
         _write_json(self.path, self.data)
 
@@ -175,6 +176,7 @@ class StatusFile:
             self.write(phase="round", round=int(s), round_started_at=now, **extra)
 
     def round_done(self, s: int, seconds: float) -> None:
+        """Round ``s`` completed in ``seconds``: the counters and the mean seconds per round."""
         self._secs.append(float(seconds))
         self.write(rounds_done=int(s), last_round_seconds=float(seconds),
                    seconds_per_round=float(sum(self._secs) / len(self._secs)))

@@ -43,17 +43,11 @@ from pathlib import Path
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
-from fedsonmf.federation.flower.launcher import (
-    _bin,
-    _check_view_files,
-    _free_port,
-    _read_status,
-    flower_env,
-    load_result,
-    write_views,
-)
+from fedsonmf.federation.flower.deployment import STARTUP_TIMEOUT, _bin, _free_port, _read_status, flower_env
+from fedsonmf.federation.flower.launcher import load_result
 from fedsonmf.federation.flower.nodeconfig import SIM_DATA_DIR, sim_view_path
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, _toml_value, write_app_dir
+from fedsonmf.federation.flower.viewfiles import _check_view_files, write_views
 from fedsonmf.protocol.history import FitResult
 
 __all__ = ["SimulationSuperLink", "run_simulation", "simulation_run_config", "federation_config"]
@@ -135,7 +129,8 @@ class SimulationSuperLink:
         self.ray_tmp: Path | None = None
         self.log = self.run_dir / "logs" / "superlink.log"
 
-    def start(self, timeout: float = 120.0) -> SimulationSuperLink:
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> SimulationSuperLink:
+        """Start the SuperLink in simulation mode and wait until it answers (an event, with a ceiling)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +238,13 @@ def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorit
     if unknown:  # pragma: no cover - a programming error
         raise ValueError(f"unknown run-config keys {unknown}")
     return rc
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
@@ -359,14 +361,19 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
                 env=link.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=run_dir)
             t_server = None  # when the ServerApp wrote its first status (it starts the handshake next)
-            deadline = time.monotonic() + timeout
+            # ``timeout`` limits stalls, not the run: it restarts whenever status.json changes
+            deadline, stamp = time.monotonic() + timeout, None
             while proc.poll() is None:
                 if t_server is None and (out_dir / "status.json").exists():
                     t_server = time.perf_counter() - t0
+                now = _mtime(out_dir / "status.json")
+                if now != stamp:
+                    stamp, deadline = now, time.monotonic() + timeout
                 if time.monotonic() > deadline:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-                    raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
+                    raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; "
+                                       f"see {log}")
                 time.sleep(0.05)
         flwr_run_seconds = time.perf_counter() - t1
         # `flwr run` returning says neither that the run succeeded (--stream exits 0 when the ServerApp

@@ -155,8 +155,21 @@ def write_app_dir(dest, *, client_source: str | None = None, server_source: str 
                   extra_config: dict | None = None, publisher: str = "fedsonmf") -> Path:
     """Write the shim Flower app to ``dest`` and return it.
 
-    ``client_source``/``server_source`` replace the shim modules (tests use this
-    to wrap the ClientApp with a fault hook); ``extra_config`` adds run-config keys.
+    Parameters
+    ----------
+    dest : path
+        The app folder (created; only the app's files go there).
+    client_source, server_source : str or None, default=None
+        Replace the shim modules (tests wrap the ClientApp with a fault hook this way).
+    extra_config : dict or None, default=None
+        Run-config keys added to :data:`RUN_CONFIG_DEFAULTS`.
+    publisher : str, default="fedsonmf"
+        ``[tool.flwr.app] publisher``.
+
+    Returns
+    -------
+    Path
+        ``dest``.
     """
     dest = Path(dest)
     pkg = dest / PACKAGE

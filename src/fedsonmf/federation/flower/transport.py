@@ -47,6 +47,7 @@ class WireRecorder:
         self._count = 0
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
+        """Append one message (direction, client, kind, round, every array's shape and SHA-256) to the log."""
         row = {"direction": direction, "client": client, "node_id": int(node_id),
                "message_type": flwr_msg.metadata.message_type, "group_id": flwr_msg.metadata.group_id}
         if flwr_msg.has_error():
@@ -393,6 +394,7 @@ class FlowerTransport:
         return [replies[p][0] for p in range(self.n_clients)]
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
+        """Send one message to every client and return the replies in client order."""
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         s, kind = messages[0].round, messages[0].kind

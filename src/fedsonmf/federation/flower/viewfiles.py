@@ -19,7 +19,20 @@ __all__ = ["write_views", "write_masks", "check_inputs"]
 
 
 def write_masks(masks, directory) -> list[Path | None]:
-    """Save availability masks (bool, length n; None = complete) beside the views: ``view<p>.mask.npy``."""
+    """Save availability masks beside the views, as ``view<p>.mask.npy``.
+
+    Parameters
+    ----------
+    masks : list of (array-like of bool of shape (n_samples,) or None)
+        One per view; None = a complete view (no file).
+    directory : path
+        The folder (created).
+
+    Returns
+    -------
+    list of (Path or None)
+        The mask files, None for complete views (the ``mask_paths`` of :func:`run_flower`).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     out = []
@@ -34,7 +47,20 @@ def write_masks(masks, directory) -> list[Path | None]:
 
 
 def write_views(views, directory) -> list[Path]:
-    """Save views (each (n_samples, d_p), dense or sparse) as one file per view."""
+    """Save views as one file per view: ``view<p>.npy`` (dense, float64) or ``view<p>.npz`` (sparse).
+
+    Parameters
+    ----------
+    views : list of {array-like, sparse matrix} of shape (n_samples, d_p)
+        The views, rows = samples.
+    directory : path
+        The folder (created).
+
+    Returns
+    -------
+    list of Path
+        The files, in view order (the ``view_paths`` of :func:`run_flower`).
+    """
     import scipy.sparse as sp
 
     directory = Path(directory)
@@ -73,10 +99,29 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
                  mask_paths=None, predict_paths=None) -> list[tuple[int, int]]:
     """Check the view files before any process starts; their ``(n_samples, d_p)`` shapes.
 
-    Raises :class:`~fedsonmf.exceptions.InputError` naming the file for a missing or
-    unreadable file, an array that is not 2-D, views with different n, a rank above a
-    view's width (``n_components``; a clustering run's rank rule pads or caps instead)
-    or more clusters than samples.
+    Parameters
+    ----------
+    view_paths : list of path
+        One view file per client.
+    n_components : int or None, default=None
+        The rank r, checked against every view's width (None: not checked; a clustering
+        run's rank rule pads or caps instead).
+    n_clusters : int or None, default=None
+        c, checked against the number of samples.
+    mask_paths, predict_paths : list of (path or None) or None, default=None
+        Mask files and files of new samples, which must exist.
+
+    Returns
+    -------
+    list of tuple of int
+        ``(n_samples, d_p)`` of every view file (read from the headers: no data is loaded
+        for ``.npy``).
+
+    Raises
+    ------
+    InputError
+        Naming the file: a missing or unreadable file, an array that is not 2-D, views with
+        different n, a rank above a view's width or more clusters than samples.
     """
     if not view_paths:
         raise InputError("no view files given: one file per client (view)")
