@@ -226,8 +226,8 @@ def _param_cases():
                 out.append(pytest.param(case, id=f"{entry}-{name}-{i}"))
     for name, values in BAD_CLUSTERING_PARAMS.items():
         for i, value in enumerate(values):
-            def call(kw={name: value}):
-                kw = {"n_clusters": 2, "max_rounds": 1, "random_state": 0, "n_init": 1, **kw}
+            def call(name=name, value=value):
+                kw = {"n_clusters": 2, "max_rounds": 1, "random_state": 0, "n_init": 1, name: value}
                 return FedMultiViewClustering(**kw).fit(_good_views())
 
             out.append(pytest.param(Case(f"Clustering-{name}={value!r}", call, _param_error(name, value),
@@ -291,8 +291,8 @@ def _corruptions(kind: str) -> dict[str, tuple[Callable[[bytes], bytes], str]]:
         "random-bytes": (lambda d: random.Random(7).randbytes(3000), "not a MAT file"),
         "zip": (lambda d: b"PK\x03\x04" + bytes(400), "not a MAT file"),
         "png": (lambda d: b"\x89PNG\r\n\x1a\n" + bytes(400), "not a MAT file"),
-        "zeroed-middle": (lambda d: d[: len(d) // 2] + bytes(min(4096, len(d) // 4)) + d[len(d) // 2 + min(4096, len(d) // 4):],
-                          "corrupt|truncated|unusable"),
+        "zeroed-middle": (lambda d: d[: len(d) // 2] + bytes(min(4096, len(d) // 4))
+                          + d[len(d) // 2 + min(4096, len(d) // 4):], "corrupt|truncated|unusable"),
     }
     if kind == "v5":  # uncompressed: zeroed data bytes could be read back as zeros, silently
         del c["zeroed-middle"]

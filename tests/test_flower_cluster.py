@@ -233,7 +233,8 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)
-        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True), 60)
+        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True),
+                   60)
     assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
     # secure aggregation (the deployment default): an init exchange (key relay, masked V-bar^1) after the setup
     if rule == "auto":
@@ -297,7 +298,8 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     assert rows[0] == "sample_id,cluster" and len(rows) == y.size + 1
     assert [r.split(",") for r in rows[1:]] == [[str(i), str(k)] for i, k in enumerate(ref.labels_)]
     for p in range(3):  # each client folder holds its own view only; its node keeps the prepared copy
-        assert [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()] == [f"view0.{'npz' if p == 0 else 'npy'}"]
+        held = [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()]
+        assert held == [f"view0.{'npz' if p == 0 else 'npy'}"]
     fl = model.result_.extra["flower"]
     assert 0 < fl["round1_started_at"] - fl["launched_at"] == pytest.approx(fl["time_to_round1"])
     with threadpool_limits(1):

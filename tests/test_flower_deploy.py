@@ -35,7 +35,8 @@ R, N = 4, 60
 CFG = FedConfig(n_components=R, tau=3)
 ROUNDS, SEED = 3, 5
 
-FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with an injected fault (run config 'fault' = kind:client:round)."""
+FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with an injected fault (run config 'fault' =
+kind:client:round)."""
 import time
 
 from fedsonmf.federation.flower.client_app import make_client_app

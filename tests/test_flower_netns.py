@@ -266,8 +266,8 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
     markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
     markers.mkdir(mode=0o777)
-    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092", dirs["link"] / "tls" / "ca.crt",
-                       env)
+    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092",
+                       dirs["link"] / "tls" / "ca.crt", env)
     run_id = mallory.submit(write_evil_app(tmp_path / "evil", markers))
     info = mallory.wait_finished(run_id)
     assert info["status"] == "finished:failed", info

@@ -344,7 +344,6 @@ def _bad_cases():
     def npy(X, **kw):
         return lambda path: np.save(path, X, **kw)
 
-    csv_a = "".join(",".join(map(str, r)) + "\n" for r in A.tolist())
     return {
         "unsupported-extension": (files(x_txt="1,2\n"), "x.txt", r"unsupported view file extension '\.txt'.*\.csv"),
         "pickled-npy": (files(p_npy=lambda p: p.write_bytes(pickle.dumps({"a": 1}))), "p.npy", "pickled"),

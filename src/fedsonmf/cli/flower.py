@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -287,7 +287,7 @@ def register(app, reproduce_app) -> None:
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
         quiet: bool = _quiet_option(),
-        params: dict = None,
+        params: Any = None,
     ):
         """Factorise on a loopback Flower deployment (one SuperNode per view file)."""
         fl = _flower()
@@ -340,7 +340,7 @@ def register(app, reproduce_app) -> None:
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
         quiet: bool = _quiet_option(),
-        params: dict = None,
+        params: Any = None,
     ):
         """Cluster the samples on a loopback Flower deployment: FedMultiViewClustering's pipeline, one
         SuperNode per view file; each node preprocesses its own view, the server runs k-means."""
@@ -396,7 +396,7 @@ def register(app, reproduce_app) -> None:
                                             help="Ray CPUs per simulated client (clients run cores/this at a time)."),
         round_timeout: float = _round_timeout_option(),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
-        params: dict = None,
+        params: Any = None,
     ):
         """Run a federation in Flower's simulation engine (needs the simulation extra: Ray)."""
         fl = _flower()
@@ -591,7 +591,7 @@ def _coordinator_public(path: Optional[Path]) -> str:
         _fail(exc)
 
 
-def _fail(exc) -> None:
+def _fail(exc) -> NoReturn:
     """One ``error:`` line; exit 2 for bad input (an InputError, such as a missing view or an open key
     file), 1 for anything that failed."""
     from fedsonmf.exceptions import InputError
@@ -774,7 +774,7 @@ def _register_machine_commands(flower_app) -> None:
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP and no pins (warns)."),
         coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
                                                        "PRIVATE key (coordinator.key, 0600): signs this run."),
-        params: dict = None,
+        params: Any = None,
     ):
         """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status."""
         import json
@@ -813,7 +813,7 @@ def _register_machine_commands(flower_app) -> None:
         conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                 "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
                 "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
-                "node-timeout": node_timeout, "node-pins": "" if insecure else str(pins.resolve())}
+                "node-timeout": node_timeout, "node-pins": "" if insecure or pins is None else str(pins.resolve())}
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation

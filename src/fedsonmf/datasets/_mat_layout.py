@@ -63,6 +63,7 @@ def _as_label_vector(v) -> np.ndarray | None:
 
 
 def _find_labels(variables: dict, labels_key: str | None, seen: str) -> tuple[str, np.ndarray]:
+    key: str | None
     if labels_key is not None:
         if labels_key not in variables:
             raise InputError(f"labels_key {labels_key!r} is not in the file; variables: {seen}")
@@ -75,8 +76,9 @@ def _find_labels(variables: dict, labels_key: str | None, seen: str) -> tuple[st
             )
     value = variables[key]
     parts = list(value.ravel(order="F")) if _is_cell(value) else [value]
-    vectors = [_as_label_vector(p) for p in parts]
-    if not vectors or any(v is None for v in vectors):
+    found = [_as_label_vector(p) for p in parts]
+    vectors = [v for v in found if v is not None]
+    if not vectors or len(vectors) < len(found):
         raise InputError(
             f"label variable {key!r} is not a vector or a cell of vectors; variables: {seen}"
         )
@@ -170,7 +172,7 @@ def _nonzero_rows(v) -> np.ndarray:
     """True for the rows (samples) of ``v`` with at least one nonzero entry."""
     if sp.issparse(v):
         return np.diff(sp.csr_array(v).indptr) > 0  # stored zeros are eliminated by the loader's tocsr()
-    return np.asarray(v != 0).any(axis=1)
+    return np.asarray(np.asarray(v != 0).any(axis=1))
 
 
 def _find_mask(variables: dict, n: int, n_views: int) -> np.ndarray | None:

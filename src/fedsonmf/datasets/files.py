@@ -760,6 +760,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     for p in paths:  # every extension checked before any file is read
         check_format(p)
     n_views = len(paths)
+    id_specs: list
     if isinstance(ids, str) and ids == "auto":
         id_specs = ["auto"] * n_views
     elif ids is None:
@@ -827,7 +828,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
             listing = ", ".join(f"{name} {n}" for name, n in zip(names, ns))
             hint = ""
             counts = {n: ns.count(n) for n in ns}
-            major = max(counts, key=counts.get)
+            major = max(counts, key=lambda n: counts[n])
             flipped = [names[p] for p, X in enumerate(views) if X.shape[0] != major and X.shape[1] == major]
             if counts[major] > 1 and flipped:
                 hint = (f"; {', '.join(flipped)} has {major} columns: stored features x samples? Views are samples x "

@@ -63,18 +63,17 @@ def resolve_budget(cfg, max_rounds: int | None = None, tol: float | None = None)
     (5, 0.0)
     """
     dp = bool(cfg.dp_enabled)
-    if max_rounds is None:
-        max_rounds = cfg.dp_rounds if dp else default("max_rounds")
-    max_rounds = check_int("max_rounds", max_rounds, min=1)
-    if tol is None:
-        tol = 0.0 if dp or not cfg.diagnostics else default("tol")
-    tol = float(check_real("tol", tol, min=0.0, desc="a real number >= 0"))
+    rounds = check_int("max_rounds", (cfg.dp_rounds if dp else default("max_rounds")) if max_rounds is None
+                       else max_rounds, min=1)
+    stop = check_real("tol", (0.0 if dp or not cfg.diagnostics else default("tol")) if tol is None else tol,
+                      min=0.0, desc="a real number >= 0")
+    assert rounds is not None and stop is not None  # allow_none=False: the checks return a value or raise
     if dp:
-        if max_rounds > cfg.dp_rounds:
-            raise ParameterError(f"max_rounds={max_rounds} exceeds dp_rounds={cfg.dp_rounds}: the noise is "
+        if rounds > cfg.dp_rounds:
+            raise ParameterError(f"max_rounds={rounds} exceeds dp_rounds={cfg.dp_rounds}: the noise is "
                                  "calibrated for dp_rounds rounds")
-        if tol > 0:
+        if stop > 0:
             raise ParameterError("a differentially private run needs tol=0 (its clients send no diagnostics)")
-    elif tol > 0 and not cfg.diagnostics:
+    elif stop > 0 and not cfg.diagnostics:
         raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
-    return int(max_rounds), tol
+    return int(rounds), float(stop)

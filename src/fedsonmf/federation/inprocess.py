@@ -7,8 +7,9 @@ only the global matrices, and what passes between them is an explicit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from fedsonmf._validation import check_n_jobs, check_seed
 from fedsonmf.core.masks import held_columns
@@ -165,12 +166,13 @@ def run_inprocess(
             ckpt.check_resume_matches(saved, run_info)
             # each client checks its own saved state against its own view (the fingerprint never leaves it);
             # with partial participation a client that missed the last rounds resumes from its newest state (§15.2)
+            load: Callable[..., Any]
             if participation is None:
                 load = ckpt.load_client_state
             else:
                 from fedsonmf.federation.rejoin import load_latest_client_state as load
             fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
-            states = []
+            states: list[Any] = []
             for p, (X, mk) in enumerate(zip(views_dn, masks)):
                 st, meta = load(checkpoint_dir, p, saved.completed_rounds)
                 held = held_columns(mk, X.shape[1], client=p)
@@ -179,7 +181,7 @@ def run_inprocess(
                 states.append(st)
             resume_from = (saved.state, saved.history)
         else:
-            states = [None] * len(views_dn)
+            states = [None for _ in views_dn]
             fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
             if seed is None:
                 import secrets
@@ -202,8 +204,14 @@ def run_inprocess(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
         on_round_end=on_round_end, resume=resume_from, participation=participation,
     )
-    result.bases = [c.state.arrays["U"].copy() for c in clients]
+    result.bases = [_final_basis(c) for c in clients]
     return result
+
+
+def _final_basis(client: ClientRuntime):
+    """Client ``client``'s U_p after the run (every client has set up, so its state exists)."""
+    assert client.state is not None
+    return client.state.arrays["U"].copy()
 
 
 def _check_masks(clients) -> None:

@@ -155,7 +155,7 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
 
 
 def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
-    shape, dtype = item.get("shape"), item.get("dtype")
+    shape, dtype = item.get("shape") or [], item.get("dtype")
     if kind == "rn-u64":
         return shape == [r, n] and dtype == "uint64"
     if kind == "1-u64":

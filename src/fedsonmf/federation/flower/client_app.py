@@ -39,6 +39,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
@@ -69,7 +70,7 @@ def _read(path: Path):
     return read_view(path, mmap_mode="r", validate=False, order_by_id=True)[0]
 
 
-def load_view(path, *, validate: bool = True) -> object:
+def load_view(path, *, validate: bool = True) -> Any:
     """The view in ``path`` as (d_p, n) (memory-mapped when dense float64).
 
     ``validate=False`` skips the checks (NaN/Inf, all-zero, scale) for a file
@@ -82,7 +83,7 @@ def load_view(path, *, validate: bool = True) -> object:
     return as_internal_view(X)
 
 
-def view_facts(path, cache: Path, mask=None) -> tuple[object, dict]:
+def view_facts(path, cache: Path, mask=None) -> tuple[Any, dict]:
     """The node's view and what every round needs of it, computed once per view file.
 
     Every Flower message runs in a fresh process, so without a cache each round
@@ -169,13 +170,15 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
         raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
     cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
     X = _read(Path(_data_path(context)))
-    path = fclust.prepare_node_view(X, sdir, p, fed_msg.scalars, cfg.n_components, fclust.load_steps(steps_module))
+    path = fclust.prepare_node_view(X, sdir, p, dict(fed_msg.scalars), cfg.n_components,
+                                    fclust.load_steps(steps_module))
     return path, max(int(X.shape[1]), cfg.n_components)
 
 
 def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRuntime, algorithm: str, cfg_json: str,
           X, fingerprint: str) -> None:
     """Save the client's state before replying (the next round's process reads this file)."""
+    assert runtime.state is not None  # a client that answered a message has set up
     ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
                                                      **ckpt.client_resume_meta(X, fingerprint)})
     context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
@@ -220,14 +223,16 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        meta_in = msg.content[codec.META]
-        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": str(meta_in["job-id"])}
+        meta_in = cast(ConfigRecord, msg.content[codec.META])
+        job_id = str(meta_in["job-id"])
+        fields: dict[str, Any] = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": job_id}
         # the server may send the setup with the hello (one exchange less before round 1)
-        spec = dict(msg.content[codec.SCALARS]) if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None
+        spec: dict[str, Any] | None = (dict(cast(ConfigRecord, msg.content[codec.SCALARS]))
+                                       if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None)
         reply = None
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
             # (through the node-local cache: the setup and the rounds then skip the validation)
-            sdir = state_dir_of(context, fields["job-id"])
+            sdir = state_dir_of(context, job_id)
             mask = load_mask(context)
             X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask)
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
@@ -238,12 +243,12 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                 setup_msg = Message("setup", 0, {}, {**spec, "client": p})
                 if before_handle is not None:
                     before_handle(setup_msg, context)
-                reply = setup(setup_msg, context, p, fields["job-id"], sdir, mask)
+                reply = setup(setup_msg, context, p, job_id, sdir, mask)
                 fields["kind"] = codec.SETUP_AT_HELLO
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
             fields["error"] = f"{type(exc).__name__}: {exc}"
             reply, fields["kind"] = None, "hello"
-        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=fields["job-id"])
+        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=job_id)
         content[codec.META] = ConfigRecord(fields)
         return FlwrMessage(content, reply_to=msg)
 

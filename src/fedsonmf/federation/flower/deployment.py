@@ -48,6 +48,7 @@ import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
@@ -242,6 +243,8 @@ class LoopbackDeployment:
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
                  client_app: str | None = None, predict_paths=None):
+        #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
+        self.tls: tuple[str, str, str] | None
         if tls is None:
             tls = True
         if auth and tls is False:
@@ -255,7 +258,6 @@ class LoopbackDeployment:
                 if not f.is_file():
                     raise InputError(f"{what} {f} does not exist")
             key = sec.check_private_file(tls[2], "TLS server key")
-            #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
             self.tls = (str(ca), str(cert), str(key))
             self._make_tls = False
         else:
@@ -290,9 +292,9 @@ class LoopbackDeployment:
         #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
         self.client_app = client_app
         self.executors: dict[object, subprocess.Popen] = {}  # "superlink" / view index -> gate executor
-        self._authority = None  # the coordinator key (gate.Authority)
+        self._authority: Any = None  # the coordinator key (gate.Authority), made by start()
         self._pinned: set[str] = set()
-        self._lock = None
+        self._lock: _RunDirLock | None = None
         #: seconds spent on certificates, keys and registration at start-up (part of startup_seconds)
         self.security_seconds: float = 0.0
 
@@ -316,9 +318,9 @@ class LoopbackDeployment:
         """Start the SuperLink (waiting until it answers ``/health``, at most ``timeout`` s;
         a SuperLink that exits fails at once), the gate executors and every SuperNode."""
         t0 = time.perf_counter()
-        for p in self.view_paths:
-            if not p.is_file():
-                raise FileNotFoundError(f"view file {p} does not exist")
+        for path in self.view_paths:
+            if not path.is_file():
+                raise FileNotFoundError(f"view file {path} does not exist")
         private_dir(self.run_dir)
         self._lock = _lock_run_dir(self.run_dir)
         private_dir(self.flwr_home)
@@ -359,6 +361,7 @@ class LoopbackDeployment:
             import ssl
 
             ctx = ssl.create_default_context(cafile=self.tls[0])
+        assert self.superlink is not None  # started by start()
         while time.monotonic() < deadline:
             if self.superlink.poll() is not None:
                 raise RuntimeError(f"flower-superlink exited with code {self.superlink.returncode}; "
@@ -474,6 +477,7 @@ class LoopbackDeployment:
         in a process group of its own (its ServerApp children too; a group cannot join another
         session's), stopped with its daemon; it also exits within 0.2 s when its daemon dies."""
         leader = self.superlink if who == "superlink" else self.nodes[who]
+        assert leader is not None  # its daemon runs
         d = self._gate_dir(who)
         if who == "superlink":
             role, api, certs, log = "serverapp", f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None, \

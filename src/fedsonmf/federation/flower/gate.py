@@ -457,6 +457,7 @@ class Executor:
                 reply = Message(Error(code=ErrorCode.INVALID_FAB, reason=details), reply_to=message)
             else:
                 try:
+                    assert self.app is not None  # a clientapp executor loaded its app at start
                     reply = self.app(message=message, context=context)
                     sub_status, details = SubStatus.COMPLETED, ""
                 except Exception as ex:  # noqa: BLE001 - becomes the error reply, as in flwr-clientapp
@@ -502,6 +503,7 @@ class Executor:
         # the token goes through stdin, not argv (argv is readable by every local user in /proc)
         child = subprocess.Popen([sys.executable, "-m", "fedsonmf.federation.flower.gate", "--serverapp-task"],
                                  stdin=subprocess.PIPE)
+        assert child.stdin is not None  # stdin=PIPE
         child.stdin.write(json.dumps(spec).encode())
         child.stdin.close()
         self.children.append(child)

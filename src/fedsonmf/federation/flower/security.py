@@ -132,7 +132,7 @@ def _write_public(path: Path, data: bytes) -> Path:
 def _host_names(hosts) -> list:
     from cryptography import x509
 
-    names = []
+    names: list = []
     for h in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(str(h))))

@@ -115,7 +115,7 @@ def _write_json(path: Path, obj) -> None:
 OUT_ROOT_ENV = "FEDSONMF_OUT_ROOT"
 
 
-def _inside(path: Path, root: Path) -> Path:
+def _inside(path: Path | str, root: Path | str) -> Path:
     """``path`` resolved (symlinks followed); refused unless it lies in ``root`` (resolved)."""
     real, base = Path(path).resolve(), Path(root).resolve()
     if real != base and base not in real.parents:
@@ -198,10 +198,10 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     """The ServerApp's main.  ``clustering``: the clustering steps module's name (given by the
     app, :func:`make_server_app`); needed by clustering and predict runs only."""
     rc = context.run_config
-    out = str(rc.get("out-dir", "") or "")
-    if not out:
+    out_text = str(rc.get("out-dir", "") or "")
+    if not out_text:
         raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
-    out = resolve_out_dir(out)
+    out = resolve_out_dir(out_text)
     if str(rc.get("mode", "fit") or "fit") == "predict":
         return _predict_main(grid, context, out, clustering)
     status_path = out / "status.json"

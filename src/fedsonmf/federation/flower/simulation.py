@@ -157,6 +157,7 @@ class SimulationSuperLink:
     def _wait_health(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.port}/health"
+        assert self.proc is not None  # started by start()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"flower-superlink --simulation exited with code {self.proc.returncode}; "

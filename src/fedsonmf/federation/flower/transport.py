@@ -48,7 +48,7 @@ class WireRecorder:
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
         """Append one message (direction, client, kind, round, every array's shape and SHA-256) to the log."""
-        row = {"direction": direction, "client": client, "node_id": int(node_id),
+        row: dict[str, object] = {"direction": direction, "client": client, "node_id": int(node_id),
                "message_type": flwr_msg.metadata.message_type, "group_id": flwr_msg.metadata.group_id}
         if flwr_msg.has_error():
             row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
@@ -303,10 +303,10 @@ class FlowerTransport:
         seconds); its answer is collected here in this or a later round, waiting at most
         ``timeout`` seconds when new nodes were just asked.
         """
-        new = set(self.grid.get_node_ids()) - self._seen
-        if new and self.pins_path is not None:
-            new -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
-        new = sorted(new)
+        unseen = set(self.grid.get_node_ids()) - self._seen
+        if unseen and self.pins_path is not None:
+            unseen -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
+        new = sorted(unseen)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
                                                             "job-id": self.job_id})})

@@ -35,7 +35,7 @@ def write_masks(masks, directory) -> list[Path | None]:
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    out = []
+    out: list[Path | None] = []
     for p, mk in enumerate(masks):
         if mk is None:
             out.append(None)
