@@ -60,7 +60,22 @@ def _arrays(d) -> ArrayRecord:
 
 
 def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
-    """The RecordDict of ``msg`` addressed to / coming from ``client``."""
+    """The Flower RecordDict of a fedsonmf message.
+
+    Parameters
+    ----------
+    msg : Message
+        The message (kind, round, arrays, scalars, diagnostics).
+    client : int
+        The view index it is addressed to or comes from (in the ``fedsonmf.meta`` record).
+    job_id : str
+        The run's job id (in the ``fedsonmf.meta`` record).
+
+    Returns
+    -------
+    RecordDict
+        Arrays in an ArrayRecord, scalars and metadata in ConfigRecords, diagnostics apart.
+    """
     rd = RecordDict({META: ConfigRecord({"kind": msg.kind, "round": int(msg.round), "client": int(client),
                                          "job-id": str(job_id)})})
     if msg.arrays:
@@ -77,7 +92,24 @@ def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
 
 
 def decode(rd: RecordDict) -> tuple[Message, dict]:
-    """``(Message, meta)`` from a RecordDict made by :func:`encode`."""
+    """The fedsonmf message in a RecordDict made by :func:`encode`.
+
+    Parameters
+    ----------
+    rd : RecordDict
+        A message's content.
+
+    Returns
+    -------
+    message : Message
+    meta : dict
+        The ``fedsonmf.meta`` record (kind, round, client, job id, ...).
+
+    Raises
+    ------
+    ValueError
+        ``rd`` is not a fedsonmf message.
+    """
     if META not in rd:
         raise ValueError(f"not a fedsonmf message: records {sorted(rd.keys())}")
     meta: dict[str, Any] = dict(cast(ConfigRecord, rd[META]))

@@ -76,7 +76,19 @@ def _budget(cfg: FedConfig, rc) -> tuple[int, float]:
     return max_rounds, tol if cfg.diagnostics else 0.0
 
 def config_from_run_config(rc) -> FedConfig:
-    """The run's FedConfig: ``config-json`` when set, else the individual keys."""
+    """The run's FedConfig from a Flower run config.
+
+    Parameters
+    ----------
+    rc : mapping
+        The run config: ``config-json`` (a full ``FedConfig.to_dict()``) when set, else the
+        individual keys (``rank``, ``mu``, ...; defaults: :data:`.template.RUN_CONFIG_DEFAULTS`).
+
+    Returns
+    -------
+    FedConfig
+        With ``diagnostics`` and ``secure-aggregation`` from their own keys.
+    """
     text = str(rc.get("config-json", "") or "")
     if text:
         cfg = ckpt.config_from_dict(json.loads(text))

@@ -225,8 +225,33 @@ def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorit
                           job_id: str | None = None, round_timeout: float = dd.ROUND_TIMEOUT,
                           node_timeout: float = SIM_NODE_TIMEOUT,
                           record_wire: bool = False) -> dict:
-    """The run config (keys of the app template) of a simulation run (``max_rounds``, ``tol``:
-    :func:`~fedsonmf.federation.budget.resolve_budget`)."""
+    """The run config (keys of the app template) of a simulation run.
+
+    Parameters
+    ----------
+    cfg : FedConfig
+        The run's configuration (sent as ``config-json``).
+    n_clients : int
+        Virtual nodes, one per view.
+    sim_data_dir, out_dir : path
+        The folder of ``view<p>.*`` files, and the ServerApp's out-dir.
+    algorithm : str, default="fedsonmf"
+        A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
+    max_rounds, tol : int, float or None, default=None
+        The budget (:func:`~fedsonmf.federation.budget.resolve_budget`).
+    seed : int, default=0
+        The run seed.
+    job_id : str or None, default=None
+        Names the nodes' state files; None = a fresh one.
+    round_timeout, node_timeout : float, default=300.0, 300.0
+        Seconds for a round's replies and for the handshake (which includes Ray's start-up).
+    record_wire : bool, default=False
+        The server writes ``wire.jsonl``.
+
+    Returns
+    -------
+    dict
+    """
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     rc = {
         "num-clients": int(n_clients), "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol),
