@@ -36,7 +36,8 @@ from fedsonmf.federation.flower import (  # noqa: E402
     write_app_dir,
     write_views,
 )
-from fedsonmf.federation.flower.launcher import _bin, flower_env, run_flower, superlink_exit_report  # noqa: E402
+from fedsonmf.federation.flower.deployment import _bin, flower_env, superlink_exit_report  # noqa: E402
+from fedsonmf.federation.flower.launcher import run_flower  # noqa: E402
 from fedsonmf.federation.flower.server_app import _write_json, resolve_out_dir, stopped_status  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from fedsonmf.protocol.history import FitResult, History  # noqa: E402

@@ -35,7 +35,7 @@ from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
-from fedsonmf.federation.flower.launcher import _free_port  # noqa: E402
+from fedsonmf.federation.flower.deployment import _free_port  # noqa: E402
 from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from test_flower_gate import write_evil_app  # noqa: E402

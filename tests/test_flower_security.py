@@ -39,7 +39,7 @@ from fedsonmf.exceptions import FederationError, InputError  # noqa: E402
 from fedsonmf.federation.flower import LoopbackDeployment, load_result, write_views  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
-from fedsonmf.federation.flower.launcher import InsecureDeploymentWarning, _bin, _free_port, flower_env  # noqa: E402
+from fedsonmf.federation.flower.deployment import InsecureDeploymentWarning, _bin, _free_port, flower_env  # noqa: E402
 from fedsonmf.federation.flower.transport import handshake  # noqa: E402
 from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402

@@ -531,7 +531,7 @@ def test_cli_one_mat_file_works_as_before(tmp_path, capsys):
 def test_flower_node_reads_every_format_ordered_by_id(tmp_path, views):
     pytest.importorskip("flwr")
     from fedsonmf.federation.flower.client_app import load_view
-    from fedsonmf.federation.flower.launcher import _view_file_shape
+    from fedsonmf.federation.flower.viewfiles import _view_file_shape
 
     A, B = views
     ids = np.arange(15)[::-1] * 3  # rows stored in decreasing id order

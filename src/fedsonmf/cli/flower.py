@@ -442,7 +442,7 @@ def register(app, reproduce_app) -> None:
     ):
         """Write synthetic views (make_synthetic), one .npy file per client."""
         from fedsonmf.datasets import make_synthetic
-        from fedsonmf.federation.flower.launcher import write_views
+        from fedsonmf.federation.flower.viewfiles import write_views
 
         data = make_synthetic(n_clients=clients, n_samples=samples, n_features=features, rank=rank,
                               heterogeneity=heterogeneity, random_state=seed)
@@ -698,7 +698,7 @@ def _register_machine_commands(flower_app) -> None:
     ):
         """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
         sec = _sec()
-        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, flower_env
+        from fedsonmf.federation.flower.deployment import CONNECTION, _bin, flower_env
 
         try:
             line = public_key.read_text()
@@ -780,7 +780,7 @@ def _register_machine_commands(flower_app) -> None:
         import json
         import subprocess
 
-        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, _read_status, flower_env
+        from fedsonmf.federation.flower.deployment import CONNECTION, _bin, _read_status, flower_env
         from fedsonmf.federation.flower.template import _toml_value, write_app_dir
         from fedsonmf.protocol.config import FedConfig
 

@@ -38,21 +38,12 @@ from fedsonmf.federation.flower.deployment import (  # noqa: F401 - re-exported:
     InsecureDeploymentWarning,
     LoopbackDeployment,
     RunOutcome,
-    _bin,
-    _free_port,
     _lock_run_dir,
-    _read_status,
     failure_message,
     flower_env,
     superlink_exit_report,
 )
-from fedsonmf.federation.flower.viewfiles import (  # noqa: F401 - re-exported
-    _check_view_files,
-    _view_file_shape,
-    check_inputs,
-    write_masks,
-    write_views,
-)
+from fedsonmf.federation.flower.viewfiles import check_inputs, write_masks, write_views  # noqa: F401 - re-exported
 from fedsonmf.protocol.history import FitResult, History, json_default
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
