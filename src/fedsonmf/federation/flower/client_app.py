@@ -186,11 +186,22 @@ def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRunt
 
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
                     clustering: str | None = None) -> ClientApp:
-    """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
-    train message (a hook for fault-injection tests; None in normal use).
-    ``clustering``: the name of the clustering steps module (the shipped app gives
-    ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or a
-    predict message arrives, so that a plain round's process stays lean."""
+    """A fresh ClientApp that answers with :class:`fedsonmf.federation.ClientRuntime`.
+
+    Parameters
+    ----------
+    before_handle : callable or None, default=None
+        ``before_handle(msg, context)`` before every train message (a hook for
+        fault-injection tests; None in normal use).
+    clustering : str or None, default=None
+        The name of the clustering steps module (the shipped app gives
+        ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or
+        a predict message arrives, so that a plain round's process stays lean.
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+    """
     client = ClientApp()
 
     def setup(fed_msg: Message, context: Context, p: int, job_id: str, sdir: Path, mask) -> Message:

@@ -185,9 +185,25 @@ class Authority:
 
 
 def sign_run_config(authority: Authority, fab_hash: str, conf: dict) -> dict:
-    """``conf`` + the gate token for the FAB ``fab_hash``.  The token signs exactly what the
-    executors will see: the values as ``flwr`` parses the ``--run-config`` overrides file
-    (written with the template's TOML formatting)."""
+    """``conf`` plus the gate token that authorises it for the FAB ``fab_hash``.
+
+    The token signs exactly what the executors will see: the values as ``flwr`` parses the
+    ``--run-config`` overrides file (written with the template's TOML formatting).
+
+    Parameters
+    ----------
+    authority : Authority
+        The coordinator's key.
+    fab_hash : str
+        The sha256 of the bundle ``flwr run`` will submit (:func:`fab_sha256` of :func:`build_fab`).
+    conf : dict
+        The run config.
+
+    Returns
+    -------
+    dict
+        ``conf`` with ``gate-token`` set.
+    """
     import tomllib
 
     from fedsonmf.federation.flower.template import _toml_value
@@ -245,7 +261,20 @@ def read_public_key(path) -> str:
 
 def prepare_host(gate_dir, fab_hashes, public_key: str) -> tuple[Path, Path]:
     """One host's gate folder (0700): a fresh SuperExec secret and the pin (both 0600).
-    Returns (pin path, secret path); the ledger (``gate_dir/ledger.json``) is kept."""
+
+    Parameters
+    ----------
+    gate_dir : path
+        The folder; its ledger (``ledger.json``) is kept across restarts.
+    fab_hashes : iterable of str
+        The sha256 of every app bundle this host may run.
+    public_key : str
+        The coordinator's public key (base64url), whose signature every run needs.
+
+    Returns
+    -------
+    pin_path, secret_path : Path
+    """
     d = private_dir(gate_dir)
     secret = write_secret(d / "superexec.secret")
     return write_pin(d / "pin.json", fab_hashes, public_key), secret
@@ -253,7 +282,27 @@ def prepare_host(gate_dir, fab_hashes, public_key: str) -> tuple[Path, Path]:
 
 def executor_argv(role: str, runtime_api: str, gate_dir, *, parent_pid: int, root_certificates=None,
                   app: str | None = None) -> list[str]:
-    """The command line of one host's executor (files of :func:`prepare_host` in ``gate_dir``)."""
+    """The command line of one host's gate executor.
+
+    Parameters
+    ----------
+    role : {"serverapp", "clientapp"}
+        The SuperLink's executor or a SuperNode's.
+    runtime_api : str
+        ``HOST:PORT`` of its daemon's runtime API.
+    gate_dir : path
+        The files of :func:`prepare_host` (pin, SuperExec secret, ledger).
+    parent_pid : int
+        The daemon's pid: the executor exits when it is gone.
+    root_certificates : path or None, default=None
+        The CA certificate the SuperLink's executor verifies its daemon with.
+    app : str or None, default=None
+        ``module:attr`` of an installed ClientApp (None: fedsonmf's).
+
+    Returns
+    -------
+    list of str
+    """
     d = Path(gate_dir)
     args = [sys.executable, "-m", "fedsonmf.federation.flower.gate", "--role", role, "--runtime-api", runtime_api,
             "--pin", str(d / "pin.json"), "--secret", str(d / "superexec.secret"),

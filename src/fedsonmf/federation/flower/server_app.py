@@ -207,8 +207,19 @@ def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -
 
 
 def server_main(grid: Grid, context: Context, clustering: str | None = None) -> None:
-    """The ServerApp's main.  ``clustering``: the clustering steps module's name (given by the
-    app, :func:`make_server_app`); needed by clustering and predict runs only."""
+    """The ServerApp's main: a fit (or a predict run) over the grid, reported in ``status.json``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's grid.
+    context : flwr.app.Context
+        Its context; the run config holds the keys of :data:`.template.RUN_CONFIG_DEFAULTS`
+        (``out-dir`` required).
+    clustering : str or None, default=None
+        The clustering steps module's name (given by the app, :func:`make_server_app`);
+        needed by clustering and predict runs only.
+    """
     rc = context.run_config
     out_text = str(rc.get("out-dir", "") or "")
     if not out_text:
@@ -360,8 +371,18 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
 
 
 def make_server_app(clustering: str | None = None) -> ServerApp:
-    """A fresh ServerApp whose main is :func:`server_main`; ``clustering`` names the
-    clustering steps module (the shipped app gives ``fedsonmf.estimators.clustering_steps``)."""
+    """A fresh ServerApp whose main is :func:`server_main`.
+
+    Parameters
+    ----------
+    clustering : str or None, default=None
+        The clustering steps module (the shipped app gives
+        ``fedsonmf.estimators.clustering_steps``).
+
+    Returns
+    -------
+    flwr.serverapp.ServerApp
+    """
     server = ServerApp()
 
     def main(grid: Grid, context: Context) -> None:
