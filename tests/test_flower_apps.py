@@ -1,5 +1,5 @@
 """The Flower apps' handlers without servers: the ServerApp's main runs against a
-fake Grid that calls the ClientApp object directly (FLOWER.md §2.5(c)).
+fake Grid that calls the ClientApp object directly (docs/flower.md, "Flower behaviours").
 
 Fast (no processes, no network); the loopback deployment is in test_flower_deploy.py.
 """
@@ -168,7 +168,8 @@ def test_client_refuses_a_round_its_saved_state_does_not_precede(tmp_path, probl
     grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))
     _server(grid, _run_config(tmp_path, **{"num-rounds": 2}))
     transport = FlowerTransport(grid, [101, 202, 303], job_id="job-test", round_timeout=2, poll=0.001)
-    with pytest.raises(FederationError, match=r"client 0 \(node 101\) failed in round 5: .*no saved state after round 4"):
+    with pytest.raises(FederationError,
+                       match=r"client 0 \(node 101\) failed in round 5: .*no saved state after round 4"):
         transport.exchange([Message("round", 5, {"Vbar": np.zeros((R, 40))})] * 3)
 
 
@@ -333,7 +334,7 @@ def test_client_app_refuses_misrouted_message(tmp_path, problem):
     assert int(rep.content[codec.META]["partition-id"]) == 1
 
 
-# ----------------------------------------------------------------------------- issue 11: checks before round 1
+# ----------------------------------------------------------------------------- checks before round 1
 
 
 class SlowStartGrid(FakeGrid):
@@ -426,7 +427,7 @@ def test_apps_with_masks_give_the_inprocess_result(tmp_path, problem):
     mk = np.random.default_rng(4).random((3, n)) > 0.3
     mk[0] |= ~mk.any(axis=0)
     nodes = _nodes(tmp_path, views)
-    for (nid, nc), path in zip(nodes.items(), write_masks(list(mk), tmp_path / "views")):
+    for nc, path in zip(nodes.values(), write_masks(list(mk), tmp_path / "views")):
         nc["mask-path"] = str(path)
     rc = _run_config(tmp_path)
     V, result = _server(FakeGrid(make_client_app(), nodes), rc)
@@ -492,7 +493,7 @@ def test_quorum_failure_in_the_apps_is_a_federation_error(tmp_path, problem):
 
 
 def test_node_validates_and_hashes_its_view_once(tmp_path, problem, monkeypatch):
-    """Issue 12: a node's per-round process reuses the validated facts of its view file."""
+    """A node's per-round process reuses the validated facts of its view file."""
     import fedsonmf.federation.flower.client_app as ca
     from fedsonmf.core._linalg import sqnorm
 

@@ -34,4 +34,4 @@ def test_flower_run_resume_needs_a_saved_job(tmp_path):
     np.save(tmp_path / "v.npy", np.ones((5, 3)))
     r = CliRunner().invoke(app, ["flower", "run", str(tmp_path / "v.npy"), "--out", str(tmp_path / "run"),
                                  "--rank", "2", "--resume"])
-    assert r.exit_code == 1 and "nothing to resume" in r.output
+    assert r.exit_code == 2 and "nothing to resume" in r.output  # bad input: before anything starts

@@ -12,7 +12,6 @@ import json
 import os
 import stat
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -28,12 +27,13 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
 from fedsonmf.federation.flower import run_flower, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
-from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
+from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
@@ -233,7 +233,8 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)
-        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True), 60)
+        audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True),
+                   60)
     assert np.array_equal(out[True][0], out[False][0]) and np.array_equal(out[True][1], out[False][1])
     # secure aggregation (the deployment default): an init exchange (key relay, masked V-bar^1) after the setup
     if rule == "auto":
@@ -297,7 +298,8 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     assert rows[0] == "sample_id,cluster" and len(rows) == y.size + 1
     assert [r.split(",") for r in rows[1:]] == [[str(i), str(k)] for i, k in enumerate(ref.labels_)]
     for p in range(3):  # each client folder holds its own view only; its node keeps the prepared copy
-        assert [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()] == [f"view0.{'npz' if p == 0 else 'npy'}"]
+        held = [f.name for f in (tmp_path / "fl" / "clients" / f"p{p}").iterdir()]
+        assert held == [f"view0.{'npz' if p == 0 else 'npy'}"]
     fl = model.result_.extra["flower"]
     assert 0 < fl["round1_started_at"] - fl["launched_at"] == pytest.approx(fl["time_to_round1"])
     with threadpool_limits(1):
@@ -322,16 +324,15 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     th.start()
     seen = []
     status = out / "server" / "status.json"
-    deadline = time.monotonic() + 600
-    while th.is_alive() and time.monotonic() < deadline:
-        try:
-            st = json.loads(status.read_text())
-        except (OSError, ValueError):
-            st = None
+
+    def watch():
+        st = read_status(status)
         if st and st.get("status") == "running" and st.get("phase") == "round":
             seen.append((st["round"], st["rounds_done"], st["max_rounds"]))
-        time.sleep(0.05)
-    th.join(timeout=60)
+        return not th.is_alive()
+
+    wait_until(watch, "the CLI run to end", progress=status_progress(out / "server"))
+    th.join()
     r = result["r"]
     assert r.exit_code == 0, r.output
     assert seen and {s[2] for s in seen} == {3}

@@ -1,4 +1,4 @@
-"""The attacks of issue 17 (only our app runs on the nodes; faults and files) on a real
+"""The attacks on a deployment (only our app runs on the nodes; faults and files) on a real
 loopback deployment, and the gate's checks and the file helpers without processes.
 
 Deploy-marked tests share one gated deployment (a SuperLink, 3 SuperNodes, their gate
@@ -24,13 +24,20 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fedsonmf._io import check_private_file, write_atomic, write_json_atomic  # noqa: E402
+from _waits import STALL, join, status_progress, wait_until  # noqa: E402
+from fedsonmf._io import PrivateFileError, check_private_file, write_atomic, write_json_atomic  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
-from fedsonmf.exceptions import FlowerRunError  # noqa: E402
+from fedsonmf.exceptions import FlowerRunError, InputError  # noqa: E402
 from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
-from fedsonmf.federation.flower import LoopbackDeployment, load_result, write_app_dir, write_views  # noqa: E402
-from fedsonmf.federation.flower import gate  # noqa: E402
-from fedsonmf.federation.flower.launcher import _bin, flower_env, run_flower, superlink_exit_report  # noqa: E402
+from fedsonmf.federation.flower import (  # noqa: E402
+    LoopbackDeployment,
+    gate,  # noqa: E402
+    load_result,
+    write_app_dir,
+    write_views,
+)
+from fedsonmf.federation.flower.deployment import _bin, flower_env, superlink_exit_report  # noqa: E402
+from fedsonmf.federation.flower.launcher import run_flower  # noqa: E402
 from fedsonmf.federation.flower.server_app import _write_json, resolve_out_dir, stopped_status  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from fedsonmf.protocol.history import FitResult, History  # noqa: E402
@@ -171,8 +178,9 @@ def test_key_secret_and_pin_files_readable_by_others_are_refused(tmp_path):
         gate.Authority.load(tmp_path / "coordinator.key")
     secret = gate.write_secret(tmp_path / "superexec.secret")
     assert check_private_file(secret) == secret and len(secret.read_bytes()) == 32
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(PrivateFileError, match="does not exist") as caught:
         check_private_file(tmp_path / "nope.key")
+    assert isinstance(caught.value, InputError) and isinstance(caught.value, FileNotFoundError)  # one type, both roles
 
 
 def test_write_atomic_failure_mid_write_leaves_the_old_file(tmp_path, monkeypatch):
@@ -252,7 +260,7 @@ def gated(tmp_path_factory, views):
 
 def _our_run(dep, job, rounds=1, **kw):
     rc = {"num-rounds": rounds, "seed": 5, "config-json": json.dumps(CFG.to_dict()), "job-id": job,
-          "round-timeout": 60.0, "node-timeout": 60.0, **kw}
+          "round-timeout": STALL, "node-timeout": STALL, **kw}  # ceilings of event waits (a loaded machine)
     return dep.run(rc, out_dir=dep.run_dir / job)
 
 
@@ -277,7 +285,7 @@ class Outsider:
         p = self.flwr("run", str(app_dir), "x", "--format", "json", *extra)
         return int(json.loads(p.stdout[p.stdout.index("{"):])["run-id"])
 
-    def wait_finished(self, run_id: int, timeout: float = 120.0) -> dict:
+    def wait_finished(self, run_id: int, timeout: float = STALL) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             p = self.flwr("ls", "x", "--format", "json", "--run-id", str(run_id))
@@ -330,7 +338,7 @@ def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
     try:
         outcome = _our_run(gated, "after-evil")
         assert outcome.ok, outcome.status
-        rogue.wait(timeout=60)  # its first AcquireTask is refused (401) and it shuts down
+        rogue.wait(timeout=STALL)  # its first AcquireTask is refused (401) and it shuts down
     finally:
         if rogue.poll() is None:
             os.killpg(rogue.pid, signal.SIGKILL)
@@ -399,13 +407,11 @@ def test_external_stop_is_reported_with_the_round_to_resume_from(gated, tmp_path
     got = {}
     th = threading.Thread(target=lambda: got.setdefault("o", _our_run(gated, "stopme", rounds=30)))
     th.start()
-    deadline = time.monotonic() + 180
-    while not (out / "checkpoint" / "server.npz").exists() and th.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until((out / "checkpoint" / "server.npz").exists, "round 1's checkpoint", progress=status_progress(out),
+               alive=th.is_alive)
     run_id = json.loads((out / "status.json").read_text())["run_id"]
     Outsider(tmp_path / "mallory", gated.port, gated.tls[0]).flwr("stop", str(run_id), "x")
-    th.join(timeout=180)
-    assert not th.is_alive()
+    join(th, progress=status_progress(out))
     st = got["o"].status
     k = ckpt.load_server_checkpoint(out / "checkpoint").completed_rounds + 1
     assert st["status"] == "stopped", st
@@ -419,7 +425,7 @@ def test_second_launch_on_the_same_out_fails_at_once_naming_the_lock(gated, view
     """(d) Before: the second launch shared the first's SuperLink and returned its result with exit 0."""
     proc = subprocess.run([sys.executable, "-c", "from fedsonmf.cli.app import main; main()", "flower", "run",
                            *map(str, views), "--out", str(gated.run_dir), "--rounds", "1"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ})
+                          capture_output=True, text=True, timeout=STALL, env={**os.environ})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"lock {gated.run_dir / '.lock'}" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
     assert "in use by a running launch" in proc.stderr
@@ -454,23 +460,22 @@ def test_superlink_kill9_is_reported_and_leaves_no_process(tmp_path, views):
 
     def go():
         try:
-            run_flower(views, CFG, run_dir=run_dir, max_rounds=30, seed=5, round_timeout=60.0, node_timeout=60.0)
+            run_flower(views, CFG, run_dir=run_dir, max_rounds=30, tol=0, seed=5, round_timeout=STALL,
+                       node_timeout=STALL)
         except FlowerRunError as exc:
             got["error"] = exc
 
     th = threading.Thread(target=go)
     th.start()
     ckpt_file = run_dir / "server" / "checkpoint" / "server.npz"
-    deadline = time.monotonic() + 240
-    while not ckpt_file.exists() and th.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(ckpt_file.exists, "round 1's checkpoint", progress=status_progress(run_dir / "server"),
+               alive=th.is_alive)
     assert ckpt_file.exists(), "round 1 never completed"
     links = [int(p.split(":")[0]) for p in _processes_of(run_dir) if "flower-superlink" in p]
     assert len(links) == 1, _processes_of(run_dir)
     assert any("fedsonmf.federation.flower.gate --serverapp-task" in p for p in _processes_of(run_dir))
     os.kill(links[0], signal.SIGKILL)
-    th.join(timeout=180)
-    assert not th.is_alive()
+    join(th, progress=status_progress(run_dir / "server"))
     msg = str(got["error"])
     m = re.fullmatch(r"SuperLink exited \(SIGKILL\) during round (\d+); last checkpointed round (\d+); "
                      r"resume with --resume", msg)

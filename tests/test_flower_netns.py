@@ -30,15 +30,15 @@ pytest.importorskip("flwr")
 
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from _waits import STALL  # noqa: E402
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
-from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
-from fedsonmf.federation.flower.launcher import _free_port  # noqa: E402
+from fedsonmf.federation.flower.deployment import _free_port  # noqa: E402
+from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 from test_flower_gate import write_evil_app  # noqa: E402
-
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "flower.md"
 ADDRESSES = {"link": "198.18.0.1", "node0": "198.18.0.2", "node1": "198.18.0.3"}
@@ -173,7 +173,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def _wait_for(predicate, what: str, timeout: float = 120.0, proc=None, log=None):
+def _wait_for(predicate, what: str, timeout: float = STALL, proc=None, log=None):
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
         if proc is not None:
@@ -203,7 +203,7 @@ class Outsider:
         out = self.flwr("run", str(app_dir), "x", "--format", "json")
         return int(json.loads(out[out.index("{"):])["run-id"])
 
-    def wait_finished(self, run_id: int, timeout: float = 180.0) -> dict:
+    def wait_finished(self, run_id: int, timeout: float = STALL) -> dict:
         def finished():
             out = self.flwr("ls", "x", "--format", "json", "--run-id", str(run_id))
             runs = json.loads(out[out.index("{"):])["runs"]
@@ -254,7 +254,7 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
         if background:
             if argv[2] == "superlink":
                 port = int(argv[argv.index("--port") + 1])
-                deadline = time.monotonic() + 120
+                deadline = time.monotonic() + STALL  # an event (the port answers) with a generous ceiling
                 while not hosts.reaches(host, ADDRESSES[host], port):
                     assert proc.poll() is None, log.read_text()
                     assert time.monotonic() < deadline, f"the SuperLink never listened; {log.read_text()}"
@@ -266,8 +266,8 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
     markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
     markers.mkdir(mode=0o777)
-    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092", dirs["link"] / "tls" / "ca.crt",
-                       env)
+    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092",
+                       dirs["link"] / "tls" / "ca.crt", env)
     run_id = mallory.submit(write_evil_app(tmp_path / "evil", markers))
     info = mallory.wait_finished(run_id)
     assert info["status"] == "finished:failed", info
@@ -347,11 +347,11 @@ def test_daemon_command_stops_its_gate_executor_with_it(tmp_path):
     cmd, log, home, (daemon, executor) = start("a")
     assert gate.Pin.load(home / "gate" / "pin.json").fab_sha256 == {gate.installed_fab_sha256()}
     os.kill(cmd.pid, signal.SIGTERM)
-    assert cmd.wait(timeout=60) == 0, log.read_text()
+    assert cmd.wait(timeout=STALL) == 0, log.read_text()
     assert _processes_mentioning(str(home)) == []
     cmd, log, home, (daemon, executor) = start("b")
     os.kill(daemon, signal.SIGKILL)
-    assert cmd.wait(timeout=60) == 1, log.read_text()
+    assert cmd.wait(timeout=STALL) == 1, log.read_text()
     assert "flower-superlink exited with code -9" in log.read_text()
     assert _processes_mentioning(str(home)) == []
 
@@ -405,7 +405,7 @@ def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
                                  str(tmp_path / "v.npy"), "--partition", "0", "--partitions", "2", "--key",
                                  str(key.private), "--ca", str(tls.ca_cert), "--home", str(tmp_path / "h"),
                                  "--coordinator-key", str(tmp_path / "missing.pub")])
-    assert r.exit_code == 1 and "missing.pub" in r.output, r.output
+    assert r.exit_code == 2 and "missing.pub" in r.output, r.output  # bad input
     r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h")])
@@ -416,7 +416,7 @@ def test_daemon_and_submit_commands_require_the_coordinator_key(tmp_path):
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",
                                  str(tmp_path / "open.key")])
-    assert r.exit_code == 1 and "(mode 0644); run: chmod 600" in r.output, r.output
+    assert r.exit_code == 2 and "(mode 0644); run: chmod 600" in r.output, r.output  # bad input
     r = CliRunner().invoke(app, ["flower", "submit", "--superlink", "198.18.0.1:9092", "--ca", str(tls.ca_cert),
                                  "--pins", str(tmp_path / "pins.json"), "--out", str(tmp_path / "run"),
                                  "--clients", "2", "--home", str(tmp_path / "h"), "--coordinator-key",

@@ -344,7 +344,6 @@ def _bad_cases():
     def npy(X, **kw):
         return lambda path: np.save(path, X, **kw)
 
-    csv_a = "".join(",".join(map(str, r)) + "\n" for r in A.tolist())
     return {
         "unsupported-extension": (files(x_txt="1,2\n"), "x.txt", r"unsupported view file extension '\.txt'.*\.csv"),
         "pickled-npy": (files(p_npy=lambda p: p.write_bytes(pickle.dumps({"a": 1}))), "p.npy", "pickled"),
@@ -532,7 +531,7 @@ def test_cli_one_mat_file_works_as_before(tmp_path, capsys):
 def test_flower_node_reads_every_format_ordered_by_id(tmp_path, views):
     pytest.importorskip("flwr")
     from fedsonmf.federation.flower.client_app import load_view
-    from fedsonmf.federation.flower.launcher import _view_file_shape
+    from fedsonmf.federation.flower.viewfiles import _view_file_shape
 
     A, B = views
     ids = np.arange(15)[::-1] * 3  # rows stored in decreasing id order
@@ -554,9 +553,9 @@ def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp
     their views as CSV / Matrix Market / MATLAB files with rows shuffled and ids: V equals the in-process run on
     the views in the common id order."""
     pytest.importorskip("flwr")
-    import test_flower_apps as fa
     from flwr.supercore.task_identity import TaskIdentity
 
+    import test_flower_apps as fa
     from fedsonmf._validation import check_views
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess

@@ -6,6 +6,7 @@ import scipy.io
 import scipy.sparse as sp
 
 from fedsonmf.datasets.mat import (
+    LABEL_KEYS,
     MultiViewDataset,
     default_data_dir,
     find_datasets,
@@ -287,6 +288,7 @@ def test_find_datasets(tmp_path):
         list(find_datasets(tmp_path / "missing"))
 
 
+@pytest.mark.realdata
 def test_missing_rule_for_incomplete_files(data_root, tmp_path):
     """``missing=``: the file's ``ind`` (auto, mask), derived from all-zero rows when the file has no
     availability variable (mask), or no mask at all (zeros, zero-filling)."""
@@ -303,7 +305,7 @@ def test_missing_rule_for_incomplete_files(data_root, tmp_path):
         load_mat(path, missing="nope")
 
 
-# ------------------------------------------------------------------ issue 20: no view dropped silently
+# ------------------------------------------------------------------ no view dropped silently
 
 
 def test_load_mat_refuses_a_view_that_does_not_fit_the_labels(tmp_path):
@@ -328,3 +330,24 @@ def test_load_mat_records_paths_classes_and_masks(tmp_path, views_and_labels):
     assert ds.classes.tolist() == [3, 5, 9] and np.array_equal(ds.classes[ds.labels], labels)
     assert [i["key"] for i in ds.view_info] == ["V1", "V2"] and ds.view_info[1]["n_features"] == 4
     assert [m.tolist() for m in ds.masks] == [[True] * 12] * 2
+
+
+@pytest.mark.parametrize("key", ["truth", "Truth", "gt", "GT", "labels", "Y", "y", "gnd", "truelabel",
+                                 "ground_truth", "target", "class"])
+def test_labels_under_every_common_name_are_found(tmp_path, views_and_labels, key):
+    views, labels = views_and_labels
+    path = tmp_path / "named.mat"
+    scipy.io.savemat(path, {"V1": views[0], "V2": views[1], key: labels[:, None] + 1})
+    ds = load_mat(path)
+    assert ds.view_names == ["V1", "V2"]  # the label variable is never taken for a view
+    np.testing.assert_array_equal(ds.labels, np.repeat([0, 1, 2], 4))
+
+
+def test_label_names_are_tried_in_the_declared_order(tmp_path, views_and_labels):
+    views, labels = views_and_labels
+    path = tmp_path / "two.mat"
+    other = labels[::-1].copy()
+    scipy.io.savemat(path, {"X1": views[0], "X2": views[1], "truth": other[:, None], "y": labels[:, None]})
+    ds = load_mat(path)
+    assert LABEL_KEYS.index("y") < LABEL_KEYS.index("truth")
+    np.testing.assert_array_equal(ds.labels, np.repeat([0, 1, 2], 4))

@@ -16,6 +16,8 @@ pytest.importorskip("flwr")
 
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from _waits import STALL  # noqa: E402
+
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import LoopbackDeployment, load_result, write_views  # noqa: E402
@@ -49,7 +51,7 @@ def test_secure_deployment_equals_inprocess_and_its_wire_holds_no_upload(tmp_pat
     with LoopbackDeployment(tmp_path / "run", paths) as dep:
         out = dep.run_dir / "secure"
         rc = {"num-rounds": ROUNDS, "seed": SEED, "config-json": json.dumps(CFG.to_dict()), "job-id": "sa",
-              "round-timeout": 120.0, "node-timeout": 120.0, "record-wire": True, "record-wire-arrays": True}
+              "round-timeout": STALL, "node-timeout": STALL, "record-wire": True, "record-wire-arrays": True}
         outcome = dep.run(rc, out_dir=out)  # secure-aggregation: the deployment default
         assert outcome.ok, outcome.status
     res = load_result(out)

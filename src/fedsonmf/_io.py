@@ -10,7 +10,7 @@ old file or the new one, never a torn one.
 Files are created 0600 and folders 0700 (our choice: a run folder holds
 private views' fingerprints, node state and keys; nobody but the owner needs
 to read it).  :func:`check_private_file` refuses a key or secret that group or
-others may read.
+others may read (:class:`PrivateFileError`, the one check every key and secret goes through).
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
+from typing import Union
+
+from fedsonmf.exceptions import InputError
 
 __all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
-           "check_private_file", "FILE_MODE", "DIR_MODE"]
+           "check_private_file", "PrivateFileError", "MissingPrivateFileError", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -32,7 +35,20 @@ Payload = Union[bytes, str, Callable]
 
 
 def private_dir(path, mode: int = DIR_MODE) -> Path:
-    """Create ``path`` (and missing parents) with ``mode``; an existing folder gets ``mode`` too."""
+    """Create a folder (and its missing parents) with ``mode``; an existing folder gets ``mode`` too.
+
+    Parameters
+    ----------
+    path : path-like
+        The folder.
+    mode : int, default=0o700
+        Its permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     path = Path(path)
     missing = []
     p = path
@@ -65,11 +81,33 @@ def _fsync_dir(directory: Path) -> None:
 def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
     """Write ``data`` to ``path`` atomically and give it ``mode``.
 
-    ``data`` is bytes, a str (UTF-8), or a callable ``data(fh)`` that writes to
-    the open binary file (e.g. ``lambda fh: np.save(fh, a)``).  The temporary
-    file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells a
-    cleaner whether its writer is still alive, see :func:`temp_writer_alive`);
-    it is removed when the write fails, and the old ``path`` (if any) stays as it was.
+    The temporary file is ``.<name>.<pid>-<random>.tmp`` in the same folder (the pid tells
+    a cleaner whether its writer is still alive, see :func:`temp_writer_alive`); it is
+    removed when the write fails, and the old ``path`` (if any) stays as it was.
+
+    Parameters
+    ----------
+    path : path-like
+        The target (its folder is created if missing).
+    data : bytes, str or callable
+        The content: bytes, a str (UTF-8), or ``data(fh)`` that writes to the open binary
+        file (e.g. ``lambda fh: np.save(fh, a)``).
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> write_atomic(d / "a.txt", "hello").read_text()
+    'hello'
+    >>> oct((d / "a.txt").stat().st_mode & 0o777)
+    '0o600'
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,8 +133,18 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
 
 
 def temp_writer_alive(name: str) -> bool:
-    """Whether the process that is writing temporary file ``name`` (``.<target>.<pid>-<random>.tmp``,
-    from :func:`write_atomic`) is still alive; False for names without a pid (older writers)."""
+    """Whether the process writing temporary file ``name`` (from :func:`write_atomic`) is alive.
+
+    Parameters
+    ----------
+    name : str
+        A file name ``.<target>.<pid>-<random>.tmp``.
+
+    Returns
+    -------
+    bool
+        True while that pid runs; False for names without a pid (older writers).
+    """
     middle = name[:-len(".tmp")].rsplit(".", 1)[-1] if name.endswith(".tmp") else ""
     pid, sep, _ = middle.partition("-")
     if not sep or not pid.isdigit():
@@ -111,19 +159,68 @@ def temp_writer_alive(name: str) -> bool:
 
 
 def write_json_atomic(path, obj, *, default=None, indent: int | None = 1, mode: int = FILE_MODE) -> Path:
-    """``json.dumps(obj)`` written with :func:`write_atomic` (serialised first, so a bad object leaves no file)."""
+    """``json.dumps(obj)`` written with :func:`write_atomic`.
+
+    The object is serialised first, so a bad object leaves no file.
+
+    Parameters
+    ----------
+    path : path-like
+        The target.
+    obj : object
+        Anything ``json.dumps`` accepts (with ``default``).
+    default : callable or None, default=None
+        ``json.dumps``'s ``default`` (e.g. :func:`fedsonmf.protocol.history.json_default`).
+    indent : int or None, default=1
+        ``json.dumps``'s ``indent``.
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     return write_atomic(path, json.dumps(obj, indent=indent, default=default), mode=mode)
 
 
 def save_npy_atomic(path, array, *, mode: int = FILE_MODE) -> Path:
-    """``np.save`` (no pickle) written with :func:`write_atomic`."""
+    """``np.save`` (no pickle) written with :func:`write_atomic`.
+
+    Parameters
+    ----------
+    path : path-like
+        The target ``.npy`` file.
+    array : array-like
+        The array (object arrays are refused, as ``allow_pickle=False`` does).
+    mode : int, default=0o600
+        The file's permission bits.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
     import numpy as np
 
     return write_atomic(path, lambda fh: np.save(fh, array, allow_pickle=False), mode=mode)
 
 
 def open_private(path, flags: str = "ab"):
-    """Open ``path`` for appending (``"ab"``) or writing (``"wb"``), created 0600 (logs)."""
+    """Open ``path`` for appending or writing, created 0600 (logs).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    flags : {"ab", "wb"}, default="ab"
+        Append or truncate.
+
+    Returns
+    -------
+    file object
+        Binary, open for writing.
+    """
     if flags not in ("ab", "wb"):
         raise ValueError(f"flags must be 'ab' or 'wb', got {flags!r}")
     os_flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if flags == "ab" else os.O_TRUNC)
@@ -132,21 +229,48 @@ def open_private(path, flags: str = "ab"):
     return os.fdopen(fd, flags)
 
 
-def check_private_file(path, what: str = "key file") -> Path:
-    """Refuse ``path`` unless it is a regular file that only its owner may read or write.
+class PrivateFileError(InputError, PermissionError):
+    """A key or secret file that is missing, not a regular file, another user's, or readable or
+    writable by group/others.  Bad input (an :class:`~fedsonmf.exceptions.InputError`: exit 2 in the
+    CLI) and a :class:`PermissionError` (an ``OSError``, for code that handles file errors).  A missing
+    file raises the subclass :class:`MissingPrivateFileError`, also a :class:`FileNotFoundError`."""
 
-    Raises PermissionError naming the file, its mode and the fix (``chmod 600``).
+
+class MissingPrivateFileError(PrivateFileError, FileNotFoundError):
+    """The key or secret file does not exist (a :class:`PrivateFileError` and a :class:`FileNotFoundError`)."""
+
+
+def check_private_file(path, what: str = "key file") -> Path:
+    """Refuse ``path`` unless it is a regular file of this user that only its owner may read or write.
+
+    Parameters
+    ----------
+    path : path-like
+        The key or secret file (``~`` is expanded).
+    what : str, default="key file"
+        What the file is, for the message ("TLS server key", "gate pin file", ...).
+
+    Returns
+    -------
+    Path
+        The resolved path.
+
+    Raises
+    ------
+    PrivateFileError
+        Naming the file, what is wrong and the fix (``chmod 600``); :class:`MissingPrivateFileError`
+        when it does not exist.
     """
-    path = Path(path)
+    path = Path(path).expanduser().resolve()
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path} does not exist") from None
+        raise MissingPrivateFileError(f"{what} {path} does not exist") from None
     if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(f"{what} {path} is not a regular file")
+        raise PrivateFileError(f"{what} {path} is not a regular file")
     if st.st_mode & 0o077:
-        raise PermissionError(f"{what} {path} is readable or writable by group/others (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
+        raise PrivateFileError(f"{what} {path} is readable or writable by group/others (mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}); run: chmod 600 {path}")
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{what} {path} belongs to another user (uid {st.st_uid})")
+        raise PrivateFileError(f"{what} {path} belongs to another user (uid {st.st_uid})")
     return path

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -44,6 +44,7 @@ from fedsonmf.cli.options import (
     check_output_path,
     with_params,
 )
+from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
 
 
@@ -52,7 +53,7 @@ def _flower():
         from fedsonmf.federation import flower
     except ImportError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     return flower
 
 
@@ -93,6 +94,7 @@ class FlowerProgress:
         return self
 
     def update(self, st: dict) -> None:
+        """Show the ServerApp's status ``st`` (phase, or round k of K with s/round and ETA)."""
         if self._progress is None:
             return
         phase, done = st.get("phase"), int(st.get("rounds_done", 0) or 0)
@@ -127,15 +129,89 @@ def _participation(min_clients, sample_clients, rejoin):
     return Participation(min_clients=num(min_clients), sample=num(sample_clients), rejoin=rejoin)
 
 
-def _check_inputs_or_exit(fl, views, **kw):
-    """Bad input ends the command with exit 2 before any process starts."""
+def _check_inputs_or_exit(fl, views, cfg, out: Path, rounds, tol, *, resume: bool = False, **kw):
+    """Check everything a launch needs before any process starts: the view (and mask) files,
+    the budget and the run folder; ``(shapes, rounds, tol)``.  Bad input ends the command with
+    one ``error:`` line and exit 2."""
     from fedsonmf.exceptions import InputError, ParameterError
+    from fedsonmf.federation.budget import resolve_budget
 
     try:
-        return fl.check_inputs(views, **kw)
+        shapes = fl.check_inputs(views, **kw)
+        rounds, tol = resolve_budget(cfg, rounds, tol)
     except (InputError, ParameterError) as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+    if resume and not (out / "job.json").is_file():
+        raise typer.BadParameter(f"nothing to resume in {out} (no job.json)", param_hint="--out")
+    return shapes, rounds, tol
+
+
+def _launch(fl, views, out: Path, rounds: int, insecure: bool, quiet: bool, **run_kw):
+    """Start the deployment (after every check) with progress, and run ``run_flower``; a failed
+    run ends the command with one ``error:`` line and exit 1."""
+    if insecure:
+        typer.echo("WARNING: --insecure: no TLS and no SuperNode authentication; any process that can reach "
+                   "127.0.0.1 can join the federation as a node, read the traffic and submit its own app",
+                   err=True)
+    typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
+    try:
+        with FlowerProgress(rounds, enabled=not quiet) as prog:
+            return fl.run_flower(views, run_dir=out, max_rounds=rounds, progress=prog.update, **run_kw)
+    except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+# options shared by the deployment commands (one declaration each; defaults: fedsonmf.federation.deployment_defaults)
+def _seed_option(help: str):
+    return typer.Option(dd.SEED, "--seed", min=0, help=help)
+
+
+def _round_timeout_option():
+    return typer.Option(dd.ROUND_TIMEOUT, "--round-timeout",
+                        help="Seconds to wait for all replies of a round.")
+
+
+def _node_timeout_option():
+    return typer.Option(dd.NODE_TIMEOUT, "--node-timeout",
+                        help="Seconds to wait for all SuperNodes.")
+
+
+def _record_wire_option():
+    return typer.Option(False, "--record-wire", help="Log every message (privacy audit).")
+
+
+def _secure_aggregation_option():
+    return typer.Option(FLOWER_SECURE_AGGREGATION, "--secure-aggregation/--no-secure-aggregation",
+                        help="Pairwise-masked uploads: the server learns only their sums "
+                             "(on by default in deployments; docs/privacy.md).")
+
+
+def _insecure_option():
+    return typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
+                        "(secure by default: per-deployment CA, node keys, views pinned to keys).")
+
+
+def _min_clients_option():
+    return typer.Option(None, "--min-clients", help="Partial participation: a round goes on when this many "
+                        "clients replied (count >= 1 or fraction).")
+
+
+def _sample_clients_option():
+    return typer.Option(None, "--sample-clients", help="Partial participation: clients asked per round "
+                        "(count >= 1 or fraction).")
+
+
+def _rejoin_option():
+    return typer.Option(dd.REJOIN, "--rejoin", help="Correction of a client that missed "
+                        "rounds: server, refresh, drop or stale.")
+
+
+def _quiet_option():
+    return typer.Option(False, "--quiet", "-q", help="No progress display.")
 
 
 def _read_labels(path: Path, n: int):
@@ -188,38 +264,30 @@ def register(app, reproduce_app) -> None:
     @flower_app.command("run")
     @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
     def run(
-        views: List[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
+        views: list[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, node state, results)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        seed: int = _seed_option("Run seed."),
         resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
-        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
-        record_wire: bool = typer.Option(False, "--record-wire", help="Log every message (privacy audit)."),
+        round_timeout: float = _round_timeout_option(),
+        node_timeout: float = _node_timeout_option(),
+        record_wire: bool = _record_wire_option(),
         record_wire_arrays: bool = typer.Option(False, "--record-wire-arrays",
                                                 help="With --record-wire: also save every array the server "
                                                      "receives (server/wire-arrays/)."),
-        secure_aggregation: bool = typer.Option(FLOWER_SECURE_AGGREGATION,
-                                                "--secure-aggregation/--no-secure-aggregation",
-                                                help="Pairwise-masked uploads: the server learns only their sums "
-                                                     "(on by default in deployments; docs/privacy.md)."),
+        secure_aggregation: bool = _secure_aggregation_option(),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
-        tls: Optional[List[Path]] = typer.Option(None, "--tls", help="Your own TLS files instead of the "
+        tls: Optional[list[Path]] = typer.Option(None, "--tls", help="Your own TLS files instead of the "
                                                   "per-deployment CA: give three times, CA certificate, server "
                                                   "certificate, server key (0600)."),
-        insecure: bool = typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
-                                      "(secure by default: per-deployment CA, node keys, views pinned to keys)."),
-        masks: Optional[List[str]] = typer.Option(None, "--mask", help="Incomplete views: one .npy availability "
+        insecure: bool = _insecure_option(),
+        masks: Optional[list[str]] = typer.Option(None, "--mask", help="Incomplete views: one .npy availability "
                                                   "mask (bool, length n) per view, in view order; '-' for a "
                                                   "complete view."),
-        min_clients: Optional[float] = typer.Option(None, "--min-clients", help="Partial participation: a round "
-                                                    "goes on when this many clients replied (count >= 1 or "
-                                                    "fraction)."),
-        sample_clients: Optional[float] = typer.Option(None, "--sample-clients", help="Partial participation: "
-                                                       "clients asked per round (count >= 1 or fraction)."),
-        rejoin: str = typer.Option("server", "--rejoin", help="Correction of a client that missed rounds: "
-                                   "server, refresh, drop or stale."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
-        params: dict = None,
+        min_clients: Optional[float] = _min_clients_option(),
+        sample_clients: Optional[float] = _sample_clients_option(),
+        rejoin: str = _rejoin_option(),
+        quiet: bool = _quiet_option(),
+        params: Any = None,
     ):
         """Factorise on a loopback Flower deployment (one SuperNode per view file)."""
         fl = _flower()
@@ -227,35 +295,25 @@ def register(app, reproduce_app) -> None:
 
         check_output_path(json_path, "--json")
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
+        if tls and len(tls) != 3:
+            raise typer.BadParameter("give it three times: CA certificate, server certificate, server key",
+                                     param_hint="--tls")
+        if insecure and tls:
+            raise typer.BadParameter("--insecure and --tls exclude each other", param_hint="--tls")
         cfg = FedConfig(**params)
         mask_paths = _mask_paths(masks, len(views))
         part = _participation(min_clients, sample_clients, rejoin)
-        if tls and len(tls) != 3:
-            typer.echo("error: --tls must be given three times: CA certificate, server certificate, server key",
-                       err=True)
-            raise typer.Exit(2)
-        if insecure and tls:
-            typer.echo("error: --insecure and --tls exclude each other", err=True)
-            raise typer.Exit(2)
-        _check_inputs_or_exit(fl, views, n_components=cfg.n_components, mask_paths=mask_paths)
-        if insecure:
-            typer.echo("WARNING: --insecure: no TLS and no SuperNode authentication; any process that can reach "
-                       "127.0.0.1 can join the federation as a node, read the traffic and submit its own app",
-                       err=True)
-        typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
-        try:
-            with FlowerProgress(rounds, enabled=not quiet) as prog:
-                res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
-                                    seed=seed, resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
-                                    record_wire=record_wire, record_wire_arrays=record_wire_arrays,
-                                    secure_aggregation=secure_aggregation,
-                                    tls=False if insecure else (tuple(tls) if tls else True), auth=not insecure,
-                                    mask_paths=mask_paths, participation=part, progress=prog.update)
-        except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+        rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_components=cfg.n_components,
+                                            mask_paths=mask_paths, resume=resume)[1:]
+        res = _launch(fl, views, out, rounds, insecure, quiet, cfg=cfg, algorithm=algorithm, tol=tol, seed=seed,
+                      resume=resume, round_timeout=round_timeout, node_timeout=node_timeout,
+                      record_wire=record_wire, record_wire_arrays=record_wire_arrays,
+                      secure_aggregation=secure_aggregation,
+                      tls=False if insecure else (tuple(tls) if tls else True), auth=not insecure,
+                      mask_paths=mask_paths, participation=part)
         _report(res)
-        typer.echo(f"V: {Path(out).resolve() / 'server' / 'V.npy'}  history: {Path(out).resolve() / 'server' / 'result.json'}")
+        server = Path(out).resolve() / "server"
+        typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
         if json_path is not None:
             res.save_json(json_path)
             typer.echo(f"wrote {json_path}")
@@ -263,33 +321,26 @@ def register(app, reproduce_app) -> None:
     @flower_app.command("cluster")
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding")
     def cluster(
-        views: List[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz "
+        views: list[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz "
                                            "(row i of every file is sample i)."),
         clusters: int = typer.Option(..., "--clusters", "-k", min=1, help="Number of clusters c."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder; the labels are in OUT/server/labels.csv."),
         labels: Optional[Path] = typer.Option(None, "--labels", help="True classes to score against (ACC/NMI/"
                                               "purity): .npy, or one label per line / sample_id,label lines."),
-        rank: str = typer.Option("auto", "--rank", "-r", help="Rank rule: auto (2 x clusters, narrow views padded), "
+        rank: str = typer.Option(dd.RANK_RULE, "--rank", "-r",
+                                 help="Rank rule: auto (2 x clusters, narrow views padded), "
                                  "auto-cap, paper (= clusters) or a number (capped at the narrowest view)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed (the fit's and k-means')."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
-        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
-        record_wire: bool = typer.Option(False, "--record-wire", help="Log every message (privacy audit)."),
-        secure_aggregation: bool = typer.Option(FLOWER_SECURE_AGGREGATION,
-                                                "--secure-aggregation/--no-secure-aggregation",
-                                                help="Pairwise-masked uploads: the server learns only their sums "
-                                                     "(on by default in deployments; docs/privacy.md)."),
-        insecure: bool = typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
-                                      "(secure by default: per-deployment CA, node keys, views pinned to keys)."),
-        min_clients: Optional[float] = typer.Option(None, "--min-clients", help="Partial participation: a round "
-                                                    "goes on when this many clients replied (count >= 1 or "
-                                                    "fraction)."),
-        sample_clients: Optional[float] = typer.Option(None, "--sample-clients", help="Partial participation: "
-                                                       "clients asked per round (count >= 1 or fraction)."),
-        rejoin: str = typer.Option("server", "--rejoin", help="Correction of a client that missed rounds: "
-                                   "server, refresh, drop or stale."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
-        params: dict = None,
+        seed: int = _seed_option("Run seed (the fit's and k-means')."),
+        round_timeout: float = _round_timeout_option(),
+        node_timeout: float = _node_timeout_option(),
+        record_wire: bool = _record_wire_option(),
+        secure_aggregation: bool = _secure_aggregation_option(),
+        insecure: bool = _insecure_option(),
+        min_clients: Optional[float] = _min_clients_option(),
+        sample_clients: Optional[float] = _sample_clients_option(),
+        rejoin: str = _rejoin_option(),
+        quiet: bool = _quiet_option(),
+        params: Any = None,
     ):
         """Cluster the samples on a loopback Flower deployment: FedMultiViewClustering's pipeline, one
         SuperNode per view file; each node preprocesses its own view, the server runs k-means."""
@@ -306,29 +357,18 @@ def register(app, reproduce_app) -> None:
                    "normalize_embedding": params.pop("normalize_embedding")}
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
-        shapes = _check_inputs_or_exit(fl, views, n_clusters=clusters)
+        shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters)
         y = None
         if labels is not None:
             try:
                 y = _read_labels(labels, shapes[0][0])
             except InputError as exc:
                 typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2)
-        if insecure:
-            typer.echo("WARNING: --insecure: no TLS and no SuperNode authentication; any process that can reach "
-                       "127.0.0.1 can join the federation as a node, read the traffic and submit its own app",
-                       err=True)
-        typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
-        try:
-            with FlowerProgress(rounds, enabled=not quiet) as prog:
-                res = fl.run_flower(views, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
-                                    seed=seed, round_timeout=round_timeout, node_timeout=node_timeout,
-                                    record_wire=record_wire, participation=part, n_clusters=clusters,
-                                    clustering=options, labels=y, progress=prog.update,
-                                    secure_aggregation=secure_aggregation, tls=not insecure, auth=not insecure)
-        except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+                raise typer.Exit(2) from None
+        res = _launch(fl, views, out, rounds, insecure, quiet, cfg=cfg, algorithm=algorithm, tol=tol, seed=seed,
+                      round_timeout=round_timeout, node_timeout=node_timeout, record_wire=record_wire,
+                      participation=part, n_clusters=clusters, clustering=options, labels=y,
+                      secure_aggregation=secure_aggregation, tls=not insecure, auth=not insecure)
         _report(res)
         cl = res.extra["clustering"]
         typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']})")
@@ -348,34 +388,38 @@ def register(app, reproduce_app) -> None:
     @flower_app.command("simulate")
     @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
     def simulate(
-        views: List[Path] = typer.Argument(..., help="A folder of view0.*, view1.*, ... (one per simulated "
+        views: list[Path] = typer.Argument(..., help="A folder of view0.*, view1.*, ... (one per simulated "
                                            "client; node state is written into it), or the view files."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, results)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        seed: int = _seed_option("Run seed."),
         cpus_per_client: int = typer.Option(1, "--cpus-per-client", min=1,
                                             help="Ray CPUs per simulated client (clients run cores/this at a time)."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
+        round_timeout: float = _round_timeout_option(),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Also write config + history here."),
-        params: dict = None,
+        params: Any = None,
     ):
         """Run a federation in Flower's simulation engine (needs the simulation extra: Ray)."""
         fl = _flower()
+        from fedsonmf.federation.budget import resolve_budget
         from fedsonmf.protocol.config import FedConfig
 
         check_output_path(json_path, "--json")
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         cfg = FedConfig(**params)
+        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2, nothing started
         source = views[0] if len(views) == 1 and views[0].is_dir() else views
+        if not isinstance(source, Path):  # view files (a folder is checked by run_simulation, before it starts)
+            _check_inputs_or_exit(fl, source, cfg, out, rounds, tol, n_components=cfg.n_components)
         typer.echo(f"starting a simulation SuperLink on 127.0.0.1 (run folder {out})")
         try:
             res = fl.run_simulation(source, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
                                     seed=seed, cpus_per_client=cpus_per_client, round_timeout=round_timeout)
         except ImportError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         info = res.extra["flower"]
         secs = [r["seconds"] for r in res.history.rows]
         typer.echo(f"{info['num_supernodes']} simulated clients, {res.stopping_reason}; "
@@ -398,7 +442,7 @@ def register(app, reproduce_app) -> None:
     ):
         """Write synthetic views (make_synthetic), one .npy file per client."""
         from fedsonmf.datasets import make_synthetic
-        from fedsonmf.federation.flower.launcher import write_views
+        from fedsonmf.federation.flower.viewfiles import write_views
 
         data = make_synthetic(n_clients=clients, n_samples=samples, n_features=features, rank=rank,
                               heterogeneity=heterogeneity, random_state=seed)
@@ -435,32 +479,8 @@ def _new_group_dying_with_parent() -> None:  # preexec_fn of the daemon and its 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _stop_groups(procs) -> None:
-    """As ``LoopbackDeployment.stop``: TERM to each process group, wait, KILL what is left, reap."""
-    import subprocess
-
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 10
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:  # the group may still hold children (a ServerApp of the executor)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.poll() is None:
-            proc.wait(timeout=10)
-
-
-def _wait_port(address: str, daemon, timeout: float = 120.0) -> None:
+def _wait_port(address: str, daemon, timeout: float = 600.0) -> None:
+    """Wait until ``address`` accepts connections (an event; a daemon that exits fails at once)."""
     import socket
 
     host, _, port = address.rpartition(":")
@@ -497,7 +517,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     import subprocess
 
     from fedsonmf.federation.flower import gate
-    from fedsonmf.federation.flower.launcher import _bin, flower_env
+    from fedsonmf.federation.flower.deployment import _bin, flower_env, stop_process_groups
 
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -550,7 +570,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     finally:
         for sig in old:  # no second signal in the middle of stopping
             signal.signal(sig, signal.SIG_IGN)
-        _stop_groups(procs)
+        stop_process_groups(procs)
         for sig, h in old.items():
             signal.signal(sig, h)
     if code:
@@ -571,9 +591,13 @@ def _coordinator_public(path: Optional[Path]) -> str:
         _fail(exc)
 
 
-def _fail(exc) -> None:
+def _fail(exc) -> NoReturn:
+    """One ``error:`` line; exit 2 for bad input (an InputError, such as a missing view or an open key
+    file), 1 for anything that failed."""
+    from fedsonmf.exceptions import InputError
+
     typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(2 if isinstance(exc, InputError) else 1)
 
 
 def _register_machine_commands(flower_app) -> None:
@@ -584,7 +608,7 @@ def _register_machine_commands(flower_app) -> None:
     @keys_app.command("tls")
     def keys_tls(
         dest: Path = typer.Argument(..., help="Folder for ca.crt, server.pem, server.key (0600)."),
-        host: List[str] = typer.Option(..., "--host", help="Address or DNS name the nodes dial (repeatable)."),
+        host: list[str] = typer.Option(..., "--host", help="Address or DNS name the nodes dial (repeatable)."),
         days: int = typer.Option(365, "--days", min=1, help="Validity."),
     ):
         """A fresh CA and a SuperLink certificate for --host (and 127.0.0.1); the CA key is not kept.
@@ -674,7 +698,7 @@ def _register_machine_commands(flower_app) -> None:
     ):
         """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
         sec = _sec()
-        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, flower_env
+        from fedsonmf.federation.flower.deployment import CONNECTION, _bin, flower_env
 
         try:
             line = public_key.read_text()
@@ -741,22 +765,22 @@ def _register_machine_commands(flower_app) -> None:
         out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
                                  "here: submit on the SuperLink host, or give an absolute path)."),
         clients: int = typer.Option(..., "--clients", min=1, help="Number of views (SuperNodes)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Run seed."),
+        seed: int = _seed_option("Run seed."),
         job_id: str = typer.Option("", "--job-id", help="Names the nodes' state files (keep it to resume)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from out-dir/checkpoint."),
-        round_timeout: float = typer.Option(300.0, help="Seconds to wait for all replies of a round."),
-        node_timeout: float = typer.Option(120.0, help="Seconds to wait for all SuperNodes."),
+        round_timeout: float = _round_timeout_option(),
+        node_timeout: float = _node_timeout_option(),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the submitter."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP and no pins (warns)."),
         coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
                                                        "PRIVATE key (coordinator.key, 0600): signs this run."),
-        params: dict = None,
+        params: Any = None,
     ):
         """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status."""
         import json
         import subprocess
 
-        from fedsonmf.federation.flower.launcher import CONNECTION, _bin, _read_status, flower_env
+        from fedsonmf.federation.flower.deployment import CONNECTION, _bin, _read_status, flower_env
         from fedsonmf.federation.flower.template import _toml_value, write_app_dir
         from fedsonmf.protocol.config import FedConfig
 
@@ -778,15 +802,18 @@ def _register_machine_commands(flower_app) -> None:
                   f"from `fedsonmf flower keys coordinator`): {exc}")
         if insecure:
             typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
+        from fedsonmf.federation.budget import resolve_budget
+
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         cfg = FedConfig(**params)
+        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
         home = home.resolve()
         sec.write_connection(home, CONNECTION, superlink_addr, None if insecure else ca)
         app_dir = write_app_dir(home / "fedsonmf-app")
         conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                 "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
                 "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
-                "node-timeout": node_timeout, "node-pins": "" if insecure else str(pins.resolve())}
+                "node-timeout": node_timeout, "node-pins": "" if insecure or pins is None else str(pins.resolve())}
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation

@@ -18,7 +18,8 @@ import typer
 
 from fedsonmf.protocol.params import PARAMS
 
-__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS", "DP_OPTIONS"]
+__all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS",
+           "DP_OPTIONS"]
 
 #: the algorithm options every federated command offers (flags derived from the names)
 ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "algorithm")
@@ -37,7 +38,25 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 def param(name: str, *flags: str, default=..., help: str | None = None, **kw):
-    """``typer.Option`` for table parameter ``name`` (flag ``--name-with-dashes`` unless given)."""
+    """``typer.Option`` for table parameter ``name``, with the table's default and help.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`fedsonmf.protocol.params.PARAMS`.
+    *flags : str
+        The option's flags; none = ``--name-with-dashes``.
+    default : object, optional
+        A declared departure from the table's default (the command's help says why).
+    help : str or None, default=None
+        Help text; None = the table's.
+    **kw
+        Passed to ``typer.Option`` (``min=``, ...).
+
+    Returns
+    -------
+    typer.models.OptionInfo
+    """
     p = PARAMS[name]
     flags = flags or ("--" + name.replace("_", "-"),)
     value = p.default if default is ... else default
@@ -50,7 +69,22 @@ def mu_option():
 
 
 def parse_mu(text: str):
-    """'auto' or a float; a clear error otherwise."""
+    """The value of ``--mu``: ``"auto"`` or a number.
+
+    Parameters
+    ----------
+    text : str
+        What the user typed.
+
+    Returns
+    -------
+    str or float
+
+    Raises
+    ------
+    typer.BadParameter
+        Neither (one ``error:`` line, exit 2).
+    """
     if text == "auto":
         return "auto"
     try:
@@ -60,7 +94,20 @@ def parse_mu(text: str):
 
 
 def check_output_path(path: Path | None, flag: str) -> None:
-    """Fail before any computation when an output file cannot be written."""
+    """Fail before any computation when an output file cannot be written.
+
+    Parameters
+    ----------
+    path : Path or None
+        The output file (None: nothing to check).
+    flag : str
+        The option that named it, for the message.
+
+    Raises
+    ------
+    typer.BadParameter
+        Its folder does not exist, or ``path`` is a folder.
+    """
     if path is None:
         return
     parent = path.resolve().parent

@@ -41,16 +41,16 @@ no id is sent.  (Agreeing that every party holds the same ids is a check between
 where all files are read in one process, :func:`load_views` does it directly.)  In the incomplete
 mode the server learns the **membership**: which positions of the common order each client holds,
 i.e. the availability mask -- this is the information the masks of the incomplete-views mode always
-carry (ALGORITHM.md §15.1), no more; the union of ids itself must be known to every party that
+carry (docs/algorithm.md §15.1), no more; the union of ids itself must be known to every party that
 builds the common order.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,7 +58,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.datasets.mat import MultiViewDataset, _read_variables
+from fedsonmf._io import write_atomic
+from fedsonmf.datasets._mat_read import _read_variables
+from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["SUPPORTED_FORMATS", "IDS_SUFFIX", "read_view", "read_ids", "read_labels", "load_views",
@@ -81,7 +83,23 @@ _MISSING = ("error", "mask", "zeros")
 
 
 def check_format(path) -> str:
-    """The lower-case extension of ``path`` if it is a supported view format; else an InputError."""
+    """The format of a view file, from its extension.
+
+    Parameters
+    ----------
+    path : path-like
+        A view file.
+
+    Returns
+    -------
+    str
+        The lower-case extension (``".csv"``, ``".npy"``, ...).
+
+    Raises
+    ------
+    InputError
+        The extension is not a supported view format.
+    """
     path = Path(path)
     ext = path.suffix.lower()
     if ext not in SUPPORTED_FORMATS:
@@ -240,6 +258,11 @@ def read_ids(path) -> np.ndarray:
     A first line reading ``id``, ``ids``, ``sample_id`` or ``sample`` (any case) is a header, and so
     is a first line that is not an integer when every other line is one.
 
+    Parameters
+    ----------
+    path : path-like
+        The ids file (e.g. ``<stem>.ids.txt`` beside a view file).
+
     Returns
     -------
     ids : ndarray of str of shape (n_samples,)
@@ -395,7 +418,10 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
                     what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
                     raise InputError(f"{path}: line {dlines[k]}, column {cols[jj] + 1}: {what}{hint}")
         raise InputError(f"{path}: cells that are not numbers")  # pragma: no cover - numpy and float() disagree
-    locate = (lambda i, j: f"line {dlines[i]}, column {cols[j] + 1}")
+
+    def locate(i, j):
+        return f"line {dlines[i]}, column {cols[j] + 1}"
+
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
 
@@ -466,7 +492,8 @@ def _read_mtx(path: Path):
 
 
 def _read_mat_view(path: Path, key):
-    from fedsonmf.datasets.mat import _describe, _is_cell, _is_numeric
+    from fedsonmf.datasets._mat_layout import _describe
+    from fedsonmf.datasets._mat_read import _is_cell, _is_numeric
 
     variables = _read_variables(path)
     seen = ", ".join(f"{k} {_describe(v)}" for k, v in variables.items()) or "none"
@@ -560,6 +587,13 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     found); ``.npy`` a 1-D array.  A first row is a header [our choice] when a cell of it names a
     label or id column (``label``, ``y``, ``class``, ``cluster``, ``id``, ``sample_id``...) or when
     it is not a number where every later row has a number.
+
+    Parameters
+    ----------
+    path : path-like
+        The labels file.
+    delimiter : str or None, default=None
+        The column separator; None = from the extension (above).
 
     Returns
     -------
@@ -691,7 +725,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     missing : {"error", "mask", "zeros"}, default="error"
         Views whose ids differ: "error" refuses them (the complete case: every view must hold the
         same samples); "mask" returns them over the sorted union of ids, zero-filled, with the
-        availability ``mask`` (incomplete views, ALGORITHM.md §15.1); "zeros" the same without a
+        availability ``mask`` (incomplete views, docs/algorithm.md §15.1); "zeros" the same without a
         mask (missing samples are all-zero rows fitted as data).  Without ids, "mask" marks a
         view's all-zero rows as missing, as :func:`~fedsonmf.datasets.load_mat` does.
     labels_delimiter : str, optional
@@ -726,6 +760,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     for p in paths:  # every extension checked before any file is read
         check_format(p)
     n_views = len(paths)
+    id_specs: list
     if isinstance(ids, str) and ids == "auto":
         id_specs = ["auto"] * n_views
     elif ids is None:
@@ -793,7 +828,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
             listing = ", ".join(f"{name} {n}" for name, n in zip(names, ns))
             hint = ""
             counts = {n: ns.count(n) for n in ns}
-            major = max(counts, key=counts.get)
+            major = max(counts, key=lambda n: counts[n])
             flipped = [names[p] for p, X in enumerate(views) if X.shape[0] != major and X.shape[1] == major]
             if counts[major] > 1 and flipped:
                 hint = (f"; {', '.join(flipped)} has {major} columns: stored features x samples? Views are samples x "
@@ -803,7 +838,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         out_ids = None
         numeric = True
         if missing == "mask":
-            from fedsonmf.datasets.mat import _nonzero_rows
+            from fedsonmf.datasets._mat_layout import _nonzero_rows
 
             mask = np.column_stack([_nonzero_rows(X) for X in views])
             mask = None if mask.all() else mask
@@ -884,33 +919,37 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
 
 
 def write_assignments(path, ids, labels, *, header=("sample_id", "cluster")) -> Path:
-    """Write cluster assignments as CSV ``sample_id,cluster``, atomically (tmp + fsync + replace).
+    """Write cluster assignments as CSV ``sample_id,cluster``, atomically and private (0600).
 
     Parameters
     ----------
     path : str or path-like
+        The CSV file (written with :func:`fedsonmf._io.write_atomic`: the old file, if any,
+        stays whole until the new one replaces it).
     ids : array-like of shape (n_samples,) or None
         Sample ids (None: ``0..n-1``).
     labels : array-like of int of shape (n_samples,)
+        The cluster of each sample.
+    header : tuple of str, default=("sample_id", "cluster")
+        The header line.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    InputError
+        ``ids`` and ``labels`` differ in length.
     """
     path = Path(path)
     labels = np.asarray(labels)
     ids = np.arange(labels.shape[0]) if ids is None else np.asarray(ids)
     if ids.shape != labels.shape:
         raise InputError(f"{len(ids)} ids for {len(labels)} assignments")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh, lineterminator="\n")
-            w.writerow(header)
-            w.writerows(zip(ids.tolist(), labels.tolist()))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    text = io.StringIO(newline="")
+    w = csv.writer(text, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(zip(ids.tolist(), labels.tolist()))
+    return write_atomic(path, text.getvalue())

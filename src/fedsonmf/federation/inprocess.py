@@ -7,12 +7,14 @@ only the global matrices, and what passes between them is an explicit
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Any
 
 from fedsonmf._validation import check_n_jobs, check_seed
 from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import ParameterError
+from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
@@ -56,6 +58,7 @@ class InProcessTransport:
         return out
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
+        """Deliver one message to every client (in threads if ``n_jobs > 1``); the replies in client order."""
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         if self.n_jobs > 1:
@@ -75,8 +78,8 @@ def run_inprocess(
     cfg: FedConfig,
     algorithm: str = "fedsonmf",
     *,
-    max_rounds: int = 100,
-    tol: float = 0.0,
+    max_rounds: int | None = None,
+    tol: float | None = None,
     seed: int | None = None,
     callback=None,
     n_jobs: int = 1,
@@ -88,21 +91,48 @@ def run_inprocess(
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
-    ``views_dn`` are validated views in the internal orientation (d_p, n).
-    The result's ``bases`` holds every client's final U_p (d_p, r).
+    Parameters
+    ----------
+    views_dn : list of {ndarray, sparse matrix} of shape (d_p, n_samples)
+        Validated views in the internal orientation (:func:`fedsonmf._validation.check_views`).
+    cfg : FedConfig
+        The algorithm's parameters.
+    algorithm : str, default="fedsonmf"
+        A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
+    max_rounds : int >= 1 or None, default=None
+        Communication rounds at most; None = the parameter table's default
+        (``cfg.dp_rounds`` in a private run; :func:`~fedsonmf.federation.budget.resolve_budget`).
+    tol : float >= 0 or None, default=None
+        Stop when R/R1 <= tol; None = the table's default, 0 without diagnostics.
+    seed : int or None, default=None
+        The run seed (None: drawn, and recorded in the result).
+    callback : callable or None, default=None
+        ``callback(row)`` after every round with the history row.
+    n_jobs : int, default=1
+        Clients run in this many threads (results do not depend on it).
+    checkpoint_dir : path or None, default=None
+        After every round, save the server state + history and every client's
+        state there (:mod:`fedsonmf.federation.checkpoint`).
+    resume : bool, default=False
+        Continue the run saved in ``checkpoint_dir`` (same views, config,
+        algorithm; the saved seed is used); it ends with the same V as an
+        uninterrupted run.
+    masks : list or None, default=None
+        Incomplete views (docs/algorithm.md §15.1): one entry per view, each None, a
+        boolean array of length n (True = the client holds the sample) or an int
+        array of sample ids; a sample no view holds raises
+        :class:`~fedsonmf.exceptions.InputError`.  All-True masks run the
+        complete-data code (bit-identical to ``masks=None``).
+    participation : Participation or None, default=None
+        Partial participation (docs/algorithm.md §15.2).
+    available : callable or None, default=None
+        ``available(round) -> clients up``: simulated dropouts (needs ``participation``).
 
-    ``checkpoint_dir``: after every round, save the server state + history and
-    every client's state there (:mod:`fedsonmf.federation.checkpoint`).  ``resume=True``
-    continues the run saved in ``checkpoint_dir`` (same views, config,
-    algorithm; the saved seed is used) and ends with the same V as an
-    uninterrupted run.
-
-    ``masks`` (§15.1): one entry per view, each None, a boolean array of
-    length n (True = the client holds the sample) or an int array of sample
-    ids; a sample no view holds raises :class:`~fedsonmf.exceptions.InputError`.
-    All-True masks run the complete-data code (bit-identical to ``masks=None``).
-    ``participation`` (:class:`~fedsonmf.protocol.participation.Participation`)
-    and ``available(round) -> clients up`` simulate partial participation (§15.2).
+    Returns
+    -------
+    FitResult
+        V, the history, the stopping reason, the seed, the config; ``bases``
+        holds every client's final U_p (d_p, r).
     """
     if masks is None:
         masks = [None] * len(views_dn)
@@ -111,6 +141,7 @@ def run_inprocess(
     if participation is None and available is not None:
         raise ValueError("available= simulates dropouts and needs participation=Participation(...)")
     on_round_end, resume_from = None, None
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     n_jobs = check_n_jobs(n_jobs)
     seed = check_seed(seed)
     if resume and checkpoint_dir is None:
@@ -135,12 +166,13 @@ def run_inprocess(
             ckpt.check_resume_matches(saved, run_info)
             # each client checks its own saved state against its own view (the fingerprint never leaves it);
             # with partial participation a client that missed the last rounds resumes from its newest state (§15.2)
+            load: Callable[..., Any]
             if participation is None:
                 load = ckpt.load_client_state
             else:
                 from fedsonmf.federation.rejoin import load_latest_client_state as load
             fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
-            states = []
+            states: list[Any] = []
             for p, (X, mk) in enumerate(zip(views_dn, masks)):
                 st, meta = load(checkpoint_dir, p, saved.completed_rounds)
                 held = held_columns(mk, X.shape[1], client=p)
@@ -149,7 +181,7 @@ def run_inprocess(
                 states.append(st)
             resume_from = (saved.state, saved.history)
         else:
-            states = [None] * len(views_dn)
+            states = [None for _ in views_dn]
             fingerprints = [ckpt.view_fingerprint(X) for X in views_dn]
             if seed is None:
                 import secrets
@@ -164,15 +196,22 @@ def run_inprocess(
                 ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
-        clients = [ClientRuntime(X, algorithm, cfg, mask=mk, dp_seed=ds) for X, mk, ds in zip(views_dn, masks, dp_seeds)]
+        clients = [ClientRuntime(X, algorithm, cfg, mask=mk, dp_seed=ds)
+                   for X, mk, ds in zip(views_dn, masks, dp_seeds)]
     _check_masks(clients)
     transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
         on_round_end=on_round_end, resume=resume_from, participation=participation,
     )
-    result.bases = [c.state.arrays["U"].copy() for c in clients]
+    result.bases = [_final_basis(c) for c in clients]
     return result
+
+
+def _final_basis(client: ClientRuntime):
+    """Client ``client``'s U_p after the run (every client has set up, so its state exists)."""
+    assert client.state is not None
+    return client.state.arrays["U"].copy()
 
 
 def _check_masks(clients) -> None:

@@ -33,12 +33,13 @@ not reply, ``secagg.pair_keys``, uint8 (k, 32)).
 
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
-at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
+at the handshake (so the server can check r <= d_p before round 1) and at setup.  No array
+with a d_p dimension (X_p, U_p, X_p V^T) may ever travel.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.federation.flower import codec
@@ -53,13 +54,28 @@ META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "err
 
 
 def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial: bool = False) -> dict:
-    """``{(direction, kind): {record name: {key: kind}}}`` of what may travel.
+    """What may travel, per direction and message kind.
 
     Kinds: ``"rn"`` a float64 (r, n) matrix; ``"r*"`` a float64 (r, k) block with k <= n (the
-    held columns of an incomplete view, §15.1); ``"ids"`` an int64 vector of at most n sample
-    ids; ``"n"`` a float64 vector of length n; ``"scalar"``.  A kind ending in ``"?"`` is
-    optional (present only in some messages: the rejoin items of a partial run, §15.2).
-    ``masked``: clients hold sample subsets; ``partial``: rounds may go on without some clients.
+    held columns of an incomplete view, docs/algorithm.md §15.1); ``"ids"`` an int64 vector of
+    at most n sample ids; ``"n"`` a float64 vector of length n; ``"scalar"``.  A kind ending in
+    ``"?"`` is optional (present only in some messages: the rejoin items of a partial run, §15.2).
+
+    Parameters
+    ----------
+    algorithm : str or FederatedAlgorithm
+        The algorithm whose messages are declared.
+    cfg : FedConfig
+        Its configuration (diagnostics, secure aggregation, DP change what travels).
+    masked : bool, default=False
+        Clients hold sample subsets (incomplete views).
+    partial : bool, default=False
+        Rounds may go on without some clients.
+
+    Returns
+    -------
+    dict
+        ``{(direction, kind): {record name: {key: kind}}}``.
     """
     if cfg.secure_aggregation:
         return _declared_secure(get_algorithm(algorithm), cfg, masked=masked, partial=partial)
@@ -148,12 +164,13 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
-        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key", MASKED_PREFIX + "pair_keys": "keys"}}
+        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key",
+                                                 MASKED_PREFIX + "pair_keys": "keys"}}
     return decl
 
 
 def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
-    shape, dtype = item.get("shape"), item.get("dtype")
+    shape, dtype = item.get("shape") or [], item.get("dtype")
     if kind == "rn-u64":
         return shape == [r, n] and dtype == "uint64"
     if kind == "1-u64":
@@ -177,10 +194,31 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                partial: bool = False) -> dict:
     """Check every recorded message (rows of ``wire.jsonl``) against :func:`declared_payload`.
 
-    Every record and key must be declared, every declared algorithm key must be
-    present, every array must have its declared kind (:func:`declared_payload`).  Returns a summary
-    (messages per kind, algorithm and diagnostic bytes per kind); raises
-    :class:`AuditError` listing every violation.
+    Every record and key must be declared, every declared algorithm key must be present,
+    every array must have its declared kind.
+
+    Parameters
+    ----------
+    rows : iterable of dict
+        The lines of ``wire.jsonl`` (``record-wire``), parsed.
+    algorithm : str or FederatedAlgorithm
+        The run's algorithm.
+    cfg : FedConfig
+        The run's configuration.
+    n_samples : int
+        n, for the declared shapes.
+    masked, partial : bool, default=False
+        As in :func:`declared_payload`.
+
+    Returns
+    -------
+    dict
+        A summary: messages per kind, algorithm and diagnostic bytes per kind.
+
+    Raises
+    ------
+    AuditError
+        Listing every violation.
     """
     decl = declared_payload(algorithm, cfg, masked=masked, partial=partial)
     r, n = cfg.n_components, int(n_samples)
@@ -194,7 +232,8 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
         meta = recs.get(codec.META, {}).get("items", {})
         kind = meta.get("kind", {}).get("value")
         key = (row["direction"], kind)
-        where = f"message {i} ({row['direction']} {kind} round {meta.get('round', {}).get('value')}, client {row['client']})"
+        rnd = meta.get("round", {}).get("value")
+        where = f"message {i} ({row['direction']} {kind} round {rnd}, client {row['client']})"
         if key not in decl:
             bad.append(f"{where}: undeclared message kind")
             continue

@@ -30,15 +30,16 @@ atomically written node-local file ``<state-dir>/<job-id>/client-<p>-r<s>.npz``
 (:mod:`fedsonmf.federation.checkpoint`), saved before the reply is returned and loaded
 for round s+1 only if it holds round s.  ``context.state`` holds only small
 items (a ConfigRecord with the job id, partition and last round); large
-arrays there are subject to a stale-state race (FLOWER.md §3.5).
+arrays there are subject to a stale-state race (docs/flower.md, "Flower behaviours").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
@@ -69,7 +70,7 @@ def _read(path: Path):
     return read_view(path, mmap_mode="r", validate=False, order_by_id=True)[0]
 
 
-def load_view(path, *, validate: bool = True) -> object:
+def load_view(path, *, validate: bool = True) -> Any:
     """The view in ``path`` as (d_p, n) (memory-mapped when dense float64).
 
     ``validate=False`` skips the checks (NaN/Inf, all-zero, scale) for a file
@@ -82,7 +83,7 @@ def load_view(path, *, validate: bool = True) -> object:
     return as_internal_view(X)
 
 
-def view_facts(path, cache: Path, mask=None) -> tuple[object, dict]:
+def view_facts(path, cache: Path, mask=None) -> tuple[Any, dict]:
     """The node's view and what every round needs of it, computed once per view file.
 
     Every Flower message runs in a fresh process, so without a cache each round
@@ -130,6 +131,7 @@ def _partition(context: Context) -> int:
 
 
 def state_dir_of(context: Context, job_id: str) -> Path:
+    """The folder of a node's private state files for job ``job_id`` (below its ``state-dir``)."""
     base = nodeconfig.state_base(context)  # node config, or the simulation rule (nodeconfig's docstring)
     if not job_id or "/" in job_id or job_id.startswith("."):
         raise ProtocolError(f"invalid job id {job_id!r}")
@@ -168,13 +170,15 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
         raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
     cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
     X = _read(Path(_data_path(context)))
-    path = fclust.prepare_node_view(X, sdir, p, fed_msg.scalars, cfg.n_components, fclust.load_steps(steps_module))
+    path = fclust.prepare_node_view(X, sdir, p, dict(fed_msg.scalars), cfg.n_components,
+                                    fclust.load_steps(steps_module))
     return path, max(int(X.shape[1]), cfg.n_components)
 
 
 def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRuntime, algorithm: str, cfg_json: str,
           X, fingerprint: str) -> None:
     """Save the client's state before replying (the next round's process reads this file)."""
+    assert runtime.state is not None  # a client that answered a message has set up
     ckpt.save_client_state(sdir, p, runtime.state, {"algorithm": algorithm, "config": cfg_json, "job": job_id,
                                                      **ckpt.client_resume_meta(X, fingerprint)})
     context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
@@ -182,11 +186,22 @@ def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRunt
 
 def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
                     clustering: str | None = None) -> ClientApp:
-    """A fresh ClientApp.  ``before_handle(msg, context)`` is called before every
-    train message (a hook for fault-injection tests; None in normal use).
-    ``clustering``: the name of the clustering steps module (the shipped app gives
-    ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or a
-    predict message arrives, so that a plain round's process stays lean."""
+    """A fresh ClientApp that answers with :class:`fedsonmf.federation.ClientRuntime`.
+
+    Parameters
+    ----------
+    before_handle : callable or None, default=None
+        ``before_handle(msg, context)`` before every train message (a hook for
+        fault-injection tests; None in normal use).
+    clustering : str or None, default=None
+        The name of the clustering steps module (the shipped app gives
+        ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or
+        a predict message arrives, so that a plain round's process stays lean.
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+    """
     client = ClientApp()
 
     def setup(fed_msg: Message, context: Context, p: int, job_id: str, sdir: Path, mask) -> Message:
@@ -219,14 +234,16 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         path = Path(_data_path(context))
         if not path.is_file():
             raise FileNotFoundError(f"view file {path} of partition {p} does not exist")
-        meta_in = msg.content[codec.META]
-        fields = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": str(meta_in["job-id"])}
+        meta_in = cast(ConfigRecord, msg.content[codec.META])
+        job_id = str(meta_in["job-id"])
+        fields: dict[str, Any] = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": job_id}
         # the server may send the setup with the hello (one exchange less before round 1)
-        spec = dict(msg.content[codec.SCALARS]) if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None
+        spec: dict[str, Any] | None = (dict(cast(ConfigRecord, msg.content[codec.SCALARS]))
+                                       if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None)
         reply = None
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
             # (through the node-local cache: the setup and the rounds then skip the validation)
-            sdir = state_dir_of(context, fields["job-id"])
+            sdir = state_dir_of(context, job_id)
             mask = load_mask(context)
             X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask)
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
@@ -237,12 +254,12 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                 setup_msg = Message("setup", 0, {}, {**spec, "client": p})
                 if before_handle is not None:
                     before_handle(setup_msg, context)
-                reply = setup(setup_msg, context, p, fields["job-id"], sdir, mask)
+                reply = setup(setup_msg, context, p, job_id, sdir, mask)
                 fields["kind"] = codec.SETUP_AT_HELLO
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
             fields["error"] = f"{type(exc).__name__}: {exc}"
             reply, fields["kind"] = None, "hello"
-        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=fields["job-id"])
+        content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=job_id)
         content[codec.META] = ConfigRecord(fields)
         return FlwrMessage(content, reply_to=msg)
 

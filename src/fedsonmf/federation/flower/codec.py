@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import numbers
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -59,7 +60,22 @@ def _arrays(d) -> ArrayRecord:
 
 
 def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
-    """The RecordDict of ``msg`` addressed to / coming from ``client``."""
+    """The Flower RecordDict of a fedsonmf message.
+
+    Parameters
+    ----------
+    msg : Message
+        The message (kind, round, arrays, scalars, diagnostics).
+    client : int
+        The view index it is addressed to or comes from (in the ``fedsonmf.meta`` record).
+    job_id : str
+        The run's job id (in the ``fedsonmf.meta`` record).
+
+    Returns
+    -------
+    RecordDict
+        Arrays in an ArrayRecord, scalars and metadata in ConfigRecords, diagnostics apart.
+    """
     rd = RecordDict({META: ConfigRecord({"kind": msg.kind, "round": int(msg.round), "client": int(client),
                                          "job-id": str(job_id)})})
     if msg.arrays:
@@ -76,17 +92,34 @@ def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
 
 
 def decode(rd: RecordDict) -> tuple[Message, dict]:
-    """``(Message, meta)`` from a RecordDict made by :func:`encode`."""
+    """The fedsonmf message in a RecordDict made by :func:`encode`.
+
+    Parameters
+    ----------
+    rd : RecordDict
+        A message's content.
+
+    Returns
+    -------
+    message : Message
+    meta : dict
+        The ``fedsonmf.meta`` record (kind, round, client, job id, ...).
+
+    Raises
+    ------
+    ValueError
+        ``rd`` is not a fedsonmf message.
+    """
     if META not in rd:
         raise ValueError(f"not a fedsonmf message: records {sorted(rd.keys())}")
-    meta = dict(rd[META])
-    arrays = {k: a.numpy() for k, a in rd[ARRAYS].items()} if ARRAYS in rd else {}
-    scalars = dict(rd[SCALARS]) if SCALARS in rd else {}
-    diag = {}
+    meta: dict[str, Any] = dict(cast(ConfigRecord, rd[META]))
+    arrays = {k: a.numpy() for k, a in cast(ArrayRecord, rd[ARRAYS]).items()} if ARRAYS in rd else {}
+    scalars: dict[str, Any] = dict(cast(ConfigRecord, rd[SCALARS])) if SCALARS in rd else {}
+    diag: dict[str, Any] = {}
     if DIAG_ARRAYS in rd:
-        diag.update({k: a.numpy() for k, a in rd[DIAG_ARRAYS].items()})
+        diag.update({k: a.numpy() for k, a in cast(ArrayRecord, rd[DIAG_ARRAYS]).items()})
     if DIAG_SCALARS in rd:
-        diag.update(dict(rd[DIAG_SCALARS]))
+        diag.update(dict(cast(ConfigRecord, rd[DIAG_SCALARS])))
     return Message(str(meta["kind"]), int(meta["round"]), arrays, scalars, diag), meta
 
 
@@ -97,16 +130,17 @@ def describe(rd: RecordDict) -> dict:
     secure-aggregation parameters (the scalar ``secagg``: cohort, scales, public keys)."""
     out = {}
     for name, rec in rd.items():
-        entry = {"type": type(rec).__name__, "items": {}}
+        items: dict[str, dict] = {}
+        entry = {"type": type(rec).__name__, "items": items}
         if isinstance(rec, ArrayRecord):
             for k, a in rec.items():
-                entry["items"][k] = {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": len(a.data),
-                                     "sha256": hashlib.sha256(a.data).hexdigest()}
+                items[k] = {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": len(a.data),
+                            "sha256": hashlib.sha256(a.data).hexdigest()}
         else:
             for k, v in rec.items():
                 item = {"type": type(v).__name__, "bytes": len(v) if isinstance(v, (str, bytes)) else 8}
                 if name == META or (name == SCALARS and k == "secagg"):  # public protocol parameters
                     item["value"] = v
-                entry["items"][k] = item
+                items[k] = item
         out[name] = entry
     return out

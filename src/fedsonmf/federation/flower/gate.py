@@ -28,7 +28,7 @@ A refused task gets an error reply (ClientApp) or a failed task status
 (ServerApp) whose text names the reason; nothing of the node's data is read.
 
 ClientApp tasks run *in this long-lived process*, one after the other: no
-process spawn and no imports per round (FLOWER.md §3.4: 1.2-2.5 s/round saved).
+process spawn and no imports per round (1.2-2.5 s/round saved; docs/flower.md, "Flower behaviours").
 That is safe for fedsonmf because the ClientApp keeps its private state in
 node-local files with a round check (module state is never used), and tasks
 are sequential: the context is pushed (PushTaskOutput) before the next task
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsonmf._io import check_private_file, private_dir, write_atomic, write_json_atomic
-from fedsonmf.exceptions import RunStopped
+from fedsonmf.exceptions import InputError, RunStopped
 
 __all__ = [
     "TOKEN_KEY", "DEFAULT_CLIENT_APP", "DEFAULT_SERVER_APP", "Authority", "Pin", "Gate", "Refused",
@@ -142,7 +142,8 @@ class Authority:
         self._key = private_key
 
     @classmethod
-    def create(cls, path) -> "Authority":
+    def create(cls, path) -> Authority:
+        """A fresh coordinator key pair; the private key written to ``path`` (0600)."""
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -152,9 +153,9 @@ class Authority:
         return cls(key)
 
     @classmethod
-    def load(cls, path) -> "Authority":
+    def load(cls, path) -> Authority:
+        """The coordinator key at ``path`` (refused unless private: :func:`fedsonmf._io.check_private_file`)."""
         from cryptography.hazmat.primitives import serialization
-
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         check_private_file(path, "coordinator key file")
@@ -171,7 +172,8 @@ class Authority:
         return _b64(self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
 
     def write_public(self, path) -> Path:
-        """The public key file nodes trust (one base64url line; not secret; 0600 like every file we write: the operator copies it)."""
+        """The public key file nodes trust (one base64url line; not secret; 0600 like every file we
+        write: the operator copies it)."""
         return write_atomic(path, self.public_key + "\n", mode=0o600)
 
     def token(self, *, job_id: str, fab_hash: str, run_config: dict) -> str:
@@ -183,9 +185,25 @@ class Authority:
 
 
 def sign_run_config(authority: Authority, fab_hash: str, conf: dict) -> dict:
-    """``conf`` + the gate token for the FAB ``fab_hash``.  The token signs exactly what the
-    executors will see: the values as ``flwr`` parses the ``--run-config`` overrides file
-    (written with the template's TOML formatting)."""
+    """``conf`` plus the gate token that authorises it for the FAB ``fab_hash``.
+
+    The token signs exactly what the executors will see: the values as ``flwr`` parses the
+    ``--run-config`` overrides file (written with the template's TOML formatting).
+
+    Parameters
+    ----------
+    authority : Authority
+        The coordinator's key.
+    fab_hash : str
+        The sha256 of the bundle ``flwr run`` will submit (:func:`fab_sha256` of :func:`build_fab`).
+    conf : dict
+        The run config.
+
+    Returns
+    -------
+    dict
+        ``conf`` with ``gate-token`` set.
+    """
     import tomllib
 
     from fedsonmf.federation.flower.template import _toml_value
@@ -207,7 +225,8 @@ class Pin:
     public_key: str
 
     @classmethod
-    def load(cls, path) -> "Pin":
+    def load(cls, path) -> Pin:
+        """The pin file at ``path`` (refused unless private)."""
         check_private_file(path, "gate pin file")
         d = json.loads(Path(path).read_text())
         return cls(frozenset(d["fab-sha256"]), str(d["coordinator-public-key"]))
@@ -220,28 +239,42 @@ def write_pin(path, fab_hashes, public_key: str) -> Path:
 
 def read_public_key(path) -> str:
     """The coordinator's public key from its file (``Authority.write_public``), checked to be
-    a raw 32-byte Ed25519 key; a private key file is refused (it must not travel)."""
+    a raw 32-byte Ed25519 key; a private key file is refused (it must not travel).  Raises
+    :class:`~fedsonmf.exceptions.InputError` (a ValueError) naming the file."""
     path = Path(path)
     try:
         text = path.read_text().strip()
     except OSError as exc:
-        raise ValueError(f"coordinator public key {path}: {exc.strerror or exc}") from None
+        raise InputError(f"coordinator public key {path}: {exc.strerror or exc}") from None
     if "PRIVATE KEY" in text:
-        raise ValueError(f"{path} is the coordinator's private key; give the nodes and the SuperLink the "
+        raise InputError(f"{path} is the coordinator's private key; give the nodes and the SuperLink the "
                          "public key (coordinator.pub)")
     try:
         ok = len(_unb64(text)) == 32
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{path} is not a coordinator public key (one base64url line of a 32-byte Ed25519 key, "
+        raise InputError(f"{path} is not a coordinator public key (one base64url line of a 32-byte Ed25519 key, "
                          "from `fedsonmf flower keys coordinator`)")
     return text
 
 
 def prepare_host(gate_dir, fab_hashes, public_key: str) -> tuple[Path, Path]:
     """One host's gate folder (0700): a fresh SuperExec secret and the pin (both 0600).
-    Returns (pin path, secret path); the ledger (``gate_dir/ledger.json``) is kept."""
+
+    Parameters
+    ----------
+    gate_dir : path
+        The folder; its ledger (``ledger.json``) is kept across restarts.
+    fab_hashes : iterable of str
+        The sha256 of every app bundle this host may run.
+    public_key : str
+        The coordinator's public key (base64url), whose signature every run needs.
+
+    Returns
+    -------
+    pin_path, secret_path : Path
+    """
     d = private_dir(gate_dir)
     secret = write_secret(d / "superexec.secret")
     return write_pin(d / "pin.json", fab_hashes, public_key), secret
@@ -249,7 +282,27 @@ def prepare_host(gate_dir, fab_hashes, public_key: str) -> tuple[Path, Path]:
 
 def executor_argv(role: str, runtime_api: str, gate_dir, *, parent_pid: int, root_certificates=None,
                   app: str | None = None) -> list[str]:
-    """The command line of one host's executor (files of :func:`prepare_host` in ``gate_dir``)."""
+    """The command line of one host's gate executor.
+
+    Parameters
+    ----------
+    role : {"serverapp", "clientapp"}
+        The SuperLink's executor or a SuperNode's.
+    runtime_api : str
+        ``HOST:PORT`` of its daemon's runtime API.
+    gate_dir : path
+        The files of :func:`prepare_host` (pin, SuperExec secret, ledger).
+    parent_pid : int
+        The daemon's pid: the executor exits when it is gone.
+    root_certificates : path or None, default=None
+        The CA certificate the SuperLink's executor verifies its daemon with.
+    app : str or None, default=None
+        ``module:attr`` of an installed ClientApp (None: fedsonmf's).
+
+    Returns
+    -------
+    list of str
+    """
     d = Path(gate_dir)
     args = [sys.executable, "-m", "fedsonmf.federation.flower.gate", "--role", role, "--runtime-api", runtime_api,
             "--pin", str(d / "pin.json"), "--secret", str(d / "superexec.secret"),
@@ -349,8 +402,8 @@ def _runtime_client(address: str, root_certificates: str | None, interceptors):
 def _task_client(address: str, root_certificates: str | None, token: str, component: str):
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 
-    return _runtime_client(address, root_certificates,
-                           [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)])
+    interceptors = [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)]
+    return _runtime_client(address, root_certificates, interceptors)
 
 
 def _heartbeat_fn(client, stopped: threading.Event):
@@ -401,6 +454,7 @@ class Executor:
         self.timings: list[float] = []
 
     def serve_forever(self) -> None:
+        """Acquire and run tasks until the daemon goes away (checked every poll)."""
         import httpx
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
@@ -430,6 +484,7 @@ class Executor:
 
     # ---------------------------------------------------------------- ClientApp, in this process
     def handle_client_task(self, token: str) -> None:
+        """Run one ClientApp task in this process, after the pin and authorisation checks."""
         from flwr.app import Message
         from flwr.app.error import Error
         from flwr.common.constant import ErrorCode, SubStatus
@@ -451,6 +506,7 @@ class Executor:
                 reply = Message(Error(code=ErrorCode.INVALID_FAB, reason=details), reply_to=message)
             else:
                 try:
+                    assert self.app is not None  # a clientapp executor loaded its app at start
                     reply = self.app(message=message, context=context)
                     sub_status, details = SubStatus.COMPLETED, ""
                 except Exception as ex:  # noqa: BLE001 - becomes the error reply, as in flwr-clientapp
@@ -466,12 +522,14 @@ class Executor:
         finally:
             if heartbeat.is_running:
                 heartbeat.stop()
-            # the context is pushed before the next task is acquired: no stale state (FLOWER.md §3.5)
+            # the context is pushed before the next task is acquired: no stale state
+            # (docs/flower.md, "Flower behaviours")
             push_task_output(client=client, context=context, sub_status=sub_status, details=details)
             client.close()
 
     # ---------------------------------------------------------------- ServerApp, in a child process
     def handle_server_task(self, token: str) -> None:
+        """Run one ServerApp task in a child process, after the pin and authorisation checks."""
         from flwr.common.constant import SubStatus
         from flwr.common.serde import fab_from_proto, run_from_proto
         from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
@@ -494,6 +552,7 @@ class Executor:
         # the token goes through stdin, not argv (argv is readable by every local user in /proc)
         child = subprocess.Popen([sys.executable, "-m", "fedsonmf.federation.flower.gate", "--serverapp-task"],
                                  stdin=subprocess.PIPE)
+        assert child.stdin is not None  # stdin=PIPE
         child.stdin.write(json.dumps(spec).encode())
         child.stdin.close()
         self.children.append(child)
@@ -516,9 +575,9 @@ def run_serverapp_task(spec: dict) -> int:
     from flwr.common.constant import SubStatus
     from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
     from flwr.proto.runtime_pb2 import PullTaskInputResponse, PushTaskOutputRequest
-    from flwr.superlink.grid import HttpGrid
     from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.grid import HttpGrid
 
     res = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id

@@ -55,7 +55,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsonmf._io import private_dir, write_atomic
+from fedsonmf._io import PrivateFileError, check_private_file, private_dir, write_atomic  # noqa: F401 - re-exported
 from fedsonmf.exceptions import FederationError, InputError
 
 __all__ = [
@@ -75,6 +75,7 @@ class TLSFiles:
     server_key: Path
 
     def as_tuple(self) -> tuple[str, str, str]:
+        """``(ca.crt, server.pem, server.key)`` as the launcher and ``superlink_args`` take them."""
         return str(self.ca_cert), str(self.server_cert), str(self.server_key)
 
 
@@ -101,22 +102,25 @@ class InsecureDeploymentWarning(UserWarning):
 
 # ---------------------------------------------------------------------------------------------- files
 def write_private(path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically, created with mode 0600 (never readable by others,
-    not even for an instant: the temporary file is opened 0600)."""
-    path = Path(path)
-    private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write a key or secret to ``path`` atomically, 0600, in a folder made 0700.
+
+    Never readable by others, not even for an instant: :func:`fedsonmf._io.write_atomic`
+    creates its temporary file 0600.
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    data : bytes
+        Its content.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    private_dir(Path(path).parent)
+    return write_atomic(path, data)
 
 
 def _write_public(path: Path, data: bytes) -> Path:
@@ -127,27 +131,11 @@ def _write_public(path: Path, data: bytes) -> Path:
     return write_atomic(path, data, mode=0o600)
 
 
-def check_private_file(path, what: str) -> Path:
-    """Refuse a private-key file that is missing, not a regular file, or readable or writable
-    by group/others (``chmod 600`` fixes it).  Returns the resolved path."""
-    path = Path(path).expanduser().resolve()
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise InputError(f"{what} {path} does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{what} {path} is not a regular file")
-    if st.st_mode & 0o077:
-        raise InputError(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: a private key must not be "
-                         f"readable or writable by group or others; run: chmod 600 {path}")
-    return path
-
-
 # ---------------------------------------------------------------------------------------------- TLS
 def _host_names(hosts) -> list:
     from cryptography import x509
 
-    names = []
+    names: list = []
     for h in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(str(h))))
@@ -157,10 +145,24 @@ def _host_names(hosts) -> list:
 
 
 def make_tls(directory, hosts=("127.0.0.1",), *, days: int = 365, name: str = "fedsonmf") -> TLSFiles:
-    """A fresh CA and a server certificate for ``hosts`` (IP addresses or DNS names the nodes dial).
+    """A fresh CA and a server certificate for ``hosts`` (the addresses the nodes dial).
 
-    Writes ``ca.crt``, ``server.pem`` and ``server.key`` (all 0600) to ``directory`` (0700).
     The CA's private key is not kept (module docstring).  ECDSA P-256 keys, SHA-256 signatures.
+
+    Parameters
+    ----------
+    directory : path
+        Receives ``ca.crt``, ``server.pem`` and ``server.key`` (all 0600; the folder 0700).
+    hosts : sequence of str, default=("127.0.0.1",)
+        IP addresses or DNS names the certificate names.
+    days : int, default=365
+        Validity.
+    name : str, default="fedsonmf"
+        The CA's common name.
+
+    Returns
+    -------
+    TLSFiles
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -171,7 +173,7 @@ def make_tls(directory, hosts=("127.0.0.1",), *, days: int = 365, name: str = "f
     if not hosts:
         raise InputError("make_tls needs at least one host address for the server certificate")
     directory = Path(directory)
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     start, end = now - _dt.timedelta(minutes=5), now + _dt.timedelta(days=int(days))
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} deployment CA {os.urandom(4).hex()}")])
@@ -219,9 +221,21 @@ def key_fingerprint(public_key_line: str | bytes) -> str:
 
 
 def make_node_key(directory, name: str) -> NodeKey:
-    """A SuperNode key pair ``<name>`` (private, 0600) and ``<name>.pub`` in ``directory``.
+    """A SuperNode key pair: ``<name>`` (private, 0600) and ``<name>.pub`` in ``directory``.
 
     ECDSA P-384: Flower 1.42 accepts only NIST-curve EC keys for SuperNode authentication.
+
+    Parameters
+    ----------
+    directory : path
+        The key folder (0700).
+    name : str
+        The file name of the private key.
+
+    Returns
+    -------
+    NodeKey
+        The two paths and the public key's fingerprint.
     """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -237,8 +251,24 @@ def make_node_key(directory, name: str) -> NodeKey:
 
 
 def load_node_key(private_path, public_path=None) -> NodeKey:
-    """Check a SuperNode key pair given by an operator: the private key 0600 (refused otherwise),
-    ECDSA on a NIST curve, and the public key (default ``<private>.pub``) its own."""
+    """Check a SuperNode key pair given by an operator.
+
+    Parameters
+    ----------
+    private_path : path
+        The private key: 0600 (refused otherwise), ECDSA on a NIST curve.
+    public_path : path or None, default=None
+        Its public key; None = ``<private>.pub``.  It must be the private key's own.
+
+    Returns
+    -------
+    NodeKey
+
+    Raises
+    ------
+    InputError
+        Naming the file and what is wrong.
+    """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -285,7 +315,33 @@ def register_node_key(flwr: str, public_key, connection: str, *, env: dict, cwd=
 
 def register_node_keys(flwr: str, public_keys, connection: str, *, env: dict, cwd=None,
                        timeout: float = 120.0) -> list[int]:
-    """:func:`register_node_key` for several keys, the ``flwr`` processes side by side; node ids in order."""
+    """Register several SuperNode public keys, the ``flwr`` processes side by side.
+
+    Parameters
+    ----------
+    flwr : str
+        The ``flwr`` executable.
+    public_keys : list of path
+        The keys' ``.pub`` files.
+    connection : str
+        The connection name in ``FLWR_HOME/config.toml``.
+    env : dict
+        The processes' environment (``FLWR_HOME``).
+    cwd : path or None, default=None
+        Their working folder.
+    timeout : float, default=120.0
+        Seconds for all registrations (a ceiling: they return as soon as Flower answers).
+
+    Returns
+    -------
+    list of int
+        The node ids, in the order of ``public_keys``.
+
+    Raises
+    ------
+    FederationError
+        With Flower's message, when a registration fails.
+    """
     procs = [subprocess.Popen(_register_args(flwr, k, connection), env=env, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
              for k in public_keys]
@@ -313,8 +369,22 @@ def unregister_node(flwr: str, node_id: int, connection: str, *, env: dict, cwd=
 def superlink_args(host: str, port: int, tls: tuple | None, *, auth: bool = True) -> list[str]:
     """The ``flower-superlink`` flags of a deployment (without the program name).
 
-    ``tls = (ca.crt, server.pem, server.key)`` or None (plain HTTP, no auth possible).
     Run-time dependency installation is off: every host has fedsonmf installed.
+
+    Parameters
+    ----------
+    host : str
+        The listen address.
+    port : int
+        The Fleet API port.
+    tls : (ca.crt, server.pem, server.key) or None
+        None: plain HTTP (no SuperNode authentication possible).
+    auth : bool, default=True
+        SuperNode authentication.
+
+    Returns
+    -------
+    list of str
     """
     args = (["--ssl-ca-certfile", str(tls[0]), "--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
             if tls else ["--insecure"])
@@ -329,8 +399,22 @@ def superlink_args(host: str, port: int, tls: tuple | None, *, auth: bool = True
 def supernode_args(superlink: str, ca_cert, private_key, node_config: str, *, port: int = 9094) -> list[str]:
     """The ``flower-supernode`` flags of one node (without the program name).
 
-    ``ca_cert`` None: plain HTTP; ``private_key`` None: no SuperNode authentication.
-    ``port`` is the node's own local runtime API (unique per node on one host).
+    Parameters
+    ----------
+    superlink : str
+        ``HOST:PORT`` of the SuperLink.
+    ca_cert : path or None
+        The deployment's CA certificate; None: plain HTTP.
+    private_key : path or None
+        The node's private key; None: no SuperNode authentication.
+    node_config : str
+        The ``--node-config`` string (:func:`node_config`).
+    port : int, default=9094
+        The node's own local runtime API (unique per node on one host).
+
+    Returns
+    -------
+    list of str
     """
     args = ["--root-certificates", str(ca_cert)] if ca_cert else ["--insecure"]
     if private_key:
@@ -356,7 +440,25 @@ def superlink_runtime_api(host: str, port: int) -> str:
 
 
 def node_config(partition: int, partitions: int, view, state_dir=None, mask=None) -> str:
-    """The ``--node-config`` string of the node holding view ``partition`` (file ``view``)."""
+    """The ``--node-config`` string of the node holding view ``partition``.
+
+    Parameters
+    ----------
+    partition : int
+        The view index.
+    partitions : int
+        The number of views.
+    view : path
+        The node's view file (``data-path``).
+    state_dir : path or None, default=None
+        The node-local state folder (``state-dir``).
+    mask : path or None, default=None
+        The availability mask (``mask-path``, incomplete views).
+
+    Returns
+    -------
+    str
+    """
     text = f'partition-id={int(partition)} num-partitions={int(partitions)} data-path="{Path(view).resolve()}"'
     if state_dir is not None:
         text += f' state-dir="{Path(state_dir).resolve()}"'
@@ -380,8 +482,20 @@ def write_connection(flwr_home, name: str, address: str, ca_cert=None) -> Path:
 def write_pins(path, pins: dict[int, Pin], retired=()) -> Path:
     """Write the pins ``{partition: Pin}`` to ``path`` (JSON, atomically, 0600).
 
-    ``retired``: node ids this deployment used before (a SuperNode restarted with a new key);
-    the SuperLink may list such a dead node as online for ~1 min, and the handshake ignores it."""
+    Parameters
+    ----------
+    path : path
+        The pins file.
+    pins : dict of int to Pin
+        Each view's node id and key fingerprint.
+    retired : iterable of int, default=()
+        Node ids this deployment used before (a SuperNode restarted with a new key); the
+        SuperLink may list such a dead node as online for ~1 min, and the handshake ignores it.
+
+    Returns
+    -------
+    Path
+    """
     body = {"pins": {str(p): {"node-id": int(pin.node_id), "fingerprint": pin.fingerprint}
                      for p, pin in sorted(pins.items())},
             "retired": sorted(int(n) for n in retired)}
@@ -395,8 +509,23 @@ def read_retired(path) -> set[int]:
 
 
 def read_pins(path) -> dict[int, Pin]:
-    """The pins in ``path``.  Refuses a file another user owns or that group/others may write
-    (anyone who can write it can re-pin a view to their own node)."""
+    """The pins in ``path``.
+
+    Parameters
+    ----------
+    path : path
+        A pins file (:func:`write_pins`).
+
+    Returns
+    -------
+    dict of int to Pin
+
+    Raises
+    ------
+    FederationError
+        A missing file, one another user owns or that group/others may write (anyone who can
+        write it can re-pin a view to their own node), or one that is not a pins file.
+    """
     path = Path(path)
     try:
         st = path.stat()

@@ -39,6 +39,7 @@ from fedsonmf.exceptions import FederationError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower.security import read_pins, read_retired
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
     WireRecorder,
@@ -55,8 +56,39 @@ from fedsonmf.protocol.participation import Participation
 __all__ = ["app", "make_server_app", "server_main", "config_from_run_config", "StatusFile"]
 
 
+def _rc(rc, key: str):
+    """Run-config value ``key``, or the app template's default (declared once, in :mod:`.template`)."""
+    return rc.get(key, RUN_CONFIG_DEFAULTS[key])
+
+
+def _budget(cfg: FedConfig, rc) -> tuple[int, float]:
+    """``(max_rounds, tol)`` of a run: ``num-rounds`` and ``tol`` of the run config.
+
+    A run config always holds both (Flower fills in the app's defaults), so the app
+    cannot tell a default from a choice; our rule: a run whose clients send no
+    diagnostics has no residual to stop on (``tol`` is not used), and a
+    differentially private run lasts at most ``dp_rounds`` rounds.  The launcher
+    (``run_flower``) resolves and validates both before it starts anything.
+    """
+    max_rounds, tol = int(_rc(rc, "num-rounds")), float(_rc(rc, "tol"))
+    if cfg.dp_enabled:
+        return min(max_rounds, int(cfg.dp_rounds)), 0.0
+    return max_rounds, tol if cfg.diagnostics else 0.0
+
 def config_from_run_config(rc) -> FedConfig:
-    """The run's FedConfig: ``config-json`` when set, else the individual keys."""
+    """The run's FedConfig from a Flower run config.
+
+    Parameters
+    ----------
+    rc : mapping
+        The run config: ``config-json`` (a full ``FedConfig.to_dict()``) when set, else the
+        individual keys (``rank``, ``mu``, ...; defaults: :data:`.template.RUN_CONFIG_DEFAULTS`).
+
+    Returns
+    -------
+    FedConfig
+        With ``diagnostics`` and ``secure-aggregation`` from their own keys.
+    """
     text = str(rc.get("config-json", "") or "")
     if text:
         cfg = ckpt.config_from_dict(json.loads(text))
@@ -84,7 +116,7 @@ def participation_from_run_config(rc) -> Participation | None:
     mc, sc = num("min-clients"), num("sample-clients")
     if mc is None and sc is None:
         return None
-    return Participation(min_clients=mc, sample=sc, rejoin=str(rc.get("rejoin", "server")))
+    return Participation(min_clients=mc, sample=sc, rejoin=str(_rc(rc, "rejoin")))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -95,7 +127,7 @@ def _write_json(path: Path, obj) -> None:
 OUT_ROOT_ENV = "FEDSONMF_OUT_ROOT"
 
 
-def _inside(path: Path, root: Path) -> Path:
+def _inside(path: Path | str, root: Path | str) -> Path:
     """``path`` resolved (symlinks followed); refused unless it lies in ``root`` (resolved)."""
     real, base = Path(path).resolve(), Path(root).resolve()
     if real != base and base not in real.parents:
@@ -142,6 +174,7 @@ class StatusFile:
         self.write()
 
     def write(self, **fields) -> None:
+        """Update ``fields`` and ``updated_at`` and rewrite the file atomically."""
         self.data.update(fields, updated_at=time.time())
         _write_json(self.path, self.data)
 
@@ -155,6 +188,7 @@ class StatusFile:
             self.write(phase="round", round=int(s), round_started_at=now, **extra)
 
     def round_done(self, s: int, seconds: float) -> None:
+        """Round ``s`` completed in ``seconds``: the counters and the mean seconds per round."""
         self._secs.append(float(seconds))
         self.write(rounds_done=int(s), last_round_seconds=float(seconds),
                    seconds_per_round=float(sum(self._secs) / len(self._secs)))
@@ -173,24 +207,35 @@ def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -
 
 
 def server_main(grid: Grid, context: Context, clustering: str | None = None) -> None:
-    """The ServerApp's main.  ``clustering``: the clustering steps module's name (given by the
-    app, :func:`make_server_app`); needed by clustering and predict runs only."""
+    """The ServerApp's main: a fit (or a predict run) over the grid, reported in ``status.json``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's grid.
+    context : flwr.app.Context
+        Its context; the run config holds the keys of :data:`.template.RUN_CONFIG_DEFAULTS`
+        (``out-dir`` required).
+    clustering : str or None, default=None
+        The clustering steps module's name (given by the app, :func:`make_server_app`);
+        needed by clustering and predict runs only.
+    """
     rc = context.run_config
-    out = str(rc.get("out-dir", "") or "")
-    if not out:
+    out_text = str(rc.get("out-dir", "") or "")
+    if not out_text:
         raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
-    out = resolve_out_dir(out)
+    out = resolve_out_dir(out_text)
     if str(rc.get("mode", "fit") or "fit") == "predict":
         return _predict_main(grid, context, out, clustering)
     status_path = out / "status.json"
     cfg = config_from_run_config(rc)
-    alg = get_algorithm(str(rc.get("algorithm", "fedsonmf")))
+    alg = get_algorithm(str(_rc(rc, "algorithm")))
     m = int(rc["num-clients"])
     job_id = str(rc.get("job-id", "") or "") or f"run{context.run_id}"
-    seed = int(rc.get("seed", 0))
-    max_rounds, tol = int(rc.get("num-rounds", 10)), float(rc.get("tol", 0.0))
-    round_timeout, poll = float(rc.get("round-timeout", 300.0)), float(rc.get("poll-interval", 0.02))
-    node_timeout = float(rc.get("node-timeout", 120.0))
+    seed = int(_rc(rc, "seed"))
+    max_rounds, tol = _budget(cfg, rc)
+    round_timeout, poll = float(_rc(rc, "round-timeout")), float(_rc(rc, "poll-interval"))
+    node_timeout = float(_rc(rc, "node-timeout"))
     # node start-up (handshake + the setup exchange) has its own timeout, separate from the round timeout
     startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
     participation = participation_from_run_config(rc)
@@ -198,9 +243,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     ckpt_dir = _inside(out / "checkpoint", out)
     recorder = None
     if bool(rc.get("record-wire", False)):
-        recorder = WireRecorder(_inside(out / "wire.jsonl", out),
-                                arrays_dir=_inside(out / "wire-arrays", out) if bool(rc.get("record-wire-arrays", False))
-                                else None)
+        arrays_dir = _inside(out / "wire-arrays", out) if bool(rc.get("record-wire-arrays", False)) else None
+        recorder = WireRecorder(_inside(out / "wire.jsonl", out), arrays_dir=arrays_dir)
     status = StatusFile(status_path, run_id=int(context.run_id), job_id=job_id, pid=os.getpid(),
                         max_rounds=max_rounds)
     t0 = time.perf_counter()
@@ -212,7 +256,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
             status.write(job_id=job_id)
         spec = None
-        if saved is None and bool(rc.get("setup-at-handshake", True)):
+        if saved is None and bool(_rc(rc, "setup-at-handshake")):
             spec = _setup_spec(cfg, copts, alg.name, seed)  # None when r depends on the views' widths
         view_info: dict = {}
         pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
@@ -298,14 +342,14 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
         opts, job_id = fit["clustering"], str(fit["flower"]["job_id"])
         centers = np.load(model / "centers.npy")
         m = int(fit["config"]["n_clients"])
-        poll = float(rc.get("poll-interval", 0.02))
+        poll = float(_rc(rc, "poll-interval"))
         recorder = WireRecorder(_inside(out / "wire.jsonl", out)) if bool(rc.get("record-wire", False)) else None
         pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
-        node_ids = handshake(grid, m, job_id=job_id, timeout=float(rc.get("node-timeout", 120.0)),
+        node_ids = handshake(grid, m, job_id=job_id, timeout=float(_rc(rc, "node-timeout")),
                              poll=max(poll, 0.05), recorder=recorder,
                              pins=read_pins(pins_path) if pins_path else None,
                              retired=read_retired(pins_path) if pins_path else frozenset())
-        transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=float(rc.get("round-timeout", 300.0)),
+        transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=float(_rc(rc, "round-timeout")),
                                     poll=poll, recorder=recorder,
                                     startup_timeout=float(rc.get("startup-timeout", 0.0) or 0.0) or None)
         status.write(phase="embed")
@@ -327,8 +371,18 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
 
 
 def make_server_app(clustering: str | None = None) -> ServerApp:
-    """A fresh ServerApp whose main is :func:`server_main`; ``clustering`` names the
-    clustering steps module (the shipped app gives ``fedsonmf.estimators.clustering_steps``)."""
+    """A fresh ServerApp whose main is :func:`server_main`.
+
+    Parameters
+    ----------
+    clustering : str or None, default=None
+        The clustering steps module (the shipped app gives
+        ``fedsonmf.estimators.clustering_steps``).
+
+    Returns
+    -------
+    flwr.serverapp.ServerApp
+    """
     server = ServerApp()
 
     def main(grid: Grid, context: Context) -> None:
@@ -340,6 +394,4 @@ def make_server_app(clustering: str | None = None) -> ServerApp:
 
 # the installed app (what the gate's executors run, and the shim app imports): the clustering steps
 # are named, not imported -- they load only when a clustering run or a predict run arrives
-from fedsonmf.federation.flower.template import STEPS_MODULE  # noqa: E402
-
 app = make_server_app(clustering=STEPS_MODULE)

@@ -12,7 +12,7 @@ The route, and why: ``flwr run <app> <connection> --federation-config
 SuperLink (``flower-superlink --simulation``) that :class:`SimulationSuperLink`
 starts in its own session on a free loopback port and stops again.  Our choice
 over the two alternatives: the CLI's managed ``:local:`` SuperLink is detached and
-outlives ``flwr run`` (FLOWER.md §4.5), and ``flwr.simulation.run_simulation`` is
+outlives ``flwr run`` (docs/flower.md, "Flower behaviours"), and ``flwr.simulation.run_simulation`` is
 deprecated in flwr 1.42 and passes an empty run config.
 
 Everything lives in one run folder::
@@ -41,22 +41,21 @@ import uuid
 from pathlib import Path
 
 from fedsonmf.exceptions import FlowerRunError, InputError
-from fedsonmf.federation.flower.launcher import (
-    _bin,
-    _check_view_files,
-    _free_port,
-    _read_status,
-    flower_env,
-    load_result,
-    write_views,
-)
+from fedsonmf.federation import deployment_defaults as dd
+from fedsonmf.federation.budget import resolve_budget
+from fedsonmf.federation.flower.deployment import STARTUP_TIMEOUT, _bin, _free_port, _read_status, flower_env
+from fedsonmf.federation.flower.launcher import load_result
 from fedsonmf.federation.flower.nodeconfig import SIM_DATA_DIR, sim_view_path
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, _toml_value, write_app_dir
+from fedsonmf.federation.flower.viewfiles import _check_view_files, write_views
 from fedsonmf.protocol.history import FitResult
 
 __all__ = ["SimulationSuperLink", "run_simulation", "simulation_run_config", "federation_config"]
 
 CONNECTION = "fedsonmf-sim"
+#: seconds for a simulation's handshake: it includes Ray's start-up and one message per client
+#: (our choice, more than a deployment's ``node-timeout``)
+SIM_NODE_TIMEOUT = 300.0
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:
@@ -130,7 +129,8 @@ class SimulationSuperLink:
         self.ray_tmp: Path | None = None
         self.log = self.run_dir / "logs" / "superlink.log"
 
-    def start(self, timeout: float = 120.0) -> "SimulationSuperLink":
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> SimulationSuperLink:
+        """Start the SuperLink in simulation mode and wait until it answers (an event, with a ceiling)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +157,7 @@ class SimulationSuperLink:
     def _wait_health(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.port}/health"
+        assert self.proc is not None  # started by start()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"flower-superlink --simulation exited with code {self.proc.returncode}; "
@@ -220,10 +221,38 @@ def federation_config(n_clients: int, *, cpus_per_client: int = 1) -> str:
 
 
 def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorithm: str = "fedsonmf",
-                          max_rounds: int = 10, tol: float = 0.0, seed: int = 0, job_id: str | None = None,
-                          round_timeout: float = 300.0, node_timeout: float = 300.0,
+                          max_rounds: int | None = None, tol: float | None = None, seed: int = dd.SEED,
+                          job_id: str | None = None, round_timeout: float = dd.ROUND_TIMEOUT,
+                          node_timeout: float = SIM_NODE_TIMEOUT,
                           record_wire: bool = False) -> dict:
-    """The run config (keys of the app template) of a simulation run."""
+    """The run config (keys of the app template) of a simulation run.
+
+    Parameters
+    ----------
+    cfg : FedConfig
+        The run's configuration (sent as ``config-json``).
+    n_clients : int
+        Virtual nodes, one per view.
+    sim_data_dir, out_dir : path
+        The folder of ``view<p>.*`` files, and the ServerApp's out-dir.
+    algorithm : str, default="fedsonmf"
+        A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
+    max_rounds, tol : int, float or None, default=None
+        The budget (:func:`~fedsonmf.federation.budget.resolve_budget`).
+    seed : int, default=0
+        The run seed.
+    job_id : str or None, default=None
+        Names the nodes' state files; None = a fresh one.
+    round_timeout, node_timeout : float, default=300.0, 300.0
+        Seconds for a round's replies and for the handshake (which includes Ray's start-up).
+    record_wire : bool, default=False
+        The server writes ``wire.jsonl``.
+
+    Returns
+    -------
+    dict
+    """
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     rc = {
         "num-clients": int(n_clients), "algorithm": algorithm, "num-rounds": int(max_rounds), "tol": float(tol),
         "seed": int(seed), "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
@@ -235,6 +264,13 @@ def simulation_run_config(cfg, *, n_clients: int, sim_data_dir, out_dir, algorit
     if unknown:  # pragma: no cover - a programming error
         raise ValueError(f"unknown run-config keys {unknown}")
     return rc
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
@@ -274,9 +310,10 @@ def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
     return folder, len(views)
 
 
-def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int = 10, tol: float = 0.0,
-                   seed: int = 0, cpus_per_client: int = 1, round_timeout: float = 300.0,
-                   node_timeout: float = 300.0, record_wire: bool = False, pin_threads: bool = True,
+def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int | None = None,
+                   tol: float | None = None, seed: int = dd.SEED, cpus_per_client: int = 1,
+                   round_timeout: float = dd.ROUND_TIMEOUT,
+                   node_timeout: float = SIM_NODE_TIMEOUT, record_wire: bool = False, pin_threads: bool = True,
                    timeout: float = 3600.0) -> FitResult:
     """Run a federation in Flower's simulation engine, one virtual node per view, and return its result.
 
@@ -290,6 +327,13 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
         Hyper-parameters (``cfg.diagnostics`` is honoured).
     run_dir : path
         The run folder (created).
+    algorithm : str, default="fedsonmf"
+        A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
+    max_rounds, tol : int, float or None, default=None
+        The budget; None = the parameter table's defaults
+        (:func:`~fedsonmf.federation.budget.resolve_budget`).
+    seed : int, default=0
+        The run seed (a run config needs a number).
     cpus_per_client : int
         Ray CPUs per virtual node: the engine runs ``cores // cpus_per_client`` clients at a time.
     pin_threads : bool
@@ -315,6 +359,7 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
         raise ImportError("Flower's simulation engine needs Ray: pip install \"fedsonmf[simulation]\" "
                           "(from a checkout: pip install \".[simulation]\")")
     t0 = time.perf_counter()
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     sim_dir, m = _view_dir(views, run_dir)
@@ -342,14 +387,19 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
                 env=link.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=run_dir)
             t_server = None  # when the ServerApp wrote its first status (it starts the handshake next)
-            deadline = time.monotonic() + timeout
+            # ``timeout`` limits stalls, not the run: it restarts whenever status.json changes
+            deadline, stamp = time.monotonic() + timeout, None
             while proc.poll() is None:
                 if t_server is None and (out_dir / "status.json").exists():
                     t_server = time.perf_counter() - t0
+                now = _mtime(out_dir / "status.json")
+                if now != stamp:
+                    stamp, deadline = now, time.monotonic() + timeout
                 if time.monotonic() > deadline:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-                    raise TimeoutError(f"flwr run did not finish within {timeout:g} s; see {log}")
+                    raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; "
+                                       f"see {log}")
                 time.sleep(0.05)
         flwr_run_seconds = time.perf_counter() - t1
         # `flwr run` returning says neither that the run succeeded (--stream exits 0 when the ServerApp

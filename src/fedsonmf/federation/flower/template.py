@@ -2,7 +2,7 @@
 
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
-machine (FLOWER.md §3.2).  ``flwr run`` checks statically that
+machine (docs/flower.md, "Flower behaviours").  ``flwr run`` checks statically that
 ``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.make_server_app(...)``;
 the shim is also where the clustering steps are wired in (the composition root).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedsonmf._io import private_dir, write_atomic
+from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE", "STEPS_MODULE"]
@@ -32,10 +33,10 @@ PACKAGE = "fedsonmf_flower_app"
 #: run-config keys of the app and their defaults (``flwr run --run-config`` may override only these)
 RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "num-clients": 3,           # number of views = SuperNodes
-    "num-rounds": 10,           # max rounds
-    "tol": 0.0,                 # stop when R/R1 <= tol (needs diagnostics)
-    "seed": 0,
-    "algorithm": "fedsonmf",    # any name of fedsonmf.algorithms.ALGORITHMS
+    "num-rounds": default("max_rounds"),  # max rounds (a private run: at most its dp_rounds)
+    "tol": default("tol"),      # stop when R/R1 <= tol (unused when the clients send no diagnostics)
+    "seed": dd.SEED,
+    "algorithm": default("algorithm"),  # any name of fedsonmf.algorithms.ALGORITHMS
     "rank": default("n_components"),
     "mu": default("mu"),
     "mu-scale": default("mu_scale"),
@@ -52,8 +53,8 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "out-dir": "",              # absolute directory on the SuperLink host (required)
     "job-id": "",               # names the clients' state files; keep it to resume
     "resume": False,            # continue from out-dir/checkpoint
-    "round-timeout": 300.0,     # seconds to wait for all replies of one round
-    "node-timeout": 120.0,      # seconds to wait for all views to come online
+    "round-timeout": dd.ROUND_TIMEOUT,  # seconds to wait for all replies of one round
+    "node-timeout": dd.NODE_TIMEOUT,  # seconds to wait for all views to come online
     "startup-timeout": 0.0,     # seconds for the nodes' start-up (setup exchange); 0 = node-timeout
     "poll-interval": 0.02,      # seconds between pulls
     "setup-at-handshake": True, # the hellos carry the setup: one exchange (a Flower round trip) less before round 1
@@ -61,7 +62,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "record-wire-arrays": False,  # also save every array the server receives (out-dir/wire-arrays/)
     "min-clients": 0.0,         # partial participation (§15.2): quorum per round, int >= 1 or fraction; 0 = off
     "sample-clients": 0.0,      # clients asked per round, int >= 1 or fraction; 0 = every client
-    "rejoin": "server",         # correction of a returning client: server (measured default) | refresh | drop | stale
+    "rejoin": dd.REJOIN,         # correction of a returning client: server (measured default) | refresh | drop | stale
     "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
     "gate-token": "",           # the coordinator's signed authorisation of this run (set by the launcher; see .gate)
     "node-pins": "",            # pins file {view: node id, key} on the SuperLink host (node auth); "" = unpinned
@@ -69,7 +70,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "mode": "fit",              # fit | predict (one exchange with the fitted bases fixed; new samples from each
                                 # node's own node-config predict-path)
     "n-clusters": 0,            # c > 0: cluster the samples (labels.csv); 0 = factorisation only
-    "rank-rule": "auto",        # r from c and the d_p the nodes report: auto (2c, narrow views padded) | auto-cap |
+    "rank-rule": dd.RANK_RULE,   # r from c and the d_p the nodes report: auto (2c, narrow views padded) | auto-cap |
                                 # paper (c) | an integer (capped); replaces rank / config-json's n_components
     "preprocess": default("preprocess"),            # each node's rule for its own view
     "normalize-views": default("normalize_views"),  # each node divides its view by its Frobenius norm
@@ -154,8 +155,21 @@ def write_app_dir(dest, *, client_source: str | None = None, server_source: str 
                   extra_config: dict | None = None, publisher: str = "fedsonmf") -> Path:
     """Write the shim Flower app to ``dest`` and return it.
 
-    ``client_source``/``server_source`` replace the shim modules (tests use this
-    to wrap the ClientApp with a fault hook); ``extra_config`` adds run-config keys.
+    Parameters
+    ----------
+    dest : path
+        The app folder (created; only the app's files go there).
+    client_source, server_source : str or None, default=None
+        Replace the shim modules (tests wrap the ClientApp with a fault hook this way).
+    extra_config : dict or None, default=None
+        Run-config keys added to :data:`RUN_CONFIG_DEFAULTS`.
+    publisher : str, default="fedsonmf"
+        ``[tool.flwr.app] publisher``.
+
+    Returns
+    -------
+    Path
+        ``dest``.
     """
     dest = Path(dest)
     pkg = dest / PACKAGE

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
@@ -47,7 +47,8 @@ class WireRecorder:
         self._count = 0
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
-        row = {"direction": direction, "client": client, "node_id": int(node_id),
+        """Append one message (direction, client, kind, round, every array's shape and SHA-256) to the log."""
+        row: dict[str, object] = {"direction": direction, "client": client, "node_id": int(node_id),
                "message_type": flwr_msg.metadata.message_type, "group_id": flwr_msg.metadata.group_id}
         if flwr_msg.has_error():
             row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
@@ -82,10 +83,23 @@ def _get(record, key):
 
 
 def check_views_at_handshake(info: dict, node_ids: Sequence[int], n_components: int) -> None:
-    """Refuse, before round 1, views that cannot take part: a view its node could not
-    load, views with different numbers of samples, or a view with fewer features than
-    the rank r (a nonnegative orthonormal U_p needs d_p >= r).  Raises
-    :class:`FederationError` naming the view (client) and its node."""
+    """Refuse, before round 1, views that cannot take part.
+
+    Parameters
+    ----------
+    info : dict
+        The handshake's ``{view: {"d": d_p, "n": n}}`` or ``{"error": ...}``.
+    node_ids : sequence of int
+        The node of every view, in view order.
+    n_components : int
+        The rank r (a nonnegative orthonormal U_p needs d_p >= r).
+
+    Raises
+    ------
+    FederationError
+        Naming the view (client) and its node: a view its node could not load, views with
+        different numbers of samples, or a view with fewer features than r.
+    """
     for p, nid in enumerate(node_ids):
         v = info.get(p, {})
         if "error" in v:
@@ -156,25 +170,50 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
               pins: dict[int, Pin] | None = None, retired=frozenset(), setup: dict | None = None) -> list[int]:
     """Wait for the ``n_clients`` views and return their node ids in view order.
 
-    Asks every online node for its ``partition-id`` (a QUERY message); nodes
-    that join later are asked when they appear, nodes that do not answer (a
-    dead node the SuperLink still lists) are ignored.  Raises
-    :class:`FederationError` when two nodes claim one view, a node claims a
-    view outside 0..n_clients-1, or not every view has answered in ``timeout``.
-    ``info``, when given, is filled with ``{view: {"d": d_p, "n": n}}`` (or
-    ``{"error": ...}`` for a view its node cannot use) from the replies.
+    Asks every online node for its ``partition-id`` (a QUERY message); nodes that join later are
+    asked when they appear, nodes that do not answer (a dead node the SuperLink still lists) are
+    ignored.  A node whose view is narrower than r does not run the setup (the server refuses the
+    view).
 
-    ``pins`` (``{view: Pin}``, from the launcher's pins file): a node may hold only
-    the view pinned to its node id, and once every view is found no other node may
-    be online; either is a :class:`FederationError` naming the node, the view and
-    the pinned key (no first-answer-wins).  ``retired`` node ids (this deployment's
-    replaced keys, which the SuperLink may still list as online) are neither asked nor
-    counted as unknown.
-    ``setup`` (the setup message's scalars but ``client``): the hello carries the
-    setup (kind ``hello+setup``); a node runs it as client = its partition-id and
-    answers with its setup reply, kept as ``info[view]["setup"]`` (a Message) --
-    one exchange less before round 1 (:meth:`FlowerTransport.exchange` uses it).
-    A node whose view is narrower than r does not run it (the server refuses the view).
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's grid.
+    n_clients : int
+        The number of views.
+    job_id : str
+        The run's job id (sent with the hello).
+    timeout : float
+        Seconds until every view must have answered.
+    poll : float, default=0.05
+        Seconds between pulls.
+    recorder : WireRecorder or None, default=None
+        Logs every message (privacy audit).
+    info : dict or None, default=None
+        Filled with ``{view: {"d": d_p, "n": n}}`` (or ``{"error": ...}`` for a view its node
+        cannot use), and ``info[view]["setup"]`` (a Message) when the hello carried the setup.
+    pins : dict of int to Pin or None, default=None
+        ``{view: Pin}`` from the launcher's pins file: a node may hold only the view pinned to
+        its node id, and once every view is found no other node may be online (no
+        first-answer-wins).
+    retired : set of int, default=frozenset()
+        This deployment's replaced node ids (the SuperLink may still list them as online):
+        neither asked nor counted as unknown.
+    setup : dict or None, default=None
+        The setup message's scalars but ``client``: the hello carries the setup (kind
+        ``hello+setup``), which each node runs as client = its partition-id -- one exchange
+        less before round 1 (:meth:`FlowerTransport.exchange` uses the replies).
+
+    Returns
+    -------
+    list of int
+        The node id of every view, in view order.
+
+    Raises
+    ------
+    FederationError
+        Two nodes claim one view, a node claims a view outside 0..n_clients-1, a node holds a
+        view not pinned to it, or not every view answered within ``timeout``.
     """
     deadline = time.monotonic() + timeout
     complete_at = None  # when every view had its pinned node
@@ -302,10 +341,10 @@ class FlowerTransport:
         seconds); its answer is collected here in this or a later round, waiting at most
         ``timeout`` seconds when new nodes were just asked.
         """
-        new = set(self.grid.get_node_ids()) - self._seen
-        if new and self.pins_path is not None:
-            new -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
-        new = sorted(new)
+        unseen = set(self.grid.get_node_ids()) - self._seen
+        if unseen and self.pins_path is not None:
+            unseen -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
+        new = sorted(unseen)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
                                                             "job-id": self.job_id})})
@@ -393,6 +432,7 @@ class FlowerTransport:
         return [replies[p][0] for p in range(self.n_clients)]
 
     def exchange(self, messages: Sequence[Message]) -> list[Message]:
+        """Send one message to every client and return the replies in client order."""
         if len(messages) != self.n_clients:
             raise ValueError(f"{len(messages)} messages for {self.n_clients} clients")
         s, kind = messages[0].round, messages[0].kind

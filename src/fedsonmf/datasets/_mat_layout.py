@@ -1,0 +1,189 @@
+"""Where a ``.mat`` file keeps its views, labels and availability mask.
+
+Public multi-view datasets come in many layouts: views in a cell array (``X``, ``fea``,
+``data``...) or in numbered variables (``V1``, ``V2``...), stored samples x features or
+features x samples, dense or sparse, with labels under one of several names
+(:data:`LABEL_KEYS`).  The functions here take the variables :mod:`._mat_read` read
+and find the labels, the views (each oriented samples first) and the mask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from fedsonmf.datasets._mat_read import _is_cell, _is_numeric
+from fedsonmf.exceptions import InputError
+
+__all__ = ["LABEL_KEYS", "VIEW_KEYS", "MASK_KEYS"]
+
+# Candidate names, in order of preference (matched case-sensitively first, then ignoring case).
+#: names of the label variable, as the field's datasets spell them
+LABEL_KEYS = ("y", "Y", "gt", "truelabel", "truelabels", "label", "labels", "gnd", "Label", "truth",
+              "ground_truth", "groundtruth", "gt_labels", "true_labels", "true_label", "labels_true", "target",
+              "targets", "class", "classes")
+#: names of a cell array of views
+VIEW_KEYS = ("X", "fea", "data", "views", "x", "Xs")
+#: names of the availability mask (samples x views, nonzero = held)
+MASK_KEYS = ("ind", "mask")
+_NUMBERED = re.compile(r"^(?P<prefix>[A-Za-z]+)_?(?P<num>\d+)$")
+
+
+def _describe(v) -> str:
+    if _is_cell(v):
+        return f"(cell {'x'.join(map(str, v.shape))})"
+    kind = "sparse" if sp.issparse(v) else str(v.dtype)
+    return f"({'x'.join(map(str, v.shape))} {kind})"
+
+
+def _lookup(variables: dict, candidates: Sequence[str]) -> str | None:
+    """First candidate present in ``variables``: exact match first, then ignoring case."""
+    for key in candidates:
+        if key in variables:
+            return key
+    lower = {k.lower(): k for k in variables}
+    for key in candidates:
+        if key.lower() in lower:
+            return lower[key.lower()]
+    return None
+
+
+def _as_label_vector(v) -> np.ndarray | None:
+    """A dense numeric vector (any 1 x n / n x 1 shape), or None."""
+    if sp.issparse(v):
+        v = v.toarray()
+    if not isinstance(v, np.ndarray) or not _is_numeric(v) or v.size == 0:
+        return None
+    if sum(s > 1 for s in v.shape) > 1:
+        return None
+    return v.ravel()
+
+
+def _find_labels(variables: dict, labels_key: str | None, seen: str) -> tuple[str, np.ndarray]:
+    key: str | None
+    if labels_key is not None:
+        if labels_key not in variables:
+            raise InputError(f"labels_key {labels_key!r} is not in the file; variables: {seen}")
+        key = labels_key
+    else:
+        key = _lookup(variables, LABEL_KEYS)
+        if key is None:
+            raise InputError(
+                f"no label variable found (looked for {', '.join(LABEL_KEYS)}); variables: {seen}"
+            )
+    value = variables[key]
+    parts = list(value.ravel(order="F")) if _is_cell(value) else [value]
+    found = [_as_label_vector(p) for p in parts]
+    vectors = [v for v in found if v is not None]
+    if not vectors or len(vectors) < len(found):
+        raise InputError(
+            f"label variable {key!r} is not a vector or a cell of vectors; variables: {seen}"
+        )
+    labels = vectors[0]
+    if any(v.shape != labels.shape or not np.array_equal(v, labels) for v in vectors[1:]):
+        raise InputError(f"label cell {key!r} holds label vectors that differ")
+    if np.issubdtype(labels.dtype, np.floating) and not np.all(labels == np.round(labels)):
+        raise InputError(f"label variable {key!r} has non-integer values")
+    return key, labels
+
+
+def _has_sample_axis(v, n: int) -> bool:
+    return _is_numeric(v) and v.ndim == 2 and n in v.shape
+
+
+def _find_views(variables: dict, views_key, n: int, seen: str, exclude: set) -> tuple[list, list]:
+    if views_key is not None:
+        keys = [views_key] if isinstance(views_key, str) else list(views_key)
+        missing = [k for k in keys if k not in variables]
+        if missing:
+            raise InputError(f"views_key {missing} not in the file; variables: {seen}")
+        if len(keys) == 1 and _is_cell(variables[keys[0]]):
+            return _cell_views(keys[0], variables[keys[0]])
+        return keys, [variables[k] for k in keys]
+
+    cells = [k for k, v in variables.items() if _is_cell(v) and k not in exclude]
+    preferred = _lookup({k: None for k in cells}, VIEW_KEYS)
+    for key in ([preferred] if preferred else []) + cells:
+        elements = variables[key].ravel(order="F")
+        if elements.size and all(_has_sample_axis(e, n) for e in elements):
+            return _cell_views(key, variables[key])
+    if preferred:  # the views' cell, with a matrix that does not fit the labels: never dropped silently
+        elements = variables[preferred].ravel(order="F")
+        if any(_has_sample_axis(e, n) for e in elements):
+            names, _ = _cell_views(preferred, variables[preferred])
+            _refuse_misfits(names, list(elements), n)
+
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for key, v in variables.items():
+        match = _NUMBERED.match(key)
+        if match and key not in exclude and _is_numeric(v) and v.ndim == 2:
+            groups.setdefault(match["prefix"], []).append((int(match["num"]), key))
+    fitting = {prefix: sum(_has_sample_axis(variables[k], n) for _, k in members)
+               for prefix, members in groups.items()}
+    if groups and max(fitting.values()) > 0:
+        prefix = max(groups, key=lambda g: (fitting[g], len(groups[g])))
+        keys = [k for _, k in sorted(groups[prefix])]
+        _refuse_misfits(keys, [variables[k] for k in keys], n)
+        return keys, [variables[k] for k in keys]
+    raise InputError(
+        f"no views found: expected a cell array of matrices (e.g. {', '.join(VIEW_KEYS)}) or "
+        f"numbered variables (V1, V2, ...) with an axis of length n_samples={n}; variables: {seen}"
+    )
+
+
+def _refuse_misfits(names: list, values: list, n: int) -> None:
+    """An InputError naming the views none of whose axes has the labels' length n (such a view is
+    never left out of the dataset without a word)."""
+    bad = [f"{name!r} {_describe(v)}" for name, v in zip(names, values) if not _has_sample_axis(v, n)]
+    if bad:
+        raise InputError(
+            f"view {', '.join(bad)} has no axis of length n_samples={n} (the length of the labels), unlike the "
+            f"other views ({', '.join(repr(k) for k, v in zip(names, values) if _has_sample_axis(v, n))}); every "
+            "view needs one row per labelled sample -- fix the file, or pick the views with views_key"
+        )
+
+
+def _cell_views(key: str, cell: np.ndarray) -> tuple[list, list]:
+    elements = list(cell.ravel(order="F"))
+    return [f"{key}{{{i + 1}}}" for i in range(len(elements))], elements
+
+
+def _orient(v, n: int, name: str):
+    """Return view ``v`` as (n_samples, d) float64, dense C-contiguous or CSR."""
+    if not _is_numeric(v) or v.ndim != 2:
+        raise InputError(f"view {name!r} is not a numeric matrix")
+    if np.iscomplexobj(v.data if sp.issparse(v) else v):
+        raise InputError(f"view {name!r} holds complex numbers; views must be real")
+    if v.shape[0] != n:
+        if v.shape[1] != n:
+            raise InputError(f"view {name!r} has shape {v.shape}; no axis has n_samples={n}")
+        v = v.T
+    if sp.issparse(v):
+        out = sp.csr_array(v, dtype=np.float64)
+        out.sort_indices()
+        return out
+    return np.ascontiguousarray(v, dtype=np.float64)
+
+
+def _nonzero_rows(v) -> np.ndarray:
+    """True for the rows (samples) of ``v`` with at least one nonzero entry."""
+    if sp.issparse(v):
+        return np.diff(sp.csr_array(v).indptr) > 0  # stored zeros are eliminated by the loader's tocsr()
+    return np.asarray(np.asarray(v != 0).any(axis=1))
+
+
+def _find_mask(variables: dict, n: int, n_views: int) -> np.ndarray | None:
+    key = _lookup(variables, MASK_KEYS)
+    if key is None:
+        return None
+    m = variables[key]
+    m = m.toarray() if sp.issparse(m) else m
+    if not _is_numeric(m) or m.ndim != 2 or n_views not in m.shape or n not in m.shape:
+        return None
+    m = m if m.shape == (n, n_views) else m.T
+    if not np.isin(m, (0, 1)).all():
+        return None
+    return m.astype(bool)

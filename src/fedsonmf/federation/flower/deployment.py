@@ -1,0 +1,742 @@
+"""The loopback deployment: one SuperLink and one SuperNode per view as separate
+processes on 127.0.0.1, and a ``flwr run`` of the shipped app on them.
+
+:func:`~.launcher.run_flower` and :func:`~.launcher.predict_flower` drive it; the view
+files it serves are checked by :mod:`.viewfiles`.
+
+Everything lives in one run folder::
+
+    <run_dir>/flwr-home/      FLWR_HOME (config.toml with the "fedsonmf" connection, installed FABs)
+    <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
+    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
+    <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
+    <run_dir>/logs/           superlink.log, gate-superlink.log, flwr-run-<k>.log
+    <run_dir>/gate/           the gate's files (all 0600): coordinator.key, the SuperLink's
+                              superexec.secret, pin.json and ledger.json (nodes: nodes/p<i>/gate/)
+    <run_dir>/job.json        job id and run config (reused by ``resume``)
+    <run_dir>/security/       (0700) tls/ (per-deployment CA + server certificate), pins.json (0600)
+    <run_dir>/nodes/p<i>/key/ (0700) SuperNode i's key pair (private key 0600)
+    <run_dir>/.lock           held (fcntl.flock) while a launch uses the folder
+
+Only our code runs (:mod:`.gate`): the SuperLink and the SuperNodes run with
+``--isolation process`` and a per-process SuperExec secret, and the launcher
+starts one gate executor per SuperNode and one for the SuperLink in their
+process groups; each runs only the pinned fedsonmf app, for runs the
+launcher's coordinator key authorised.  Folders are 0700 and files 0600.
+
+Secure by default (:mod:`.security`): TLS with a per-deployment CA, SuperNode
+authentication with one registered key per node, and each view pinned to its
+node's key (the ServerApp refuses any other node).  ``tls=False, auth=False``
+opt out (with a warning).
+
+Telemetry, update checks and run-time dependency installation are switched off,
+BLAS is pinned to one thread (bit-identical results across engines), and
+:meth:`LoopbackDeployment.stop` stops exactly the process groups it started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
+from fedsonmf.exceptions import FlowerRunError, InputError
+from fedsonmf.federation.flower import security as sec
+from fedsonmf.federation.flower.template import (
+    RUN_CONFIG_DEFAULTS,
+    _toml_value,
+    write_app_dir,
+)
+
+__all__ = ["LoopbackDeployment", "RunOutcome", "InsecureDeploymentWarning", "flower_env", "superlink_exit_report",
+           "failure_message", "stop_process_groups", "CONNECTION"]
+
+CONNECTION = "fedsonmf"
+#: ceiling (s) of the wait for the SuperLink's ``/health`` (an event; a dead SuperLink fails at once)
+STARTUP_TIMEOUT = 600.0
+#: ceiling (s) of the wait for the ServerApp's final status after ``flwr run`` returned
+FINAL_STATUS_TIMEOUT = 120.0
+
+InsecureDeploymentWarning = sec.InsecureDeploymentWarning
+
+
+def flower_env(flwr_home, *, pin_threads: bool = True, log_level: str = "WARNING",
+               superexec_poll: float = 0.05) -> dict:
+    """Environment of every process the launcher starts.
+
+    Parameters
+    ----------
+    flwr_home : path
+        ``FLWR_HOME`` (the connection config and the installed FABs).
+    pin_threads : bool, default=True
+        OMP/OpenBLAS/MKL threads = 1 (bit-identical results across engines).
+    log_level : str, default="WARNING"
+        ``FLWR_LOG_LEVEL``.
+    superexec_poll : float, default=0.05
+        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` in seconds.
+
+    Returns
+    -------
+    dict
+        This process's environment with telemetry, update checks and run-time installs off,
+        and this interpreter's ``bin`` first on ``PATH``.
+    """
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(superexec_poll),
+        "FLWR_LOG_LEVEL": log_level,
+        "PYTHONUNBUFFERED": "1",
+    })
+    if pin_threads:
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[k] = "1"
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _gate():
+    # imported on use: ``python -m fedsonmf.federation.flower.gate`` must not find it imported already
+    from fedsonmf.federation.flower import gate
+
+    return gate
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to ``proc``'s process group (it leads one), then reap ``proc``."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(d.name))
+    return found
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    # killpg(pgid, 0) would keep succeeding for zombies no one reaps (an orphaned ServerApp child)
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def stop_process_groups(procs, grace: float = 10.0) -> None:
+    """Stop the process groups that ``procs`` lead, and reap them.
+
+    TERM to each group, ``grace`` seconds to exit, then KILL what is left of each group
+    (children such as flwr-clientapp too).
+
+    Parameters
+    ----------
+    procs : list of subprocess.Popen
+        Leaders of their own process groups (started with ``start_new_session=True``).
+    grace : float, default=10.0
+        Seconds between TERM and KILL.
+    """
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        # the group may still hold children (flwr-clientapp) after the leader exits
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.poll() is None:
+            proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+@dataclass
+class RunOutcome:
+    """What one ``flwr run`` left behind: the ServerApp's status and where its outputs are."""
+
+    status: dict
+    out_dir: Path
+    wall_seconds: float
+    log: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """The ServerApp reported ``completed``."""
+        return self.status.get("status") == "completed"
+
+
+class LoopbackDeployment:
+    """A SuperLink and one SuperNode per view on loopback, each its own process group.
+
+    Parameters
+    ----------
+    run_dir : path
+        The run folder (created).
+    view_paths : list of path
+        View p's file (``.npy`` (n_samples, d_p) or sparse ``.npz``) for SuperNode p.
+    pin_threads : bool
+        OMP/OpenBLAS/MKL threads = 1 in every process.
+    log_level : str
+        FLWR_LOG_LEVEL of the daemons.
+    tls : True, False or (ca.crt, server.pem, server.key), default=True
+        True (or None): a fresh per-deployment CA and a certificate for 127.0.0.1
+        (``<run_dir>/security/tls``); a tuple: your own files (the certificate must
+        name 127.0.0.1; the key must be mode 0600); False: plain HTTP (warns).
+    auth : bool, default=True
+        SuperNode authentication: one ECDSA key pair per node (created 0600),
+        registered with ``flwr supernode register``; each view pinned to its node's
+        key (the ServerApp refuses other nodes).  Needs TLS (Flower refuses
+        authentication over plain HTTP).  False warns.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
+                 superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
+                 client_app: str | None = None, predict_paths=None):
+        #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
+        self.tls: tuple[str, str, str] | None
+        if tls is None:
+            tls = True
+        if auth and tls is False:
+            raise InputError("SuperNode authentication needs TLS (flower-superlink refuses --enable-supernode-auth "
+                             "with --insecure): pass auth=False with tls=False")
+        if isinstance(tls, (tuple, list)):
+            if len(tls) != 3:
+                raise InputError(f"tls must be (ca.crt, server.pem, server.key), got {len(tls)} paths")
+            ca, cert = (Path(t).expanduser().resolve() for t in tls[:2])
+            for what, f in (("TLS CA certificate", ca), ("TLS server certificate", cert)):
+                if not f.is_file():
+                    raise InputError(f"{what} {f} does not exist")
+            key = sec.check_private_file(tls[2], "TLS server key")
+            self.tls = (str(ca), str(cert), str(key))
+            self._make_tls = False
+        else:
+            self.tls = None
+            self._make_tls = bool(tls)
+        self.auth = bool(auth)
+        self.run_dir = Path(run_dir).resolve()
+        self.security_dir = self.run_dir / "security"
+        #: the pins file named in every run config (``node-pins``) when ``auth``
+        self.pins_path = self.security_dir / "pins.json" if self.auth else None
+        self.view_paths = [Path(p).resolve() for p in view_paths]
+        #: optional per-view availability masks (node config ``mask-path``, §15.1)
+        self.mask_paths = [None if m is None else Path(m).resolve() for m in (mask_paths or [None] * len(view_paths))]
+        #: optional per-view files of new samples (node config ``predict-path``; a predict run reads them)
+        self.predict_paths = [None if q is None else Path(q).resolve()
+                              for q in (predict_paths or [None] * len(view_paths))]
+        self.flwr_home = self.run_dir / "flwr-home"
+        self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level,
+                              superexec_poll=superexec_poll)
+        self.superlink: subprocess.Popen | None = None
+        self.nodes: dict[int, subprocess.Popen] = {}
+        self.port: int | None = None
+        self._node_ports: dict[int, int] = {}
+        #: view -> its node's key and registration (node id, fingerprint); a restart re-keys
+        self.node_keys: dict[int, sec.NodeKey] = {}
+        self.pins: dict[int, sec.Pin] = {}
+        #: node ids of replaced keys (restarts): ignored by the handshake while the SuperLink still lists them
+        self.retired: set[int] = set()
+        self._key_generation: dict[int, int] = {}
+        self._runs = 0
+        self.startup_seconds: float | None = None
+        #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
+        self.client_app = client_app
+        self.executors: dict[object, subprocess.Popen] = {}  # "superlink" / view index -> gate executor
+        self._authority: Any = None  # the coordinator key (gate.Authority), made by start()
+        self._pinned: set[str] = set()
+        self._lock: _RunDirLock | None = None
+        #: seconds spent on certificates, keys and registration at start-up (part of startup_seconds)
+        self.security_seconds: float = 0.0
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen:
+        private_dir(log.parent)
+        fh = open_private(log, "ab")
+        try:
+            return subprocess.Popen(args, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                                    umask=0o077)
+        finally:
+            fh.close()
+
+    @property
+    def secure(self) -> bool:
+        """TLS and SuperNode authentication both on."""
+        return self.tls is not None and self.auth
+
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> LoopbackDeployment:
+        """Start the SuperLink (waiting until it answers ``/health``, at most ``timeout`` s;
+        a SuperLink that exits fails at once), the gate executors and every SuperNode."""
+        t0 = time.perf_counter()
+        for path in self.view_paths:
+            if not path.is_file():
+                raise FileNotFoundError(f"view file {path} does not exist")
+        private_dir(self.run_dir)
+        self._lock = _lock_run_dir(self.run_dir)
+        private_dir(self.flwr_home)
+        self._setup_gate()
+        if self._make_tls or self.auth:
+            private_dir(self.security_dir)
+        if self._make_tls:
+            self.tls = sec.make_tls(self.security_dir / "tls", ["127.0.0.1"]).as_tuple()
+        if self.tls is None or not self.auth:
+            what = "TLS" if self.tls is None else "SuperNode authentication"
+            warnings.warn(f"insecure Flower deployment in {self.run_dir}: no {what}; any process that can reach "
+                          "127.0.0.1 can join as a SuperNode" + (" or read the traffic" if self.tls is None else ""),
+                          InsecureDeploymentWarning, stacklevel=2)
+        t_sec = time.perf_counter() - t0
+        self.port = _free_port()
+        sec.write_connection(self.flwr_home, CONNECTION, f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None)
+        self.superlink = self._spawn(
+            [_bin("flower-superlink"), *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=self.auth),
+             *self._gate_superlink_args()],
+            self.run_dir / "logs" / "superlink.log")
+        self._wait_health(timeout)
+        self._start_executor("superlink")
+        if self.auth:
+            t1 = time.perf_counter()
+            self._register(list(range(len(self.view_paths))))
+            t_sec += time.perf_counter() - t1
+        for p in range(len(self.view_paths)):
+            self.start_node(p)
+        self.security_seconds = t_sec
+        self.startup_seconds = time.perf_counter() - t0
+        return self
+
+    def _wait_health(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/health"
+        ctx = None
+        if self.tls:
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=self.tls[0])
+        assert self.superlink is not None  # started by start()
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with code {self.superlink.returncode}; "
+                                   f"see {self.run_dir / 'logs' / 'superlink.log'}")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"SuperLink not healthy at {url} after {timeout:g} s")
+
+    def node_dir(self, p: int) -> Path:
+        """SuperNode ``p``'s folder: its state, key, gate files and log."""
+        return self.run_dir / "nodes" / f"p{p}"
+
+    def _register(self, views: list[int]) -> None:
+        """Give each of ``views`` a fresh key pair, register it with the SuperLink (from the
+        launcher's own FLWR_HOME), pin the view to the node id it got and rewrite the pins file.
+
+        A restart gets a new key because a SIGKILLed node stays "online" for the heartbeat
+        patience (~60 s), during which its key cannot re-activate.  The old node id stays
+        registered, pinned to nothing and listed as retired (the handshake ignores it, and refuses
+        it a view); it is not unregistered,
+        because the SuperLink refuses (``None`` message id) any message still addressed to an
+        unregistered node, which a round in flight may do."""
+        keys = {}
+        for p in views:
+            gen = self._key_generation.get(p, -1) + 1
+            self._key_generation[p] = gen
+            kdir = self.node_dir(p) / "key"
+            kdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(kdir, 0o700)
+            keys[p] = sec.make_node_key(kdir, f"node{p}-{gen}")
+        # the registrations are independent: run the `flwr` CLIs side by side (each ~1 s of imports)
+        node_ids = sec.register_node_keys(_bin("flwr"), [keys[p].public for p in views], CONNECTION, env=self.env,
+                                          cwd=self.run_dir)
+        for p, nid in zip(views, node_ids):
+            if p in self.pins:
+                self.retired.add(self.pins[p].node_id)
+            self.node_keys[p] = keys[p]
+            self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
+        sec.write_pins(self.pins_path, self.pins, self.retired)
+
+    def start_node(self, p: int) -> subprocess.Popen:
+        """Start (or restart) the SuperNode of view ``p`` (a restart gets a new key and node id)."""
+        if p in self.nodes and self.nodes[p].poll() is None:
+            raise RuntimeError(f"SuperNode {p} is already running")
+        if self.auth and p in self.nodes:
+            self._register([p])
+        port = self._node_ports.get(p) or _free_port()
+        self._node_ports[p] = port
+        ndir = self.node_dir(p)
+        private_dir(ndir / "state")
+        node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p])
+        if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
+            node_config += f' predict-path="{self.predict_paths[p]}"'
+        self.nodes[p] = self._spawn(
+            [_bin("flower-supernode"),
+             *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,
+                                 self.node_keys[p].private if self.auth else None, node_config, port=port),
+             *self._gate_node_args(p)],
+            ndir / "supernode.log")
+        self._start_executor(p)
+        return self.nodes[p]
+
+    def kill_node(self, p: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to SuperNode ``p``'s process group (its ClientApp processes too)."""
+        proc = self.nodes[p]
+        if p in self.executors:  # the node's executor dies with it (as Flower's own SuperExec would)
+            _kill_group(self.executors[p], signal.SIGKILL)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop exactly the process groups this object started (TERM, then KILL)."""
+        stop_process_groups([p for p in list(self.nodes.values()) + [self.superlink] + list(self.executors.values())
+                             if p is not None])
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # ------------------------------------------------------------------ the gate (see .gate)
+    def _gate_dir(self, who) -> Path:
+        return self.run_dir / "gate" if who == "superlink" else self.node_dir(who) / "gate"
+
+    def _setup_gate(self) -> None:
+        """A fresh coordinator key and, per SuperLink/SuperNode, a SuperExec secret and a pin (all 0600)."""
+        private_dir(self._gate_dir("superlink"))
+        self._authority = _gate().Authority.create(self._gate_dir("superlink") / "coordinator.key")
+        for who in ["superlink", *range(len(self.view_paths))]:
+            d = private_dir(self._gate_dir(who))
+            _gate().write_secret(d / "superexec.secret")
+            _gate().write_pin(d / "pin.json", self._pinned, self._authority.public_key)
+
+    def _gate_superlink_args(self) -> list[str]:
+        return sec.gate_daemon_args(self._gate_dir("superlink") / "superexec.secret")
+
+    def _gate_node_args(self, p: int) -> list[str]:
+        return sec.gate_daemon_args(self._gate_dir(p) / "superexec.secret")
+
+    def _start_executor(self, who) -> subprocess.Popen:
+        """Start the gate executor of the SuperLink (``who="superlink"``) or of SuperNode ``who``,
+        in a process group of its own (its ServerApp children too; a group cannot join another
+        session's), stopped with its daemon; it also exits within 0.2 s when its daemon dies."""
+        leader = self.superlink if who == "superlink" else self.nodes[who]
+        assert leader is not None  # its daemon runs
+        d = self._gate_dir(who)
+        if who == "superlink":
+            role, api, certs, log = "serverapp", f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None, \
+                self.run_dir / "logs" / "gate-superlink.log"
+        else:
+            role, api, certs, log = "clientapp", f"127.0.0.1:{self._node_ports[who]}", None, d / "gate.log"
+        args = _gate().executor_argv(role, api, d, parent_pid=leader.pid, root_certificates=certs,
+                                     app=self.client_app if role == "clientapp" else None)
+        env = dict(self.env)
+        if role == "serverapp":  # the ServerApp writes only below the run folder
+            env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
+        with open_private(log, "ab") as fh:
+            proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=self.run_dir, umask=0o077)
+        self.executors[who] = proc
+        return proc
+
+    def _gate_run_config(self, app_dir, conf: dict) -> dict:
+        """Pin the FAB that ``flwr run app_dir`` will submit (built here with Flower's builder,
+        which is deterministic) on every host, and sign the run: ``conf`` + the gate token."""
+        out = Path(str(conf.get("out-dir", ""))).resolve()
+        if out != self.run_dir and self.run_dir not in out.parents:
+            raise ValueError(f"out_dir {out} must lie inside the run folder {self.run_dir} "
+                             "(the ServerApp writes only there)")
+        fab_hash = _gate().fab_sha256(_gate().build_fab(app_dir))
+        if fab_hash not in self._pinned:
+            self._pinned.add(fab_hash)
+            for who in ["superlink", *range(len(self.view_paths))]:
+                _gate().write_pin(self._gate_dir(who) / "pin.json", self._pinned, self._authority.public_key)
+        return _gate().sign_run_config(self._authority, fab_hash, conf)
+
+    # ------------------------------------------------------------------ faults
+    def _wait_flwr_run(self, proc: subprocess.Popen, timeout: float, log: Path, *, status_path: Path | None = None,
+                       progress=None, poll: float = 0.5) -> None:
+        """Wait for ``flwr run``; stop waiting (and end it) as soon as the SuperLink dies.
+
+        ``timeout`` is a limit on *stalls*, not on the run: it restarts whenever the
+        ServerApp's ``status.json`` changes (a phase or a round completed), so a loaded
+        machine makes a run slower, never a failure.  Every new status is handed to
+        ``progress`` (the file is polled every ``poll`` s).
+        """
+        deadline = time.monotonic() + timeout
+        last, next_status = None, 0.0
+        while proc.poll() is None:
+            if self.superlink is not None and self.superlink.poll() is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return
+            if status_path is not None and time.monotonic() >= next_status:
+                st = _read_status(status_path)
+                if st and st.get("updated_at") != last:
+                    last = st.get("updated_at")
+                    deadline = time.monotonic() + timeout  # progress: the stall limit starts again
+                    if progress is not None:
+                        progress(st)
+                next_status = time.monotonic() + poll
+            if time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; see {log}")
+            time.sleep(0.1)
+
+    def _failure_report(self, status: dict, status_path: Path) -> dict:
+        """The status of a run whose SuperLink died: signal, round, last checkpoint; also
+        written to ``status.json`` (atomically) so that the folder says failed."""
+        if self.superlink is None or self.superlink.poll() is None:
+            return status
+        # the ServerApp child must not overwrite the report: end its group (with its executor) first
+        if "superlink" in self.executors:
+            _kill_group(self.executors["superlink"], signal.SIGKILL)
+            _wait_group_gone(self.executors["superlink"].pid, 10.0)
+        report = superlink_exit_report(self.superlink.returncode, status_path.parent)
+        status = {**status, **report}
+        write_json_atomic(status_path, status)
+        return status
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:  # a start that fails half-way must not leave its daemons running
+            self.stop()
+            raise
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------------ runs
+    def run(self, run_config: dict, *, out_dir=None, app_dir=None, timeout: float = 1800.0,
+            progress=None, poll: float = 0.5) -> RunOutcome:
+        """``flwr run`` the app with ``run_config`` (keys of the app template) and wait for it.
+
+        ``out_dir`` defaults to ``<run_dir>/server``; ``app_dir`` to a freshly
+        written shim app in ``<run_dir>/app``.  Returns the ServerApp's status;
+        raises only when the run could not be submitted or did not end in ``timeout``.
+        ``progress(status)`` is called with the ServerApp's ``status.json`` (see
+        :class:`~fedsonmf.federation.flower.server_app.StatusFile`) whenever it changed,
+        polled every ``poll`` seconds while the run goes on.
+        """
+        self._runs += 1
+        out_dir = Path(out_dir or self.run_dir / "server").resolve()
+        private_dir(out_dir)
+        status_path = out_dir / "status.json"
+        if status_path.exists():
+            status_path.unlink()
+        if app_dir is None:
+            app_dir = write_app_dir(self.run_dir / "app")
+        conf = {"num-clients": len(self.view_paths), **run_config, "out-dir": str(out_dir)}
+        if self.pins_path is not None:
+            conf["node-pins"] = str(self.pins_path)  # ours, not the caller's: every run of this deployment is pinned
+        unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
+        if unknown:
+            raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")
+        conf = self._gate_run_config(app_dir, conf)
+        overrides = self.run_dir / "logs" / f"run-config-{self._runs}.toml"
+        private_dir(overrides.parent)
+        write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
+        log = self.run_dir / "logs" / f"flwr-run-{self._runs}.log"
+        t0 = time.perf_counter()
+        with open_private(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
+                env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.run_dir, umask=0o077)
+            self._wait_flwr_run(proc, timeout, log, status_path=status_path, progress=progress, poll=poll)
+        # --stream exits 0 even when the ServerApp fails: the status file is the truth (the
+        # ServerApp may still be writing its last status: wait for it, returning as soon as it is there)
+        status = _read_status(status_path)
+        deadline = time.monotonic() + FINAL_STATUS_TIMEOUT
+        while status.get("status") in (None, "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = _read_status(status_path)
+        if not status:
+            status = {"status": "failed",
+                      "error": f"the ServerApp wrote no status (flwr run exit code {proc.returncode}); see {log}"}
+        status = self._failure_report(status, status_path)
+        if progress is not None:
+            progress(status)
+        return RunOutcome(status, out_dir, time.perf_counter() - t0, log)
+
+
+class _RunDirLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/.lock``, shared (counted) within this process."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd, self.count = path, fd, 1
+
+    def release(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            _HELD_LOCKS.pop(self.path, None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
+_HELD_LOCKS: dict[Path, _RunDirLock] = {}
+
+
+def _lock_run_dir(run_dir) -> _RunDirLock:
+    """Hold the run folder for this launch; a second launch on it fails at once naming the first.
+
+    The lock file records who holds it (pid, command line, start time); the lock
+    itself is the kernel's, so it goes with the process that held it (no stale locks).
+    """
+    path = Path(run_dir).resolve() / ".lock"
+    held = _HELD_LOCKS.get(path)
+    if held is not None:
+        held.count += 1
+        return held
+    private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            holder = {}
+        os.close(fd)
+        who = (f"pid {holder.get('pid')}, started {holder.get('started')}: {holder.get('command')}"
+               if holder else "another process")
+        raise FlowerRunError(f"run folder {path.parent} is in use by a running launch ({who}); lock {path}. "
+                             "Wait for it to finish, or give another --out") from None
+    info = json.dumps({"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "command": " ".join(sys.argv)}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info, 0)
+    lock = _RunDirLock(path, fd)
+    _HELD_LOCKS[path] = lock
+    return lock
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def superlink_exit_report(returncode: int | None, out_dir) -> dict:
+    """Status fields for a run whose SuperLink exited.
+
+    Parameters
+    ----------
+    returncode : int or None
+        The SuperLink's return code (negative: the signal).
+    out_dir : path
+        The ServerApp's out-dir (its ``checkpoint/`` names the last completed round).
+
+    Returns
+    -------
+    dict
+        ``status="failed"``, ``error`` and ``report`` (one line: the signal or exit code, the
+        round that was running, the last checkpointed round, what to do), ``superlink_exit``,
+        ``last_completed_round``, ``round``.
+    """
+    from fedsonmf.federation import checkpoint as ckpt
+
+    try:
+        last = ckpt.load_server_checkpoint(Path(out_dir) / "checkpoint").completed_rounds
+    except Exception:  # noqa: BLE001 - no (readable) checkpoint: nothing completed
+        last = 0
+    how = _signal_name(returncode)
+    text = (f"SuperLink exited ({how}) during round {last + 1}; last checkpointed round {last}; "
+            + ("resume with --resume" if last else "nothing to resume, start again"))
+    return {"status": "failed", "error": text, "report": text, "superlink_exit": how,
+            "last_completed_round": last, "round": last + 1}
+
+
+def failure_message(status: dict) -> str:
+    """One line for a failed or stopped run (the CLI prints it).
+
+    Parameters
+    ----------
+    status : dict
+        The ServerApp's ``status.json`` (or :func:`superlink_exit_report`'s fields).
+
+    Returns
+    -------
+    str
+    """
+    if status.get("report"):
+        return str(status["report"])
+    return (f"Flower run failed: {status.get('error')} (last completed round "
+            f"{status.get('last_completed_round')}; resume with --resume)")
+
+
+def _app_config_keys(app_dir) -> list[str]:
+    import tomllib
+
+    data = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())
+    return list(data["tool"]["flwr"]["app"]["config"])
+
+
+def _read_status(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}

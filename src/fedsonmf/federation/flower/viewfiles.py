@@ -1,0 +1,156 @@
+"""The view files of a Flower deployment: written for a demo, checked before anything starts.
+
+One file per client (``.npy`` of shape (n_samples, d_p), or a sparse ``.npz``), row i of
+every file being sample i; optional availability masks beside them
+(``view<p>.mask.npy``, docs/algorithm.md §15.1).  :func:`check_inputs` is the one check
+every launch runs (:func:`~.launcher.run_flower`, :func:`~.launcher.predict_flower`, the
+CLI) before it starts a process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fedsonmf.exceptions import InputError
+
+__all__ = ["write_views", "write_masks", "check_inputs"]
+
+
+def write_masks(masks, directory) -> list[Path | None]:
+    """Save availability masks beside the views, as ``view<p>.mask.npy``.
+
+    Parameters
+    ----------
+    masks : list of (array-like of bool of shape (n_samples,) or None)
+        One per view; None = a complete view (no file).
+    directory : path
+        The folder (created).
+
+    Returns
+    -------
+    list of (Path or None)
+        The mask files, None for complete views (the ``mask_paths`` of :func:`run_flower`).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out: list[Path | None] = []
+    for p, mk in enumerate(masks):
+        if mk is None:
+            out.append(None)
+            continue
+        path = directory / f"view{p}.mask.npy"
+        np.save(path, np.asarray(mk))
+        out.append(path)
+    return out
+
+
+def write_views(views, directory) -> list[Path]:
+    """Save views as one file per view: ``view<p>.npy`` (dense, float64) or ``view<p>.npz`` (sparse).
+
+    Parameters
+    ----------
+    views : list of {array-like, sparse matrix} of shape (n_samples, d_p)
+        The views, rows = samples.
+    directory : path
+        The folder (created).
+
+    Returns
+    -------
+    list of Path
+        The files, in view order (the ``view_paths`` of :func:`run_flower`).
+    """
+    import scipy.sparse as sp
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for p, X in enumerate(views):
+        if sp.issparse(X):
+            path = directory / f"view{p}.npz"
+            sp.save_npz(path, sp.csr_matrix(X))
+        else:
+            path = directory / f"view{p}.npy"
+            np.save(path, np.asarray(X, dtype=np.float64))
+        paths.append(path)
+    return paths
+
+
+def _view_file_shape(path) -> tuple[int, int]:
+    """(n_samples, n_features) of a view file, read from its header (no data loaded for .npy)."""
+    from fedsonmf.datasets.files import read_view
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"view file {path} does not exist")
+    try:
+        shape = read_view(path, mmap_mode="r", validate=False)[0].shape  # .npy: the header only (memory-mapped)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"view file {path} cannot be read: {type(exc).__name__}: {exc}") from None
+    if len(shape) != 2:
+        raise InputError(f"view file {path} holds an array of shape {shape}, expected (n_samples, n_features)")
+    return int(shape[0]), int(shape[1])
+
+
+def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int | None = None,
+                 mask_paths=None, predict_paths=None) -> list[tuple[int, int]]:
+    """Check the view files before any process starts; their ``(n_samples, d_p)`` shapes.
+
+    Parameters
+    ----------
+    view_paths : list of path
+        One view file per client.
+    n_components : int or None, default=None
+        The rank r, checked against every view's width (None: not checked; a clustering
+        run's rank rule pads or caps instead).
+    n_clusters : int or None, default=None
+        c, checked against the number of samples.
+    mask_paths, predict_paths : list of (path or None) or None, default=None
+        Mask files and files of new samples, which must exist.
+
+    Returns
+    -------
+    list of tuple of int
+        ``(n_samples, d_p)`` of every view file (read from the headers: no data is loaded
+        for ``.npy``).
+
+    Raises
+    ------
+    InputError
+        Naming the file: a missing or unreadable file, an array that is not 2-D, views with
+        different n, a rank above a view's width or more clusters than samples.
+    """
+    if not view_paths:
+        raise InputError("no view files given: one file per client (view)")
+    for kind, paths in (("view", view_paths), ("mask", mask_paths or []), ("new-sample", predict_paths or [])):
+        for path in paths:
+            if path is not None and not Path(path).is_file():
+                raise InputError(f"{kind} file {path} does not exist")
+    try:
+        shapes = [_view_file_shape(p) for p in view_paths]
+    except FileNotFoundError as exc:
+        raise InputError(str(exc)) from None
+    if n_components is not None:
+        _check_view_files(view_paths, n_components)
+    ns = {s[0] for s in shapes}
+    if len(ns) > 1:
+        raise InputError(f"the view files hold different numbers of samples (rows): {[s[0] for s in shapes]}")
+    if n_clusters is not None and not 1 <= int(n_clusters) <= min(ns):
+        raise InputError(f"n_clusters={n_clusters} must be between 1 and the number of samples ({min(ns)})")
+    return shapes
+
+
+def _check_view_files(view_paths, n_components: int) -> None:
+    shapes = [_view_file_shape(p) for p in view_paths]
+    ns = [s[0] for s in shapes]
+    if len(set(ns)) > 1:
+        raise InputError(f"the view files hold different numbers of samples (rows): {ns}")
+    for p, (path, (_, d)) in enumerate(zip(view_paths, shapes)):
+        if d < n_components:
+            raise InputError(
+                f"n_components={n_components} is larger than view {p}'s number of features ({d}, file {path}); "
+                "a nonnegative orthonormal basis needs n_features >= n_components"
+            )

@@ -1,0 +1,131 @@
+"""``fedsonmf.cli.app.main(argv)``, the console script, for every command group.
+
+The documented contract: every predictable failure prints exactly one ``error: ...`` line on
+stderr and exits non-zero -- 2 for bad input or parameters, reported before anything starts
+(no fit, no process), 1 for a run or a write that failed.  Each case below runs ``main`` in this
+process (no deployment is started) and checks the exit code, the single line and its content.
+"""
+
+import numpy as np
+import pytest
+
+from fedsonmf.cli.app import main
+
+
+def run_main(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    return exc.value.code, lines, out
+
+
+def _cases(tmp_path):
+    np.save(tmp_path / "v0.npy", np.ones((10, 4)))
+    np.save(tmp_path / "v1.npy", np.ones((10, 5)))
+    np.save(tmp_path / "short.npy", np.ones((7, 5)))
+    (tmp_path / "afile").write_text("x")
+    v0, v1, nope = tmp_path / "v0.npy", tmp_path / "v1.npy", tmp_path / "nope.npy"
+    sub = tmp_path / "afile" / "x"  # a path below a file: cannot be created
+    return {
+        # group: fedsonmf synthetic
+        "synthetic bad parameter": (["synthetic", "--tau", 0, "-q"], 2, "tau must be an integer >= 1"),
+        "synthetic bad mu": (["synthetic", "--mu", "foo", "-q"], 2, "--mu"),
+        "synthetic bad heterogeneity": (["synthetic", "-H", 2, "-q"], 2, "[0, 1]"),
+        # group: fedsonmf cluster
+        "cluster missing file": (["cluster", tmp_path / "nope.mat"], 2, "does not exist"),
+        "cluster unknown option": (["cluster", "--bogus"], 2, "--bogus"),
+        # group: fedsonmf reproduce
+        "reproduce table1 no data": (["reproduce", "table1", "--data", tmp_path / "none"], 2, "data"),
+        "reproduce synthetic bad rounds": (["reproduce", "synthetic", "--rounds", 0], 2, "rounds"),
+        "reproduce unknown command": (["reproduce", "nope"], 2, "nope"),
+        # group: fedsonmf flower (loopback launcher and app)
+        "flower run missing view": (["flower", "run", nope, v1, "--out", tmp_path / "r"], 2,
+                                    "view file " + str(nope) + " does not exist"),
+        "flower run rank above a width": (["flower", "run", v0, v1, "--out", tmp_path / "r", "--rank", 5], 2,
+                                          "n_components=5"),
+        "flower run different n": (["flower", "run", v0, tmp_path / "short.npy", "--out", tmp_path / "r",
+                                    "--rank", 2], 2, "different numbers of samples"),
+        "flower run tol without diagnostics": (["flower", "run", v0, v1, "--out", tmp_path / "r", "--rank", 2,
+                                                "--no-diagnostics"], 2, "tol > 0 needs diagnostics"),
+        "flower run out is a file": (["flower", "run", v0, v1, "--out", tmp_path / "afile", "--rank", 2], 2,
+                                     "is a file"),
+        "flower run resume nothing": (["flower", "run", v0, v1, "--out", tmp_path / "r", "--rank", 2,
+                                       "--resume"], 2, "nothing to resume"),
+        "flower cluster too many clusters": (["flower", "cluster", v0, v1, "-k", 11, "--out", tmp_path / "r"], 2,
+                                             "n_clusters=11"),
+        "flower cluster bad rank rule": (["flower", "cluster", v0, v1, "-k", 2, "--rank", "big", "--out",
+                                          tmp_path / "r"], 2, "--rank"),
+        "flower simulate tol without diagnostics": (["flower", "simulate", v0, v1, "--out", tmp_path / "r",
+                                                     "--no-diagnostics"], 2, "tol > 0 needs diagnostics"),
+        "flower simulate missing view": (["flower", "simulate", nope, "--out", tmp_path / "r"], 2,
+                                         "does not exist"),
+        "flower views bad heterogeneity": (["flower", "views", tmp_path / "v", "-H", 2], 2, "heterogeneity"),
+        "flower app unwritable": (["flower", "app", sub], 1, "Not a directory"),
+        # group: fedsonmf flower (separate machines)
+        "flower superlink without tls": (["flower", "superlink", "--host", "127.0.0.1"], 2, "--tls DIR"),
+        "flower register missing option": (["flower", "register", tmp_path / "n.pub", "--partition", 0], 2,
+                                           "--superlink"),
+        "flower supernode missing view": (["flower", "supernode", "--superlink", "127.0.0.1:9092", "--view", nope,
+                                           "--partition", 0, "--partitions", 2, "--insecure", "--home",
+                                           tmp_path / "h"], 2, "does not exist"),
+        "flower submit without coordinator key": (["flower", "submit", "--superlink", "127.0.0.1:9092", "--out",
+                                                   tmp_path / "r", "--clients", 2, "--insecure"], 2,
+                                                  "--coordinator-key"),
+        # group: fedsonmf flower keys
+        "flower keys tls unwritable": (["flower", "keys", "tls", sub, "--host", "127.0.0.1"], 1, "Not a directory"),
+        "flower keys node unwritable": (["flower", "keys", "node", sub, "--name", "n0"], 1, "Not a directory"),
+        "flower keys coordinator unwritable": (["flower", "keys", "coordinator", sub], 1, "Not a directory"),
+        "flower keys unknown": (["flower", "keys", "nope"], 2, "nope"),
+    }
+
+
+def _names():
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return sorted(_cases(pathlib.Path(d)))
+
+
+@pytest.mark.parametrize("name", _names())
+def test_main_fails_with_one_error_line_and_the_documented_exit_code(name, tmp_path, capsys):
+    if name.startswith("flower"):
+        pytest.importorskip("flwr")
+    argv, code, needle = _cases(tmp_path)[name]
+    got, lines, out = run_main(argv, capsys)
+    assert got == code, (got, lines, out)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert needle in lines[0], lines
+    assert "starting" not in out  # bad input is reported before anything starts
+    assert "Traceback" not in lines[0] and "╭" not in lines[0]
+
+
+def test_every_command_group_is_exercised():
+    import click
+    import typer.main
+
+    from fedsonmf.cli.app import app
+
+    root = typer.main.get_command(app)
+    groups = {"synthetic", "cluster", "reproduce", "flower"}
+    assert set(root.commands) == groups
+    covered = {name.split()[0] for name in _names()}
+    assert covered == groups
+    flower = root.commands["flower"]
+    assert isinstance(flower, click.Group)
+    flower_covered = {name.split()[1] for name in _names() if name.startswith("flower")}
+    assert flower_covered == set(flower.commands)  # every flower command has a case
+
+
+def test_help_and_no_arguments(capsys):
+    code, _, out = run_main(["-h"], capsys)
+    assert code == 0 and "synthetic" in out and "flower" in out
+    code, _, _ = run_main([], capsys)
+    assert code == 2  # help printed, as click does without arguments
+
+
+def test_a_successful_command_exits_zero(tmp_path, capsys):
+    code, lines, out = run_main(["synthetic", "--rounds", 2, "--clients", 2, "--samples", 20, "-q"], capsys)
+    assert code == 0 and "max_rounds=2 reached" in out
+    assert not [line for line in lines if line.startswith("error:")]
