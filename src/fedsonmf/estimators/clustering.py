@@ -73,11 +73,9 @@ from fedsonmf.estimators.clustering_steps import (
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
-    CLUSTER_PARAMS,
     FED_PARAMS,
     RUN_PARAMS,
     default,
-    make_init,
 )
 
 #: where the federation of FedMultiViewClustering runs
@@ -195,11 +193,60 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Nonzero rows of V.
     """
 
-    __init__ = make_init(
-        ("n_clusters", "n_components") + CLUSTER_PARAMS[1:] + tuple(n for n in FED_PARAMS if n != "n_components")
-        + RUN_PARAMS,
-        overrides={"n_components": "auto"},
-    )
+    def __init__(
+        self,
+        n_clusters=default("n_clusters"),
+        *,
+        n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
+        normalize_views=default("normalize_views"), n_init=default("n_init"),
+        kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
+        engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
+        mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
+        rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
+        diagnostics=default("diagnostics"), ustep=default("ustep"),
+        secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
+        dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
+        dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
+        max_rounds=default("max_rounds"), tol=default("tol"), algorithm=default("algorithm"),
+        random_state=default("random_state"), n_jobs=default("n_jobs"), blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose"),
+    ):
+        self.n_clusters = n_clusters
+        self.n_components = n_components
+        self.preprocess = preprocess
+        self.normalize_embedding = normalize_embedding
+        self.normalize_views = normalize_views
+        self.n_init = n_init
+        self.kmeans_n_init = kmeans_n_init
+        self.kmeans_max_iter = kmeans_max_iter
+        self.engine = engine
+        self.flower_run_dir = flower_run_dir
+        self.mu = mu
+        self.mu_scale = mu_scale
+        self.tau = tau
+        self.alpha = alpha
+        self.eta_g = eta_g
+        self.rho1 = rho1
+        self.correction = correction
+        self.init_u = init_u
+        self.init_v = init_v
+        self.diagnostics = diagnostics
+        self.ustep = ustep
+        self.secure_aggregation = secure_aggregation
+        self.dp_epsilon = dp_epsilon
+        self.dp_noise_multiplier = dp_noise_multiplier
+        self.dp_clip = dp_clip
+        self.dp_clip_setup = dp_clip_setup
+        self.dp_delta = dp_delta
+        self.dp_rounds = dp_rounds
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
+        self.verbose = verbose
 
     @classmethod
     def paper(cls, n_clusters=default("n_clusters"), **params) -> "FedMultiViewClustering":

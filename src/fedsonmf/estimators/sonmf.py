@@ -36,7 +36,7 @@ from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
-from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default, make_init
+from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default
 
 __all__ = ["FedSONMF", "federated_sonmf"]
 
@@ -179,7 +179,47 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     (40, 3)
     """
 
-    __init__ = make_init(("n_components",) + tuple(n for n in FED_PARAMS if n != "n_components") + RUN_PARAMS)
+    def __init__(
+        self,
+        n_components=default("n_components"),
+        *,
+        mu=default("mu"), mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"),
+        eta_g=default("eta_g"), rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"),
+        init_v=default("init_v"), diagnostics=default("diagnostics"), ustep=default("ustep"),
+        secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
+        dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
+        dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
+        max_rounds=default("max_rounds"), tol=default("tol"), algorithm=default("algorithm"),
+        random_state=default("random_state"), n_jobs=default("n_jobs"), blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose"),
+    ):
+        self.n_components = n_components
+        self.mu = mu
+        self.mu_scale = mu_scale
+        self.tau = tau
+        self.alpha = alpha
+        self.eta_g = eta_g
+        self.rho1 = rho1
+        self.correction = correction
+        self.init_u = init_u
+        self.init_v = init_v
+        self.diagnostics = diagnostics
+        self.ustep = ustep
+        self.secure_aggregation = secure_aggregation
+        self.dp_epsilon = dp_epsilon
+        self.dp_noise_multiplier = dp_noise_multiplier
+        self.dp_clip = dp_clip
+        self.dp_clip_setup = dp_clip_setup
+        self.dp_delta = dp_delta
+        self.dp_rounds = dp_rounds
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
+        self.verbose = verbose
 
     # ------------------------------------------------------------------ fit
     def _validate(self) -> tuple[FedConfig, dict, int | None]:

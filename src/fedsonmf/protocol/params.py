@@ -119,21 +119,3 @@ def default(name: str):
     """The declared default of parameter ``name``."""
     return PARAMS[name].default
 
-
-def make_init(names: tuple[str, ...], *, positional: int = 1, overrides: dict | None = None):
-    """An ``__init__`` that stores the table parameters ``names`` as attributes, scikit-learn style.
-
-    The first ``positional`` parameters may be given by position, the rest are
-    keyword-only; defaults come from :data:`PARAMS` (or ``overrides``).  The
-    estimators use it so that their (long) signatures are written once, here,
-    and scikit-learn's ``get_params``/``clone`` see an ordinary signature.
-    """
-    overrides = overrides or {}
-    defaults = {n: overrides[n] if n in overrides else PARAMS[n].default for n in names}
-    args = [f"{n}=_defaults[{n!r}]" for n in names]
-    args.insert(positional, "*")
-    body = "".join(f"    self.{n} = {n}\n" for n in names)
-    src = f"def __init__(self, {', '.join(args)}):\n{body}"
-    namespace: dict = {}
-    exec(compile(src, f"<fedsonmf.protocol.params.make_init {names[0]}>", "exec"), {"_defaults": defaults}, namespace)
-    return namespace["__init__"]
