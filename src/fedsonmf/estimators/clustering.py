@@ -45,16 +45,22 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from fedsonmf._validation import (
+    as_view_list,
     check_bool,
+    check_callback,
     check_choice,
+    check_constant_views,
     check_int,
     check_seed,
     check_views,
     is_int,
+    refuse_list_split_by_sklearn,
+    view_feature_names,
+    views_checked,
 )
 from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
@@ -120,7 +126,7 @@ def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = defaul
 # ----------------------------------------------------------------------------- estimator
 
 
-class FedMultiViewClustering(ClusterMixin, BaseEstimator):
+class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
     """Federated multi-view clustering: :class:`~fedsonmf.FedSONMF` on the views, then k-means on V^T.
 
     Parameters
@@ -191,6 +197,12 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         The seed of every restart.
     effective_rank_ : int
         Nonzero rows of V.
+    n_iter_ : int
+        Rounds of the (first) fit (``n_rounds_``).
+    n_features_in_ : list of int
+        Features of each view.
+    feature_names_in_ : list of (ndarray or None)
+        Each view's column names (DataFrame views); only when some view has them.
     """
 
     def __init__(
@@ -310,11 +322,24 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         ``masks`` (incomplete views, ALGORITHM.md §15.1): per view None, a boolean array of
         length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
+        refuse_list_split_by_sklearn(Xs)
+        Xs = as_view_list(Xs)
         if sp.issparse(Xs) or not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
             check_views(Xs)  # raises the InputError that names the problem
         views = _check_view_structure(Xs)  # every check but the scale one (normalising rescues that)
+        check_constant_views(views)
+        callback = check_callback(callback)
         n = views[0].shape[0]
         self._validate(n)
+        if len(views) == 1:
+            warnings.warn("FedMultiViewClustering got a single view: a federation of one client (nothing is "
+                          "federated); pass every view as a list", UserWarning, stacklevel=2)
+        self.n_features_in_ = [int(X.shape[1]) for X in views]
+        names = view_feature_names(Xs)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         if masks is not None and len(masks) != len(views):
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
@@ -336,7 +361,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
-            res = model._fit(Xs, callback=callback, masks=masks)
+            res = model._fit(Xs, callback=callback, masks=masks, one_client=True)  # one view: warned above
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,
@@ -357,7 +382,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.seed_ = res.seed
         self.result_ = res
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
         self.embedding_ = model.embedding_
         self.kmeans_ = km
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
@@ -414,7 +439,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.seed_ = res.seed
         self.result_ = res
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
         self.embedding_ = res.V.T.copy()
         self.kmeans_ = None  # fitted in the ServerApp; its centres are cluster_centers_
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
@@ -452,13 +477,15 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         (:meth:`FedSONMF.transform`).
         """
         check_is_fitted(self, "labels_")
-        views = _check_view_structure(Xs)
+        refuse_list_split_by_sklearn(Xs)
+        views = _check_view_structure(as_view_list(Xs))
         if self.engine == "flower":
             return self._predict_flower(views)[1].T
         if len(views) != len(self.preprocessing_):
             raise InputError(f"the model was fitted on {len(self.preprocessing_)} views; got {len(views)}")
         Xs, _ = self._client_views(views, fitted=True)
-        return self.factorization_.transform(Xs)
+        with views_checked():  # the samples of every view were split together (or not at all): checked above
+            return self.factorization_.transform(Xs)
 
     def predict(self, Xs) -> np.ndarray:
         """Assign new samples (every view) to the fitted clusters: shape (n_samples_new,).
@@ -469,9 +496,35 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         """
         if self.engine == "flower":
             check_is_fitted(self, "labels_")
-            return self._predict_flower(_check_view_structure(Xs))[0]
+            return self._predict_flower(_check_view_structure(as_view_list(Xs)))[0]
         return assign_to_centers(self.transform(Xs), self.cluster_centers_,
                                  normalize_embedding=self.normalize_embedding)
+
+    def score(self, Xs, y=None) -> float:
+        """Label-free score of the clustering on the views ``Xs``: the opposite of the k-means
+        inertia (as :meth:`sklearn.cluster.KMeans.score`), higher is better; ``y`` is ignored.
+
+        The samples are embedded with the fitted bases (:meth:`transform`), normalised as in
+        ``fit`` (unit rows with ``normalize_embedding``, so that fits of different rank compare)
+        and the squared distances to their nearest centre are summed.  Usable by
+        :class:`fedsonmf.model_selection.GridSearchCV` to choose parameters without labels
+        (the inertia shrinks as ``n_clusters`` grows: compare equal ``n_clusters``).
+        """
+        E = self.transform(Xs)
+        E = normalize_rows(E) if self.normalize_embedding else np.asarray(E, dtype=np.float64)
+        d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
+        return -float(d2.min(axis=1).sum())
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of :meth:`transform`'s columns: ``fedmultiviewclustering0``, ... (``input_features`` ignored)."""
+        check_is_fitted(self, "labels_")
+        return np.asarray([f"fedmultiviewclustering{k}" for k in range(self.n_components_)], dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        return tags
 
 
 def _composed_privacy(reports: list) -> dict | None:

@@ -10,8 +10,8 @@ apart; defaults come from :data:`fedsonmf.protocol.params.PARAMS`.
 
 from __future__ import annotations
 
-import numbers
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +20,16 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import (
+    as_view_list,
+    check_callback,
     check_int,
     check_n_jobs,
     check_real,
     check_seed,
+    check_verbose,
     check_views,
+    refuse_list_split_by_sklearn,
+    view_feature_names,
 )
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
@@ -55,8 +60,7 @@ def _check_run_params(est) -> dict:
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
         raise ParameterError(f"checkpoint_dir must be None or a path, got {cd!r}")
-    if not isinstance(est.verbose, (bool, np.bool_, numbers.Integral)):
-        raise ParameterError(f"verbose must be True or False, got {est.verbose!r}")
+    check_verbose(est.verbose)
     try:
         algorithm = get_algorithm(est.algorithm).name
     except ValueError as exc:
@@ -70,20 +74,45 @@ def _check_run_params(est) -> dict:
             "algorithm": algorithm}
 
 
-def _mean_loss(views, bases, V, masks=None) -> float:
-    """``(1/m) sum_p ||X_p - U_p V||_F^2`` over the samples each view holds (all without ``masks``)."""
-    if masks is None:
-        return float(np.mean([loss(X, U, V) for X, U in zip(views, bases)]))
+def _frobenius_error(views, bases, V, masks=None) -> float:
+    """``sqrt(sum_p ||X_p - U_p V||_F^2)`` over the samples each view holds (all without ``masks``).
+
+    scikit-learn's ``reconstruction_err_`` (the Frobenius norm of the residual) of the
+    views side by side, ``[X_1; ...; X_m] ~ [U_1; ...; U_m] V``.
+    """
     out = []
-    for p, (X, U, mk) in enumerate(zip(views, bases, masks)):
-        cols = held_columns(mk, X.shape[1], client=p)
+    for p, (X, U) in enumerate(zip(views, bases)):
+        cols = None if masks is None else held_columns(masks[p], X.shape[1], client=p)
         out.append(loss(X, U, V) if cols is None else loss(X[:, cols], U, V[:, cols]))
-    return float(np.mean(out))
+    return float(np.sqrt(sum(out)))
+
+
+def _progress_callback(verbose: int, max_rounds: int, tol: float):
+    """The printer of ``verbose`` (1: a line every 10 rounds and the last; 2: every round)."""
+    import sys
+    import time
+
+    start = time.perf_counter()
+
+    def callback(row):
+        k = row["round"]
+        if verbose < 2 and k % 10 and k != max_rounds:
+            return
+        elapsed = time.perf_counter() - start
+        msg = f"round {k:4d}/{max_rounds}"
+        if "R_rel" in row:
+            msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
+            if tol > 0:
+                msg += f" (tol {tol:.0e})"
+        msg += f"  rank={row['effective_rank']}  {elapsed:.1f}s, <= {elapsed / k * (max_rounds - k):.0f}s left"
+        print(msg, file=sys.stderr, flush=True)
+
+    return callback
 
 
 def _out_dtype(Xs) -> type:
-    """float32 when every view is float32 (as scikit-learn's NMF), else float64."""
-    return np.float32 if all(getattr(X, "dtype", None) == np.float32 for X in Xs) else np.float64
+    """float32 when every view is float32 (as scikit-learn's NMF) or float16, else float64."""
+    return np.float32 if all(getattr(X, "dtype", None) in (np.float32, np.float16) for X in Xs) else np.float64
 
 
 class FedSONMF(TransformerMixin, BaseEstimator):
@@ -234,15 +263,17 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None, masks=None) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None, *, one_client=False) -> FitResult:
+        Xs = as_view_list(Xs)
         cfg, run, seed = self._validate()
+        callback = check_callback(callback)
         views = check_views(Xs, cfg.n_components)
-        if callback is None and self.verbose:
-            def callback(row):
-                msg = f"round {row['round']:4d}"
-                if "R_rel" in row:
-                    msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
-                print(msg + f"  rank={row['effective_rank']}")
+        if len(views) == 1 and not one_client:
+            warnings.warn("FedSONMF got a single view: a federation of one client (nothing is federated); for one "
+                          "matrix use fedsonmf.estimators.SparseONMF, for several views pass them all as a list",
+                          UserWarning, stacklevel=3)
+        if callback is None and check_verbose(self.verbose):
+            callback = _progress_callback(int(self.verbose), run["max_rounds"], run["tol"])
         ckpt_dir = run["checkpoint_dir"]
         resume = False
         if ckpt_dir is not None:
@@ -259,11 +290,22 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.embedding_ = res.V.T.astype(dtype, copy=True)
         self.components_ = [U.T.astype(dtype, copy=True) for U in res.bases]
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
+        self.n_components_ = int(res.V.shape[0])
         self.seed_ = res.seed
         self.mu_ = float(res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
-        self.reconstruction_err_ = _mean_loss(views, res.bases, res.V, masks)
+        names = view_feature_names(Xs)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.reconstruction_err_ = _frobenius_error(views, res.bases, res.V, masks)
+        if self.verbose:
+            import sys
+
+            print(f"FedSONMF: {res.n_rounds} rounds, {res.stopping_reason}; reconstruction error "
+                  f"{self.reconstruction_err_:.6g}", file=sys.stderr, flush=True)
         self.privacy_ = res.extra.get("privacy")
         return res
 
@@ -277,18 +319,21 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         client holds (membership) in the clear; what the uploads tell it about their
         content (without DP: U_p^T X_p of the held columns) is in ``docs/privacy.md``.
         """
+        refuse_list_split_by_sklearn(Xs)
         self._fit(Xs, masks=masks)
         return self
 
     def fit_transform(self, Xs, y=None, *, masks=None) -> np.ndarray:
         """Fit and return the embedding V^T of shape (n_samples, n_components)."""
+        refuse_list_split_by_sklearn(Xs)
         self._fit(Xs, masks=masks)
         return self.embedding_
 
     # ------------------------------------------------------------------ out of sample
     def _check_new_views(self, Xs) -> list:
         check_is_fitted(self, "components_")
-        views = check_views(Xs, None)
+        refuse_list_split_by_sklearn(Xs)
+        views = check_views(as_view_list(Xs), None)
         widths = [X.shape[0] for X in views]
         if widths != self.n_features_in_:
             raise InputError(
@@ -309,7 +354,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         views returns ``embedding_`` at a converged fit).  Every view of the new
         samples is needed (the same clients as in the fit).
         """
-        return self._embed(self._check_new_views(Xs)).T.astype(_out_dtype(Xs))
+        return self._embed(self._check_new_views(Xs)).T.astype(_out_dtype(as_view_list(Xs)))
 
     def _bases(self) -> list[np.ndarray]:
         """The fitted U_p (d_p, r) in float64."""
@@ -333,14 +378,27 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         return [E @ C for C in self.components_]
 
     def reconstruction_error(self, Xs) -> float:
-        """``(1/m) sum_p ||X_p - U_p V||_F^2`` on the views ``Xs`` of (new) samples, with
+        """``sqrt(sum_p ||X_p - U_p V||_F^2)`` on the views ``Xs`` of (new) samples, with
         V = ``transform(Xs)`` (the training error of the fitted V is ``reconstruction_err_``)."""
         views = self._check_new_views(Xs)
-        return _mean_loss(views, self._bases(), self._embed(views))
+        return _frobenius_error(views, self._bases(), self._embed(views))
 
     def score(self, Xs, y=None) -> float:
         """Negative reconstruction error on ``Xs`` (higher is better, as scikit-learn expects)."""
         return -self.reconstruction_error(Xs)
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of the embedding's columns: ``fedsonmf0``, ..., ``fedsonmf<r-1>`` (``input_features``
+        is ignored: every view contributes to every component)."""
+        check_is_fitted(self, "components_")
+        return np.asarray([f"fedsonmf{k}" for k in range(self.n_components_)], dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.non_deterministic = False
+        return tags
 
 
 def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, masks=None, **params) -> FitResult:

@@ -73,7 +73,7 @@ _TABLE = [
     Param("n_jobs", 1, "Clients run in this many threads (results do not depend on it)."),
     Param("blas_threads", None, "Limit BLAS threads during the fit (threadpoolctl); None leaves them."),
     Param("checkpoint_dir", None, "Save the state after every round here and resume from it."),
-    Param("verbose", False, "Print one line per round."),
+    Param("verbose", 0, "0 silent, 1 progress (a line every 10 rounds, to stderr), 2 a line per round."),
     # -- clustering
     Param("n_clusters", 8, "Number of clusters c."),
     Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; dense views "
