@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.exceptions import InputError, ParameterError
+from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
 
 __all__ = [
     "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
@@ -345,6 +345,12 @@ def _as_matrix(X, p: int, check_scale: bool = True):
         A = np.asarray(X)
     except Exception as exc:  # ragged lists and the like
         raise InputError(f"view {p} cannot be read as an array: {exc}") from None
+    if A.dtype == object:  # numbers stored as objects (scikit-learn converts them too)
+        try:
+            A = A.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputTypeError(f"view {p} must hold real numbers, got dtype object with an entry that is not "
+                                 f"one ({exc})") from None
     _check_dtype(A.dtype, p)
     if A.ndim != 2:
         raise InputError(f"view {p} must be 2-D (n_samples, n_features), got shape {A.shape}")

@@ -308,8 +308,12 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
                 scales.append(self.view_scales_[p])
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
-                Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
-                                       normalize_views=self.normalize_views, held=held, view=p)
+                try:
+                    Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
+                                           normalize_views=self.normalize_views, held=held, view=p)
+                except InputError as exc:
+                    _explain_empty_after_preprocessing(exc, X, p, self.preprocess)
+                    raise
                 scales.append(info.pop("scale"))
                 self.preprocessing_.append(info)
             out.append(Y)
@@ -545,11 +549,25 @@ def _composed_privacy(reports: list) -> dict | None:
     return rep
 
 
+def _explain_empty_after_preprocessing(exc: InputError, X, p: int, preprocess: str) -> None:
+    """Raise a clearer error when a nonzero view became all zero in its client's preprocessing."""
+    if "is all zero" not in str(exc) or not np.any(X.data if sp.issparse(X) else np.asarray(X)):
+        return
+    what = f"it has n_features = {X.shape[1]}" if X.shape[1] == 1 else "a constant view, or a single feature"
+    raise InputError(
+        f"view {p} carries nothing to cluster on after preprocess={preprocess!r}: every sample points the same way "
+        f"({what}), so once each sample is scaled to unit norm and centred the view is all zero -- drop the "
+        "view, or use preprocess='none'"
+    ) from None
+
+
 def _check_view_structure(Xs) -> list:
     """The view checks without the scale one, as InputError (a ValueError) naming the view."""
     from fedsonmf.preprocessing import _check_views
 
     try:
         return _check_views(Xs)
+    except InputError:
+        raise
     except TypeError as exc:
         raise InputError(str(exc)) from None
