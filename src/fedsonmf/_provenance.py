@@ -18,7 +18,18 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["meta", "sha256_file", "sha256_array"]
+__all__ = ["meta", "sha256_file", "sha256_array", "set_command"]
+
+#: the command line of this process when it runs the ``fedsonmf`` CLI (set by its entry point)
+_COMMAND: str | None = None
+
+
+def set_command(argv) -> None:
+    """Record the command line ``fedsonmf <argv>`` for the ``meta`` blocks this process writes."""
+    global _COMMAND
+    import shlex
+
+    _COMMAND = shlex.join(["fedsonmf", *map(str, argv)])
 
 
 def sha256_file(path) -> str:
@@ -62,8 +73,9 @@ def meta(*, inputs=(), seeds=None, call: str | None = None) -> dict:
 
     Parameters
     ----------
-    inputs : iterable of path or array or (name, path-or-array)
-        Each input file (hashed from its bytes) or in-memory view (hashed from its values).
+    inputs : iterable of path, array, (name, path-or-array) or {"name", "sha256"}
+        Each input file (hashed from its bytes) or in-memory view (hashed from its values),
+        or an entry hashed before.
     seeds : int, list of int or None
         The seeds of the run(s).
     call : str, optional
@@ -76,6 +88,9 @@ def meta(*, inputs=(), seeds=None, call: str | None = None) -> dict:
     """
     hashed = []
     for i, item in enumerate(inputs):
+        if isinstance(item, dict) and "sha256" in item:  # hashed before (e.g. at fit time)
+            hashed.append(dict(item))
+            continue
         name, obj = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
         if isinstance(obj, (str, os.PathLike)):
             hashed.append({"name": str(name or obj), "sha256": sha256_file(obj)})
@@ -85,7 +100,7 @@ def meta(*, inputs=(), seeds=None, call: str | None = None) -> dict:
         seeds = [seeds]
     return {
         "versions": _versions(),
-        "command": call if call is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": call if call is not None else _COMMAND or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "cwd": os.getcwd(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "seeds": None if seeds is None else [int(s) for s in seeds],

@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure."""
     import click
 
+    from fedsonmf._provenance import set_command
     from fedsonmf.exceptions import FedSONMFError, InputError, ParameterError
 
+    set_command(sys.argv[1:] if argv is None else argv)  # the command line in every JSON's meta block
     try:
         # standalone_mode=False: click's usage errors reach us instead of being drawn as a
         # multi-line box, so they too become one ``error:`` line (exit 2)

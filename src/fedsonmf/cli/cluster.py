@@ -15,6 +15,7 @@ import numpy as np
 import typer
 
 from fedsonmf._io import write_json_atomic
+from fedsonmf._provenance import meta
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, with_params
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -192,6 +193,19 @@ def _paper_key(path: Path, stem: str) -> str:
     return stem
 
 
+def _check_rank(rank: int, ds) -> None:
+    """Refuse at once a --rank no fit could use (it would be capped to a huge rank, or pad every view)."""
+    widths = [int(X.shape[1]) for X in ds.views]
+    p = int(np.argmin(widths))
+    if rank > widths[p]:
+        raise ParameterError(f"--rank {rank} exceeds the features of view {p} ({widths[p]}; the views have "
+                             f"{widths}): a nonnegative orthonormal basis needs rank <= features -- choose "
+                             f"--rank <= {widths[p]}, or leave --rank out for the 'auto' rule (2 x clusters)")
+    if rank > ds.n_samples:
+        raise ParameterError(f"--rank {rank} exceeds the number of samples ({ds.n_samples}): choose --rank <= "
+                             f"{ds.n_samples}")
+
+
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
 
@@ -255,6 +269,8 @@ def register(app, reproduce_app) -> None:
                 raise ParameterError("--seeds: without --labels there are no scores to average over seeds; one "
                                      "fit (seed 0) is run")
             n_seeds = 1
+        if rank is not None:
+            _check_rank(rank, ds)
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
         params["n_components"] = "auto" if rank is None else rank
         if paper:
@@ -297,6 +313,7 @@ def register(app, reproduce_app) -> None:
             write_assignments(labels_out, ds.ids, assignments)
             typer.echo(f"wrote {labels_out} ({ds.n_samples} rows: sample_id,cluster)")
         if json_path is not None:
+            doc["meta"] = meta(inputs=[p for p in [*paths, labels_path] if p is not None], seeds=list(range(n_seeds)))
             write_json_atomic(json_path, doc, default=_json_default)
             typer.echo(f"wrote {json_path}")
 
@@ -307,7 +324,7 @@ def register(app, reproduce_app) -> None:
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
         method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
-        include: Optional[List[str]] = typer.Option(None, "--only", help="Only files whose path contains this."),
+        include: Optional[List[str]] = typer.Option(None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for one source."),
         threads: int = typer.Option(1, help="BLAS threads."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -342,7 +359,9 @@ def register(app, reproduce_app) -> None:
                     prog.progress.console.print(_table([res], res.label))
                 if json_path is not None:
                     write_json_atomic(json_path, {"params": params, "methods": methods,
-                                                  "results": [r.to_dict() for r in results]})
+                                                  "results": [r.to_dict() for r in results],
+                                                  "meta": meta(inputs=[root / r.label for r in results],
+                                                               seeds=list(range(seeds)))})
 
             run_table1(root, methods=methods, seeds=range(seeds), params=params, include=include,
                        on_dataset=on_dataset, on_seed=prog.on_seed, on_round=prog.on_round, on_result=on_result)

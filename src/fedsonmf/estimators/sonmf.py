@@ -31,6 +31,7 @@ from fedsonmf._validation import (
     refuse_list_split_by_sklearn,
     view_feature_names,
 )
+from fedsonmf._provenance import sha256_array
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.masks import held_columns
@@ -285,6 +286,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
                 views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
                 callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume, masks=masks,
             )
+        # provenance of the views this fit saw (FitResult.save_json writes it in its meta block)
+        res.extra.setdefault("input_sha256", [{"name": f"view {p}", "sha256": sha256_array(X.T)}
+                                              for p, X in enumerate(views)])
         dtype = _out_dtype(Xs)
         self.result_ = res
         self.embedding_ = res.V.T.astype(dtype, copy=True)
