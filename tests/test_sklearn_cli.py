@@ -70,3 +70,31 @@ def test_only_matches_data_set_names_not_path_substrings(tmp_path):
         select_datasets(files, tmp_path, ["zskong"])
     with pytest.raises(InputError, match="'BBC'"):
         select_datasets(files, tmp_path, ["BBC"])  # no substring matches
+
+
+def test_rounds_bar_follows_r_rel_towards_tol():
+    from fedsonmf.cli.progress import round_fraction, round_status
+
+    row = {"round": 20, "R_rel": 1e-2, "objective": 1.0, "effective_rank": 3}
+    assert round_fraction(row, 200, 1e-4) == pytest.approx(0.5)  # half way from 1 to 1e-4 on a log scale
+    assert round_fraction(row, 200, 0.0) == pytest.approx(0.1)  # no tolerance: rounds of the budget
+    assert round_fraction({**row, "R_rel": 1e-5}, 200, 1e-4) == 1.0
+    assert round_fraction({"round": 5, "effective_rank": 3}, 10, 1e-4) == 0.5  # no diagnostics
+    text = round_status(row, 200, 1e-4)
+    assert "round 20/200" in text and "R/R1=1.00e-02 -> 1e-04" in text
+
+
+def test_progress_bars_run_with_eta(two_csv_views, capsys):
+    import io
+
+    from rich.console import Console
+
+    from fedsonmf.cli.progress import RoundProgress
+
+    buf = io.StringIO()
+    with RoundProgress(10, tol=1e-4, console=Console(file=buf, force_terminal=False, width=150)) as bar:
+        for k in range(1, 4):
+            bar.update({"round": k, "R_rel": 10.0 ** -k, "objective": 1.0, "effective_rank": 2})
+    assert "ETA" in buf.getvalue() and "round 3/10" in buf.getvalue()
+    code, _, _ = _run(["cluster", "a.csv", "b.csv", "-k", "3", "--rounds", "3"], capsys)
+    assert code in (0, None)

@@ -17,6 +17,7 @@ import typer
 from fedsonmf._io import write_json_atomic
 from fedsonmf._provenance import meta
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, with_params
+from fedsonmf.cli.progress import UNITS
 from fedsonmf.exceptions import InputError, ParameterError
 
 #: the paper's literal protocol (FedMultiViewClustering.paper)
@@ -37,46 +38,45 @@ def _check_common(seeds: int, nmi_average: str, json_path) -> None:
 
 
 class _Progress:
-    """Two rich bars: seeds of the current method, rounds of the current fit."""
+    """Two rich bars with ETA: seeds of the current method, and the current fit's way to its end
+    (rounds, or R/R1 towards ``tol``: :func:`fedsonmf.cli.progress.round_fraction`)."""
 
-    def __init__(self, enabled: bool, n_seeds: int, max_rounds: int):
-        self.enabled, self.n_seeds, self.max_rounds = enabled, n_seeds, max_rounds
+    def __init__(self, enabled: bool, n_seeds: int, max_rounds: int, tol: float | None = None):
+        self.enabled, self.n_seeds, self.max_rounds, self.tol = enabled, n_seeds, max_rounds, tol
         self.progress = None
 
     def __enter__(self):
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import Progress
 
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                     console=Console(stderr=True), transient=True)
+            from fedsonmf.cli.progress import progress_columns
+
+            self.progress = Progress(*progress_columns(), console=Console(stderr=True), transient=True)
             self.progress.__enter__()
-            self.seeds = self.progress.add_task("seeds", total=self.n_seeds, status="")
-            self.rounds = self.progress.add_task("rounds", total=self.max_rounds, status="")
+            self.seeds = self.progress.add_task("seeds", total=self.n_seeds, status=f"0/{self.n_seeds}")
+            self.rounds = self.progress.add_task("rounds", total=UNITS, status="")
         return self
 
     def start(self, description: str):
         if self.progress:
-            self.progress.reset(self.seeds, total=self.n_seeds, description=description, status="")
-            self.progress.reset(self.rounds, total=self.max_rounds)
+            self.progress.reset(self.seeds, total=self.n_seeds, description=description, status=f"0/{self.n_seeds}")
+            self.progress.reset(self.rounds, total=UNITS)
 
     def on_seed(self, method, seed, row):
         if self.progress:
             if self.progress.tasks[self.seeds].description != method:
                 self.start(method)
-            self.progress.update(self.seeds, advance=1, status=f"seed {seed}: ACC {100 * row['acc']:.1f}")
-            self.progress.reset(self.rounds, total=self.max_rounds)
+            self.progress.update(self.seeds, advance=1, status=f"{int(self.progress.tasks[self.seeds].completed) + 1}"
+                                 f"/{self.n_seeds}  seed {seed}: ACC {100 * row['acc']:.1f}")
+            self.progress.reset(self.rounds, total=UNITS)
 
     def on_round(self, row):
         if self.progress:
-            self.progress.update(self.rounds, completed=row["round"], status=f"rank {row['effective_rank']}")
+            from fedsonmf.cli.progress import round_fraction, round_status
+
+            self.progress.update(self.rounds, completed=UNITS * round_fraction(row, self.max_rounds, self.tol),
+                                 status=round_status(row, self.max_rounds, self.tol))
 
     def __exit__(self, *exc):
         if self.progress:
@@ -278,7 +278,7 @@ def register(app, reproduce_app) -> None:
         label = paths[0].name if len(paths) == 1 else ", ".join(p.name for p in paths)
         console = Console()
         assignments = None
-        with threadpool_limits(threads), _Progress(not quiet, n_seeds, rounds) as prog:
+        with threadpool_limits(threads), _Progress(not quiet, n_seeds, rounds, params.get("tol")) as prog:
             if ds.labels is not None:
                 methods = [algorithm, *(CONTEXT_METHODS if context else ())]
                 res = run_dataset(ds, key=_paper_key(paths[0], ds.name), label=label, methods=methods,
@@ -347,7 +347,7 @@ def register(app, reproduce_app) -> None:
         methods = list(method or available_methods())
         console = Console()
         results = []
-        with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
+        with threadpool_limits(threads), _Progress(not quiet, seeds, rounds, params.get("tol")) as prog:
             def on_dataset(label, ds):
                 if prog.progress:
                     prog.progress.console.print(f"[bold]{label}[/] n={ds.n_samples} views={ds.n_features} "
