@@ -102,3 +102,14 @@ def test_reconstruction_err_is_the_frobenius_norm_as_in_sklearn(views):
     E = est.embedding_
     expected = np.sqrt(sum(np.sum((X - E @ C) ** 2) for X, C in zip(views, est.components_)))
     assert est.reconstruction_err_ == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("cls", [FedSONMF, FedMultiViewClustering])
+def test_feature_names_are_checked_at_transform(cls, views):
+    df = pd.DataFrame(views[0], columns=[f"g{i}" for i in range(6)])
+    est = cls(2, **FAST).fit([df, views[1]])
+    est.transform([df, views[1]])
+    with pytest.raises(InputError, match="view 0's feature names differ"):
+        est.transform([df[df.columns[::-1]], views[1]])
+    with pytest.warns(UserWarning, match="view 0 has no feature names"):
+        est.transform([views[0], views[1]])

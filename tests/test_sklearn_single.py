@@ -59,3 +59,30 @@ def test_too_large_rank_and_no_single_view_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one client is what SparseONMF is: no "single view" warning
         SparseONMF(2, random_state=0, max_rounds=3, tol=0).fit(X)
+
+
+def test_signature_is_keyword_only_and_defaults_come_from_the_table():
+    import inspect
+
+    from fedsonmf.protocol.params import PARAMS
+
+    params = list(inspect.signature(SparseONMF.__init__).parameters.values())[1:]
+    assert params[0].name == "n_components" and params[0].default is None
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    for p in params[1:]:
+        if p.name == "verbose":
+            assert p.default == 0
+            continue
+        assert p.default == PARAMS[p.name].default, p.name
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import fedsonmf.estimators.single
+    import fedsonmf.estimators.sonmf
+    import fedsonmf.model_selection
+
+    for mod in (fedsonmf.estimators.single, fedsonmf.estimators.sonmf, fedsonmf.model_selection):
+        res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__

@@ -29,7 +29,7 @@ from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
 __all__ = [
     "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
     "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
-    "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "view_feature_names", "check_constant_views",
+    "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names", "check_constant_views",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -238,6 +238,28 @@ def view_feature_names(Xs) -> list | None:
         except TypeError:  # mixed column-name types: scikit-learn's message, naming no view
             names.append(None)
     return names if any(n is not None for n in names) else None
+
+
+def check_feature_names(fitted, Xs) -> None:
+    """Compare the column names of new views with those seen in fit (``fitted``: ``feature_names_in_`` or None).
+
+    A view fitted with names and given with other names is an :class:`InputError` naming the
+    view; given without names, a warning (as scikit-learn).
+    """
+    if fitted is None:
+        return
+    new = view_feature_names(Xs) or [None] * len(fitted)
+    for p, (old, now) in enumerate(zip(fitted, new)):
+        if old is None:
+            continue
+        if now is None:
+            import warnings
+
+            warnings.warn(f"view {p} has no feature names, but it was fitted with feature names", UserWarning,
+                          stacklevel=4)
+        elif len(now) != len(old) or np.any(now != old):
+            raise InputError(f"view {p}'s feature names differ from those seen in fit (same columns, same order "
+                             f"expected): fitted {list(old)[:5]}..., got {list(now)[:5]}...")
 
 
 def check_constant_views(views) -> None:

@@ -54,6 +54,7 @@ from fedsonmf._validation import (
     check_callback,
     check_choice,
     check_constant_views,
+    check_feature_names,
     check_int,
     check_seed,
     check_views,
@@ -167,8 +168,8 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
-        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
-        ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
+        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table; ``verbose`` an
+        int level).  ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
         ``checkpoint_dir/restart-<i>``.
 
     Attributes
@@ -482,6 +483,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         """
         check_is_fitted(self, "labels_")
         refuse_list_split_by_sklearn(Xs)
+        check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
         views = _check_view_structure(as_view_list(Xs))
         if self.engine == "flower":
             return self._predict_flower(views)[1].T

@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from fedsonmf._validation import (
     as_view_list,
     check_callback,
+    check_feature_names,
     check_int,
     check_n_jobs,
     check_real,
@@ -160,8 +161,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         (atomically); a fit whose ``checkpoint_dir`` holds a checkpoint of the
         same run (same data shape, parameters and seed) resumes from it and
         ends with the same V as an uninterrupted fit.
-    verbose : bool, default=False
-        Print one line per round.
+    verbose : int, default=0
+        0 silent; 1 progress on stderr (a line every 10 rounds with the time left, and a
+        summary); 2 a line every round.  ``True``/``False`` are 1/0.
     dp_epsilon, dp_noise_multiplier : float or None, default=None
         Differential privacy of each client's whole view (what that covers and
         what not: :mod:`fedsonmf.protocol.privacy`): each client clips and noises
@@ -187,9 +189,15 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     mu_ : float
         The l2,1 weight used (the number "auto" resolved to).
     reconstruction_err_ : float
-        ``(1/m) sum_p ||X_p - U_p V||_F^2`` on the training views (the samples each view holds).
+        ``sqrt(sum_p ||X_p - U_p V||_F^2)`` on the training views (the samples each view holds):
+        scikit-learn's definition (NMF: the Frobenius norm of the residual) for the views side by side.
+    n_components_ : int
+    n_iter_ : int
+        Rounds run (``n_rounds_``).
     n_features_in_ : list of int
         Features of each view.
+    feature_names_in_ : list of (ndarray or None)
+        Each view's column names (DataFrame views); only when some view has them.
     n_rounds_ : int
     seed_ : int
     history_ : History
@@ -199,6 +207,13 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         With DP: the run's ``epsilon`` (one view, plain mode), ``epsilon_secagg``,
         ``epsilon_all_views``, ``delta``, the noise multiplier, clip and unit
         (:func:`fedsonmf.protocol.privacy.privacy_report`); None without DP.
+
+    Notes
+    -----
+    scikit-learn's splitters (``GridSearchCV``, ``cross_val_score``) index a list along the
+    views; this estimator refuses such a split.  Use :mod:`fedsonmf.model_selection`, which
+    splits the samples of every view together.  A single view is a federation of one client
+    (a warning); for one matrix use :class:`~fedsonmf.estimators.single.SparseONMF`.
 
     Examples
     --------
@@ -337,6 +352,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def _check_new_views(self, Xs) -> list:
         check_is_fitted(self, "components_")
         refuse_list_split_by_sklearn(Xs)
+        check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
         views = check_views(as_view_list(Xs), None)
         widths = [X.shape[0] for X in views]
         if widths != self.n_features_in_:
