@@ -91,3 +91,14 @@ def test_multiview_data_refuses_mismatched_views():
         MultiViewData([np.ones((4, 2)), np.ones((5, 2))])
     with pytest.raises(TypeError, match="list of views"):
         MultiViewData(np.ones((4, 2)))
+
+
+def test_a_pipeline_inside_a_search_is_refused_on_a_list_and_works_on_multiview_data(views):
+    from sklearn.cluster import KMeans
+    from sklearn.pipeline import Pipeline
+
+    pipe = Pipeline([("f", FedSONMF(2, **FAST)), ("k", KMeans(2, n_init=2, random_state=0))])
+    with pytest.raises(ValueError, match="split this list of views"):
+        skms.GridSearchCV(pipe, {"f__tau": [2, 5]}, cv=2).fit(views)
+    search = GridSearchCV(pipe, {"f__tau": [2, 5]}, cv=2).fit(views)
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))

@@ -212,7 +212,7 @@ def refuse_list_split_by_sklearn(Xs) -> None:
     import sys
 
     frame = sys._getframe(1)
-    for _ in range(12):
+    for _ in range(40):  # deep enough for a Pipeline (and joblib) between the search and the estimator
         frame = frame.f_back
         if frame is None:
             return
