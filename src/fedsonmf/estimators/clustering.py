@@ -366,7 +366,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
-            res = model._fit(Xs, callback=callback, masks=masks, one_client=True)  # one view: warned above
+            res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True)  # one view: warned above
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,

@@ -133,7 +133,7 @@ class SparseONMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
         r = self._rank(X.shape[1])
         inner = FedSONMF(r, correction=False, diagnostics=True, n_jobs=1,
                          **{k: getattr(self, k) for k in _PASSED})
-        inner._fit([X], one_client=True)
+        inner._fit([X], single_view_ok=True)
         self._inner = inner
         self.components_ = inner.components_[0]
         self.embedding_ = inner.embedding_

@@ -279,12 +279,12 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None, masks=None, *, one_client=False) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False) -> FitResult:
         Xs = as_view_list(Xs)
         cfg, run, seed = self._validate()
         callback = check_callback(callback)
         views = check_views(Xs, cfg.n_components)
-        if len(views) == 1 and not one_client:
+        if len(views) == 1 and not single_view_ok:
             warnings.warn("FedSONMF got a single view: a federation of one client (nothing is federated); for one "
                           "matrix use fedsonmf.estimators.SparseONMF, for several views pass them all as a list",
                           UserWarning, stacklevel=3)
