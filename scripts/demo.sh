@@ -9,3 +9,5 @@ mkdir -p results
   --json results/demo-correction.json --plot results/demo-correction.png
 .venv/bin/fedsonmf synthetic --heterogeneity 0.6 --rounds 30 --seed 0 --no-correction \
   --json results/demo-no-correction.json --plot results/demo-no-correction.png
+.venv/bin/fedsonmf plot results/demo-correction.json results/demo-no-correction.json \
+  --title "synthetic demo: 10 clients, h = 0.6, tau = 10" --out results/demo-both.png

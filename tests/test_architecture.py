@@ -37,4 +37,5 @@ def test_layers_are_folders():
     for folder in ("core", "protocol", "algorithms", "federation", "estimators", "experiments", "cli", "datasets"):
         assert (pkg / folder / "__init__.py").is_file(), folder
     flat = sorted(p.name for p in pkg.glob("*.py"))
-    assert flat == ["__init__.py", "_io.py", "_validation.py", "exceptions.py", "metrics.py", "preprocessing.py"], flat
+    assert flat == ["__init__.py", "_io.py", "_provenance.py", "_validation.py", "exceptions.py", "metrics.py",
+                    "model_selection.py", "preprocessing.py"], flat

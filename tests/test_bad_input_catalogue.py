@@ -85,7 +85,9 @@ BAD_VIEWS: dict[str, tuple[Callable, str]] = {
     "complex-dok": (lambda v: sp.dok_matrix(v.astype(np.complex64)), r"view {p} must hold real numbers, got complex"),
     "complex-lil": (lambda v: sp.lil_matrix(v + 2j), r"view {p} must hold real numbers, got complex"),
     "complex-dia": (lambda v: sp.dia_matrix(v + 1j), r"view {p} must hold real numbers, got complex"),
-    "object": (lambda v: v.astype(object), r"view {p} must hold real numbers, got dtype object"),
+    # numbers stored as objects are converted (scikit-learn's convention); anything else is refused
+    "object": (lambda v: _with(v, 0, 0, {"a": 1}, dtype=object), r"view {p} must hold real numbers, got dtype object"),
+    "object-str": (lambda v: _with(v, 1, 1, "x", dtype=object), r"view {p} must hold real numbers, got dtype object"),
     "str": (lambda v: v.astype(str), r"view {p} must hold real numbers, got dtype <U"),
     "bytes-dtype": (lambda v: v.astype("S8"), r"view {p} must hold real numbers, got dtype \|S8"),
     "datetime": (lambda v: np.zeros(v.shape, dtype="datetime64[s]"), r"view {p} must hold real numbers"),

@@ -16,8 +16,10 @@ def test_estimator_and_function_share_one_path(small_problem):
     assert [C.shape for C in model.components_] == [(4, 12)] * 4
     assert model.n_rounds_ == 5 == len(model.history_)
     assert model.n_features_in_ == [12] * 4
+    # scikit-learn's definition (NMF): the Frobenius norm of the residual, here of the views side by side
     assert model.reconstruction_err_ == pytest.approx(
-        np.mean([np.sum((v.T - C.T @ emb.T) ** 2) for v, C in zip(small_problem.views, model.components_)]))
+        np.sqrt(np.sum([np.sum((v.T - C.T @ emb.T) ** 2) for v, C in zip(small_problem.views, model.components_)])))
+    assert model.n_iter_ == 5 and model.n_components_ == 4
 
 
 def test_history_fields(small_problem):

@@ -63,6 +63,20 @@ def test_signature_defaults_come_from_the_table(cls):
         assert sig.parameters[n].default == PARAMS[n].default, n
 
 
+@pytest.mark.parametrize("cls", [FedSONMF, FedMultiViewClustering])
+def test_constructor_is_written_out_keyword_only_and_only_stores(cls):
+    """scikit-learn style: one positional argument, the rest keyword-only; __init__ stores, never validates."""
+    sig = inspect.signature(cls.__init__)
+    params = [p for n, p in sig.parameters.items() if n != "self"]
+    assert params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    src = inspect.getsource(cls.__init__)  # a real function in the class body (no generated code)
+    assert "exec" not in src
+    bogus = {p.name: object() for p in params}
+    est = cls(**bogus)  # any value is stored as given; fit validates
+    assert all(getattr(est, n) is v for n, v in bogus.items())
+
+
 def test_function_and_fedconfig_share_the_defaults():
     sig = inspect.signature(federated_sonmf)
     assert sig.parameters["n_components"].default == PARAMS["n_components"].default

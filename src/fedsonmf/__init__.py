@@ -14,6 +14,7 @@ _PUBLIC = {
     "FedSONMF": "fedsonmf.estimators.sonmf",
     "federated_sonmf": "fedsonmf.estimators.sonmf",
     "FedMultiViewClustering": "fedsonmf.estimators.clustering",
+    "SparseONMF": "fedsonmf.estimators.single",
     "FedConfig": "fedsonmf.protocol.config",
     "FitResult": "fedsonmf.protocol.history",
     "History": "fedsonmf.protocol.history",

@@ -14,6 +14,8 @@ One validation path for every public entry point:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 import os
@@ -22,11 +24,12 @@ from typing import Iterable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.exceptions import InputError, ParameterError
+from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
 
 __all__ = [
     "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
-    "check_choice", "is_int", "is_real", "as_internal_view",
+    "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
+    "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names", "check_constant_views",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -161,7 +164,119 @@ def check_seed(random_state) -> int | None:
     )
 
 
+def check_callback(callback):
+    """``callback`` if it is None or callable, else :class:`ParameterError` naming it."""
+    if callback is None or callable(callback):
+        return callback
+    raise ParameterError(f"callback must be None or a callable taking each round's history row (a dict), "
+                         f"got {callback!r}")
+
+
+def check_verbose(verbose) -> int:
+    """``verbose`` as an int level >= 0 (``False``/``True`` are 0/1, as in scikit-learn)."""
+    if isinstance(verbose, (bool, np.bool_)):
+        return int(verbose)
+    if is_int(verbose) and int(verbose) >= 0:
+        return int(verbose)
+    raise ParameterError(f"verbose must be an integer >= 0 (0 silent, 1 progress, 2 every round), got {verbose!r}")
+
+
 # ----------------------------------------------------------------------------- views
+
+
+_VIEWS_CHECKED = contextvars.ContextVar("fedsonmf_views_checked", default=False)
+
+
+@contextlib.contextmanager
+def views_checked():
+    """Within: :func:`refuse_list_split_by_sklearn` passes (an outer entry point already checked the views)."""
+    token = _VIEWS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VIEWS_CHECKED.reset(token)
+
+
+def refuse_list_split_by_sklearn(Xs) -> None:
+    """Refuse a list of views that scikit-learn's cross-validation is handing to an estimator.
+
+    ``GridSearchCV``/``cross_val_score`` index their ``X`` along its first axis,
+    which for a list of views is the *views*, not the samples: the estimator would
+    train on some views and score on others, silently.  The views must come wrapped
+    in :class:`fedsonmf.model_selection.MultiViewData` (whose first axis is the samples)
+    or go through :mod:`fedsonmf.model_selection`.  Detected by the caller being
+    scikit-learn's model-selection code, with a plain list or tuple as ``Xs``.
+    """
+    if not isinstance(Xs, (list, tuple)) or _VIEWS_CHECKED.get():
+        return  # MultiViewData included: its first axis is the samples
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(40):  # deep enough for a Pipeline (and joblib) between the search and the estimator
+        frame = frame.f_back
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).startswith("sklearn.model_selection"):
+            raise InputError(
+                "scikit-learn's cross-validation split this list of views along the list (views), not along the "
+                "samples: wrap the views as fedsonmf.model_selection.MultiViewData(Xs), or use "
+                "fedsonmf.model_selection.GridSearchCV / cross_val_score / MultiViewKFold, which split the "
+                "samples of every view together"
+            )
+
+
+def view_feature_names(Xs) -> list | None:
+    """Each view's column names (an object array, or None for a view without), None when no view has any."""
+    from sklearn.utils.validation import _get_feature_names
+
+    if not isinstance(Xs, (list, tuple)):
+        return None
+    names = []
+    for X in Xs:
+        try:
+            names.append(_get_feature_names(X))
+        except TypeError:  # mixed column-name types: scikit-learn's message, naming no view
+            names.append(None)
+    return names if any(n is not None for n in names) else None
+
+
+def check_feature_names(fitted, Xs) -> None:
+    """Compare the column names of new views with those seen in fit (``fitted``: ``feature_names_in_`` or None).
+
+    A view fitted with names and given with other names is an :class:`InputError` naming the
+    view; given without names, a warning (as scikit-learn).
+    """
+    if fitted is None:
+        return
+    new = view_feature_names(Xs) or [None] * len(fitted)
+    for p, (old, now) in enumerate(zip(fitted, new)):
+        if old is None:
+            continue
+        if now is None:
+            import warnings
+
+            warnings.warn(f"view {p} has no feature names, but it was fitted with feature names", UserWarning,
+                          stacklevel=4)
+        elif len(now) != len(old) or np.any(now != old):
+            raise InputError(f"view {p}'s feature names differ from those seen in fit (same columns, same order "
+                             f"expected): fitted {list(old)[:5]}..., got {list(now)[:5]}...")
+
+
+def check_constant_views(views) -> None:
+    """Refuse a view whose entries are all one nonzero number (it cannot tell any samples apart)."""
+    for p, X in enumerate(views):
+        if sp.issparse(X):
+            n_cells = X.shape[0] * X.shape[1]
+            if X.nnz < n_cells:
+                continue
+            values = X.data
+        else:
+            values = np.asarray(X)
+        if values.size and values.size == X.shape[0] * X.shape[1]:
+            first = values.flat[0]
+            if first != 0 and np.all(values == first):
+                raise InputError(f"view {p} is constant (every entry is {float(first):g}): it cannot tell any "
+                                 "samples apart -- drop it from the views")
 
 
 def _check_dtype(dtype, p: int) -> None:
@@ -208,12 +323,31 @@ def _check_scale(values: np.ndarray, dtype, p: int) -> None:
         )
 
 
+def _working_dtype(dtype, p: int):
+    """float32 for float32 (and float16, with a warning), float64 for every other real dtype."""
+    if dtype == np.float16:
+        import warnings
+
+        warnings.warn(f"view {p} is float16: it is computed in float32 (float16 cannot hold the solver's squared "
+                      "terms) and the results are float32", UserWarning, stacklevel=5)
+        return np.float32
+    return np.float32 if dtype == np.float32 else np.float64
+
+
+def as_view_list(Xs):
+    """The list of views inside ``Xs``: ``Xs.views`` of a :class:`fedsonmf.model_selection.MultiViewData`,
+    else ``Xs`` itself (validated by the caller)."""
+    if getattr(type(Xs), "__fedsonmf_views__", False):
+        return list(Xs.views)
+    return Xs
+
+
 def _as_matrix(X, p: int, check_scale: bool = True):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"view {p} must be 2-D, got {X.ndim}-D")
         _check_dtype(X.dtype, p)
-        dtype = np.float32 if X.dtype == np.float32 else np.float64
+        dtype = _working_dtype(X.dtype, p)
         try:
             X = X.tocsr() if X.format not in ("csr", "csc") else X
         except Exception as exc:  # pragma: no cover - broken sparse objects
@@ -233,12 +367,18 @@ def _as_matrix(X, p: int, check_scale: bool = True):
         A = np.asarray(X)
     except Exception as exc:  # ragged lists and the like
         raise InputError(f"view {p} cannot be read as an array: {exc}") from None
+    if A.dtype == object:  # numbers stored as objects (scikit-learn converts them too)
+        try:
+            A = A.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InputTypeError(f"view {p} must hold real numbers, got dtype object with an entry that is not "
+                                 f"one ({exc})") from None
     _check_dtype(A.dtype, p)
     if A.ndim != 2:
         raise InputError(f"view {p} must be 2-D (n_samples, n_features), got shape {A.shape}")
     if A.dtype.kind == "f" and not np.all(np.isfinite(A)):
         raise InputError(f"view {p} contains NaN or Inf")
-    dtype = np.float32 if A.dtype == np.float32 else np.float64
+    dtype = _working_dtype(A.dtype, p)
     with np.errstate(over="ignore"):
         A = A.astype(dtype, copy=False)
     if not np.all(np.isfinite(A)):
@@ -260,6 +400,7 @@ def check_views(Xs, n_components: int | None = None) -> list:
     dtypes, NaN/Inf, empty, all-zero, and views whose squared norm would
     overflow or underflow (see :func:`_check_scale`).
     """
+    Xs = as_view_list(Xs)
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
         raise InputError(
             "Xs must be a list of views, each of shape (n_samples, n_features_p); "

@@ -12,7 +12,7 @@ covers fedsonmf too.
 from __future__ import annotations
 
 __all__ = [
-    "FedSONMFError", "InputError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
+    "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
 ]
 
@@ -23,6 +23,10 @@ class FedSONMFError(ValueError):
 
 class InputError(FedSONMFError):
     """The data given to a fit is unusable; the message says why and which view."""
+
+
+class InputTypeError(InputError, TypeError):
+    """Data of the wrong kind (e.g. objects that are not numbers); also a :class:`TypeError`, as NumPy's."""
 
 
 class ParameterError(FedSONMFError):

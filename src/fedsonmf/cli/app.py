@@ -1,4 +1,4 @@
-"""The ``fedsonmf`` command: ``synthetic``, ``cluster``, ``reproduce ...``, ``flower ...``.
+"""The ``fedsonmf`` command: ``synthetic``, ``cluster``, ``plot``, ``reproduce ...``, ``flower ...``.
 
 Each command group lives in its own module and adds itself with
 ``register(app, reproduce_app)``.  Conventions: ``-h`` is help; every
@@ -10,6 +10,8 @@ checked before any fitting starts.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -31,12 +33,59 @@ for _module in (synthetic, cluster, experiments, flower):
     _module.register(app, reproduce_app)
 
 
+def _run_label(doc: dict, path: Path) -> str:
+    """A legend entry for one results JSON: the algorithm, whether drift correction was on, h and tau."""
+    cfg = doc.get("config", {})
+    algo = cfg.get("algorithm", path.stem)
+    what = algo if algo != "fedsonmf" else "fedsonmf, " + ("with drift correction" if cfg.get("correction", True)
+                                                          else "no correction (ablation)")
+    data = cfg.get("data") or {}
+    extra = [f"h={data['heterogeneity']:g}"] if "heterogeneity" in data else []
+    if "tau" in cfg:
+        extra.append(f"tau={cfg['tau']}")
+    return what + (f" ({', '.join(extra)})" if extra else "")
+
+
+@app.command("plot")
+def plot(
+    results: List[Path] = typer.Argument(..., help="Results JSON files (--json of synthetic / flower run)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The PNG to write."),
+    target: float = typer.Option(1e-2, "--target", help="Draw (and label) this R/R1 level; 0: none."),
+    title: Optional[str] = typer.Option(None, "--title", help="Figure title."),
+):
+    """R/R1 per round of several runs in one figure, each labelled from its config (e.g. the demo's two runs)."""
+    import json
+
+    from fedsonmf.cli.options import check_output_path
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.experiments.plotting import plot_residuals
+    from fedsonmf.protocol.history import History
+
+    check_output_path(out, "--out")
+    runs = {}
+    for path in results:
+        try:
+            doc = json.loads(Path(path).read_text())
+            hist = History(doc["history"], R0=doc.get("R0"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{path}: not a fedsonmf results JSON ({type(exc).__name__}: {exc})") from None
+        label = _run_label(doc, Path(path))
+        while label in runs:
+            label += "'"
+        runs[label] = hist
+    plot_residuals(runs, out, title=title, target=target if target > 0 else None)
+    typer.echo(f"wrote {out}")
+
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure."""
     import click
 
+    from fedsonmf._provenance import set_command
     from fedsonmf.exceptions import FedSONMFError, InputError, ParameterError
 
+    set_command(sys.argv[1:] if argv is None else argv)  # the command line in every JSON's meta block
     try:
         # standalone_mode=False: click's usage errors reach us instead of being drawn as a
         # multi-line box, so they too become one ``error:`` line (exit 2)

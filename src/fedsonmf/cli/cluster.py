@@ -15,7 +15,9 @@ import numpy as np
 import typer
 
 from fedsonmf._io import write_json_atomic
+from fedsonmf._provenance import meta
 from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, with_params
+from fedsonmf.cli.progress import UNITS
 from fedsonmf.exceptions import InputError, ParameterError
 
 #: the paper's literal protocol (FedMultiViewClustering.paper)
@@ -36,46 +38,45 @@ def _check_common(seeds: int, nmi_average: str, json_path) -> None:
 
 
 class _Progress:
-    """Two rich bars: seeds of the current method, rounds of the current fit."""
+    """Two rich bars with ETA: seeds of the current method, and the current fit's way to its end
+    (rounds, or R/R1 towards ``tol``: :func:`fedsonmf.cli.progress.round_fraction`)."""
 
-    def __init__(self, enabled: bool, n_seeds: int, max_rounds: int):
-        self.enabled, self.n_seeds, self.max_rounds = enabled, n_seeds, max_rounds
+    def __init__(self, enabled: bool, n_seeds: int, max_rounds: int, tol: float | None = None):
+        self.enabled, self.n_seeds, self.max_rounds, self.tol = enabled, n_seeds, max_rounds, tol
         self.progress = None
 
     def __enter__(self):
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import Progress
 
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                     console=Console(stderr=True), transient=True)
+            from fedsonmf.cli.progress import progress_columns
+
+            self.progress = Progress(*progress_columns(), console=Console(stderr=True), transient=True)
             self.progress.__enter__()
-            self.seeds = self.progress.add_task("seeds", total=self.n_seeds, status="")
-            self.rounds = self.progress.add_task("rounds", total=self.max_rounds, status="")
+            self.seeds = self.progress.add_task("seeds", total=self.n_seeds, status=f"0/{self.n_seeds}")
+            self.rounds = self.progress.add_task("rounds", total=UNITS, status="")
         return self
 
     def start(self, description: str):
         if self.progress:
-            self.progress.reset(self.seeds, total=self.n_seeds, description=description, status="")
-            self.progress.reset(self.rounds, total=self.max_rounds)
+            self.progress.reset(self.seeds, total=self.n_seeds, description=description, status=f"0/{self.n_seeds}")
+            self.progress.reset(self.rounds, total=UNITS)
 
     def on_seed(self, method, seed, row):
         if self.progress:
             if self.progress.tasks[self.seeds].description != method:
                 self.start(method)
-            self.progress.update(self.seeds, advance=1, status=f"seed {seed}: ACC {100 * row['acc']:.1f}")
-            self.progress.reset(self.rounds, total=self.max_rounds)
+            self.progress.update(self.seeds, advance=1, status=f"{int(self.progress.tasks[self.seeds].completed) + 1}"
+                                 f"/{self.n_seeds}  seed {seed}: ACC {100 * row['acc']:.1f}")
+            self.progress.reset(self.rounds, total=UNITS)
 
     def on_round(self, row):
         if self.progress:
-            self.progress.update(self.rounds, completed=row["round"], status=f"rank {row['effective_rank']}")
+            from fedsonmf.cli.progress import round_fraction, round_status
+
+            self.progress.update(self.rounds, completed=UNITS * round_fraction(row, self.max_rounds, self.tol),
+                                 status=round_status(row, self.max_rounds, self.tol))
 
     def __exit__(self, *exc):
         if self.progress:
@@ -192,6 +193,19 @@ def _paper_key(path: Path, stem: str) -> str:
     return stem
 
 
+def _check_rank(rank: int, ds) -> None:
+    """Refuse at once a --rank no fit could use (it would be capped to a huge rank, or pad every view)."""
+    widths = [int(X.shape[1]) for X in ds.views]
+    p = int(np.argmin(widths))
+    if rank > widths[p]:
+        raise ParameterError(f"--rank {rank} exceeds the features of view {p} ({widths[p]}; the views have "
+                             f"{widths}): a nonnegative orthonormal basis needs rank <= features -- choose "
+                             f"--rank <= {widths[p]}, or leave --rank out for the 'auto' rule (2 x clusters)")
+    if rank > ds.n_samples:
+        raise ParameterError(f"--rank {rank} exceeds the number of samples ({ds.n_samples}): choose --rank <= "
+                             f"{ds.n_samples}")
+
+
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
 
@@ -255,6 +269,8 @@ def register(app, reproduce_app) -> None:
                 raise ParameterError("--seeds: without --labels there are no scores to average over seeds; one "
                                      "fit (seed 0) is run")
             n_seeds = 1
+        if rank is not None:
+            _check_rank(rank, ds)
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]
         params["n_components"] = "auto" if rank is None else rank
         if paper:
@@ -262,7 +278,7 @@ def register(app, reproduce_app) -> None:
         label = paths[0].name if len(paths) == 1 else ", ".join(p.name for p in paths)
         console = Console()
         assignments = None
-        with threadpool_limits(threads), _Progress(not quiet, n_seeds, rounds) as prog:
+        with threadpool_limits(threads), _Progress(not quiet, n_seeds, rounds, params.get("tol")) as prog:
             if ds.labels is not None:
                 methods = [algorithm, *(CONTEXT_METHODS if context else ())]
                 res = run_dataset(ds, key=_paper_key(paths[0], ds.name), label=label, methods=methods,
@@ -297,6 +313,7 @@ def register(app, reproduce_app) -> None:
             write_assignments(labels_out, ds.ids, assignments)
             typer.echo(f"wrote {labels_out} ({ds.n_samples} rows: sample_id,cluster)")
         if json_path is not None:
+            doc["meta"] = meta(inputs=[p for p in [*paths, labels_path] if p is not None], seeds=list(range(n_seeds)))
             write_json_atomic(json_path, doc, default=_json_default)
             typer.echo(f"wrote {json_path}")
 
@@ -307,7 +324,7 @@ def register(app, reproduce_app) -> None:
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
         method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
-        include: Optional[List[str]] = typer.Option(None, "--only", help="Only files whose path contains this."),
+        include: Optional[List[str]] = typer.Option(None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for one source."),
         threads: int = typer.Option(1, help="BLAS threads."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -330,7 +347,7 @@ def register(app, reproduce_app) -> None:
         methods = list(method or available_methods())
         console = Console()
         results = []
-        with threadpool_limits(threads), _Progress(not quiet, seeds, rounds) as prog:
+        with threadpool_limits(threads), _Progress(not quiet, seeds, rounds, params.get("tol")) as prog:
             def on_dataset(label, ds):
                 if prog.progress:
                     prog.progress.console.print(f"[bold]{label}[/] n={ds.n_samples} views={ds.n_features} "
@@ -342,7 +359,9 @@ def register(app, reproduce_app) -> None:
                     prog.progress.console.print(_table([res], res.label))
                 if json_path is not None:
                     write_json_atomic(json_path, {"params": params, "methods": methods,
-                                                  "results": [r.to_dict() for r in results]})
+                                                  "results": [r.to_dict() for r in results],
+                                                  "meta": meta(inputs=[root / r.label for r in results],
+                                                               seeds=list(range(seeds)))})
 
             run_table1(root, methods=methods, seeds=range(seeds), params=params, include=include,
                        on_dataset=on_dataset, on_seed=prog.on_seed, on_round=prog.on_round, on_result=on_result)

@@ -2,6 +2,7 @@
 transform) and :class:`FedMultiViewClustering` (factorization, then k-means)."""
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering
+from fedsonmf.estimators.single import SparseONMF
 from fedsonmf.estimators.sonmf import FedSONMF, federated_sonmf
 
-__all__ = ["FedSONMF", "FedMultiViewClustering", "federated_sonmf"]
+__all__ = ["FedSONMF", "FedMultiViewClustering", "SparseONMF", "federated_sonmf"]

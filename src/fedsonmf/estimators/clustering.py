@@ -45,16 +45,23 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
 from fedsonmf._validation import (
+    as_view_list,
     check_bool,
+    check_callback,
     check_choice,
+    check_constant_views,
+    check_feature_names,
     check_int,
     check_seed,
     check_views,
     is_int,
+    refuse_list_split_by_sklearn,
+    view_feature_names,
+    views_checked,
 )
 from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_rules import (
@@ -73,11 +80,9 @@ from fedsonmf.estimators.clustering_steps import (
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
-    CLUSTER_PARAMS,
     FED_PARAMS,
     RUN_PARAMS,
     default,
-    make_init,
 )
 
 #: where the federation of FedMultiViewClustering runs
@@ -122,7 +127,7 @@ def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = defaul
 # ----------------------------------------------------------------------------- estimator
 
 
-class FedMultiViewClustering(ClusterMixin, BaseEstimator):
+class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
     """Federated multi-view clustering: :class:`~fedsonmf.FedSONMF` on the views, then k-means on V^T.
 
     Parameters
@@ -163,8 +168,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
-        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).
-        ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
+        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table; ``verbose`` an
+        int level).  ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
         ``checkpoint_dir/restart-<i>``.
 
     Attributes
@@ -193,13 +198,68 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         The seed of every restart.
     effective_rank_ : int
         Nonzero rows of V.
+    n_iter_ : int
+        Rounds of the (first) fit (``n_rounds_``).
+    n_features_in_ : list of int
+        Features of each view.
+    feature_names_in_ : list of (ndarray or None)
+        Each view's column names (DataFrame views); only when some view has them.
     """
 
-    __init__ = make_init(
-        ("n_clusters", "n_components") + CLUSTER_PARAMS[1:] + tuple(n for n in FED_PARAMS if n != "n_components")
-        + RUN_PARAMS,
-        overrides={"n_components": "auto"},
-    )
+    def __init__(
+        self,
+        n_clusters=default("n_clusters"),
+        *,
+        n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
+        normalize_views=default("normalize_views"), n_init=default("n_init"),
+        kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
+        engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
+        mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
+        rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
+        diagnostics=default("diagnostics"), ustep=default("ustep"),
+        secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
+        dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
+        dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
+        max_rounds=default("max_rounds"), tol=default("tol"), algorithm=default("algorithm"),
+        random_state=default("random_state"), n_jobs=default("n_jobs"), blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose"),
+    ):
+        self.n_clusters = n_clusters
+        self.n_components = n_components
+        self.preprocess = preprocess
+        self.normalize_embedding = normalize_embedding
+        self.normalize_views = normalize_views
+        self.n_init = n_init
+        self.kmeans_n_init = kmeans_n_init
+        self.kmeans_max_iter = kmeans_max_iter
+        self.engine = engine
+        self.flower_run_dir = flower_run_dir
+        self.mu = mu
+        self.mu_scale = mu_scale
+        self.tau = tau
+        self.alpha = alpha
+        self.eta_g = eta_g
+        self.rho1 = rho1
+        self.correction = correction
+        self.init_u = init_u
+        self.init_v = init_v
+        self.diagnostics = diagnostics
+        self.ustep = ustep
+        self.secure_aggregation = secure_aggregation
+        self.dp_epsilon = dp_epsilon
+        self.dp_noise_multiplier = dp_noise_multiplier
+        self.dp_clip = dp_clip
+        self.dp_clip_setup = dp_clip_setup
+        self.dp_delta = dp_delta
+        self.dp_rounds = dp_rounds
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
+        self.verbose = verbose
 
     @classmethod
     def paper(cls, n_clusters=default("n_clusters"), **params) -> "FedMultiViewClustering":
@@ -249,8 +309,12 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
                 scales.append(self.view_scales_[p])
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
-                Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
-                                       normalize_views=self.normalize_views, held=held, view=p)
+                try:
+                    Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
+                                           normalize_views=self.normalize_views, held=held, view=p)
+                except InputError as exc:
+                    _explain_empty_after_preprocessing(exc, X, p, self.preprocess)
+                    raise
                 scales.append(info.pop("scale"))
                 self.preprocessing_.append(info)
             out.append(Y)
@@ -263,11 +327,24 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         ``masks`` (incomplete views, ALGORITHM.md §15.1): per view None, a boolean array of
         length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
+        refuse_list_split_by_sklearn(Xs)
+        Xs = as_view_list(Xs)
         if sp.issparse(Xs) or not isinstance(Xs, (list, tuple)) or len(Xs) == 0:
             check_views(Xs)  # raises the InputError that names the problem
         views = _check_view_structure(Xs)  # every check but the scale one (normalising rescues that)
+        check_constant_views(views)
+        callback = check_callback(callback)
         n = views[0].shape[0]
         self._validate(n)
+        if len(views) == 1:
+            warnings.warn("FedMultiViewClustering got a single view: a federation of one client (nothing is "
+                          "federated); pass every view as a list", UserWarning, stacklevel=2)
+        self.n_features_in_ = [int(X.shape[1]) for X in views]
+        names = view_feature_names(Xs)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         if masks is not None and len(masks) != len(views):
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
@@ -289,7 +366,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
-            res = model._fit(Xs, callback=callback, masks=masks)
+            res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True)  # one view: warned above
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,
@@ -310,7 +387,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.seed_ = res.seed
         self.result_ = res
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
         self.embedding_ = model.embedding_
         self.kmeans_ = km
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
@@ -367,7 +444,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         self.seed_ = res.seed
         self.result_ = res
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
         self.embedding_ = res.V.T.copy()
         self.kmeans_ = None  # fitted in the ServerApp; its centres are cluster_centers_
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
@@ -405,13 +482,16 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         (:meth:`FedSONMF.transform`).
         """
         check_is_fitted(self, "labels_")
-        views = _check_view_structure(Xs)
+        refuse_list_split_by_sklearn(Xs)
+        check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
+        views = _check_view_structure(as_view_list(Xs))
         if self.engine == "flower":
             return self._predict_flower(views)[1].T
         if len(views) != len(self.preprocessing_):
             raise InputError(f"the model was fitted on {len(self.preprocessing_)} views; got {len(views)}")
         Xs, _ = self._client_views(views, fitted=True)
-        return self.factorization_.transform(Xs)
+        with views_checked():  # the samples of every view were split together (or not at all): checked above
+            return self.factorization_.transform(Xs)
 
     def predict(self, Xs) -> np.ndarray:
         """Assign new samples (every view) to the fitted clusters: shape (n_samples_new,).
@@ -422,9 +502,35 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         """
         if self.engine == "flower":
             check_is_fitted(self, "labels_")
-            return self._predict_flower(_check_view_structure(Xs))[0]
+            return self._predict_flower(_check_view_structure(as_view_list(Xs)))[0]
         return assign_to_centers(self.transform(Xs), self.cluster_centers_,
                                  normalize_embedding=self.normalize_embedding)
+
+    def score(self, Xs, y=None) -> float:
+        """Label-free score of the clustering on the views ``Xs``: the opposite of the k-means
+        inertia (as :meth:`sklearn.cluster.KMeans.score`), higher is better; ``y`` is ignored.
+
+        The samples are embedded with the fitted bases (:meth:`transform`), normalised as in
+        ``fit`` (unit rows with ``normalize_embedding``, so that fits of different rank compare)
+        and the squared distances to their nearest centre are summed.  Usable by
+        :class:`fedsonmf.model_selection.GridSearchCV` to choose parameters without labels
+        (the inertia shrinks as ``n_clusters`` grows: compare equal ``n_clusters``).
+        """
+        E = self.transform(Xs)
+        E = normalize_rows(E) if self.normalize_embedding else np.asarray(E, dtype=np.float64)
+        d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
+        return -float(d2.min(axis=1).sum())
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of :meth:`transform`'s columns: ``fedmultiviewclustering0``, ... (``input_features`` ignored)."""
+        check_is_fitted(self, "labels_")
+        return np.asarray([f"fedmultiviewclustering{k}" for k in range(self.n_components_)], dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        return tags
 
 
 def _composed_privacy(reports: list) -> dict | None:
@@ -445,11 +551,25 @@ def _composed_privacy(reports: list) -> dict | None:
     return rep
 
 
+def _explain_empty_after_preprocessing(exc: InputError, X, p: int, preprocess: str) -> None:
+    """Raise a clearer error when a nonzero view became all zero in its client's preprocessing."""
+    if "is all zero" not in str(exc) or not np.any(X.data if sp.issparse(X) else np.asarray(X)):
+        return
+    what = f"it has n_features = {X.shape[1]}" if X.shape[1] == 1 else "a constant view, or a single feature"
+    raise InputError(
+        f"view {p} carries nothing to cluster on after preprocess={preprocess!r}: every sample points the same way "
+        f"({what}), so once each sample is scaled to unit norm and centred the view is all zero -- drop the "
+        "view, or use preprocess='none'"
+    ) from None
+
+
 def _check_view_structure(Xs) -> list:
     """The view checks without the scale one, as InputError (a ValueError) naming the view."""
     from fedsonmf.preprocessing import _check_views
 
     try:
         return _check_views(Xs)
+    except InputError:
+        raise
     except TypeError as exc:
         raise InputError(str(exc)) from None

@@ -10,8 +10,8 @@ apart; defaults come from :data:`fedsonmf.protocol.params.PARAMS`.
 
 from __future__ import annotations
 
-import numbers
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +20,19 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import (
+    as_view_list,
+    check_callback,
+    check_feature_names,
     check_int,
     check_n_jobs,
     check_real,
     check_seed,
+    check_verbose,
     check_views,
+    refuse_list_split_by_sklearn,
+    view_feature_names,
 )
+from fedsonmf._provenance import sha256_array
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.masks import held_columns
@@ -36,7 +43,7 @@ from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
-from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default, make_init
+from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default
 
 __all__ = ["FedSONMF", "federated_sonmf"]
 
@@ -55,8 +62,7 @@ def _check_run_params(est) -> dict:
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
         raise ParameterError(f"checkpoint_dir must be None or a path, got {cd!r}")
-    if not isinstance(est.verbose, (bool, np.bool_, numbers.Integral)):
-        raise ParameterError(f"verbose must be True or False, got {est.verbose!r}")
+    check_verbose(est.verbose)
     try:
         algorithm = get_algorithm(est.algorithm).name
     except ValueError as exc:
@@ -70,20 +76,45 @@ def _check_run_params(est) -> dict:
             "algorithm": algorithm}
 
 
-def _mean_loss(views, bases, V, masks=None) -> float:
-    """``(1/m) sum_p ||X_p - U_p V||_F^2`` over the samples each view holds (all without ``masks``)."""
-    if masks is None:
-        return float(np.mean([loss(X, U, V) for X, U in zip(views, bases)]))
+def _frobenius_error(views, bases, V, masks=None) -> float:
+    """``sqrt(sum_p ||X_p - U_p V||_F^2)`` over the samples each view holds (all without ``masks``).
+
+    scikit-learn's ``reconstruction_err_`` (the Frobenius norm of the residual) of the
+    views side by side, ``[X_1; ...; X_m] ~ [U_1; ...; U_m] V``.
+    """
     out = []
-    for p, (X, U, mk) in enumerate(zip(views, bases, masks)):
-        cols = held_columns(mk, X.shape[1], client=p)
+    for p, (X, U) in enumerate(zip(views, bases)):
+        cols = None if masks is None else held_columns(masks[p], X.shape[1], client=p)
         out.append(loss(X, U, V) if cols is None else loss(X[:, cols], U, V[:, cols]))
-    return float(np.mean(out))
+    return float(np.sqrt(sum(out)))
+
+
+def _progress_callback(verbose: int, max_rounds: int, tol: float):
+    """The printer of ``verbose`` (1: a line every 10 rounds and the last; 2: every round)."""
+    import sys
+    import time
+
+    start = time.perf_counter()
+
+    def callback(row):
+        k = row["round"]
+        if verbose < 2 and k % 10 and k != max_rounds:
+            return
+        elapsed = time.perf_counter() - start
+        msg = f"round {k:4d}/{max_rounds}"
+        if "R_rel" in row:
+            msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
+            if tol > 0:
+                msg += f" (tol {tol:.0e})"
+        msg += f"  rank={row['effective_rank']}  {elapsed:.1f}s, <= {elapsed / k * (max_rounds - k):.0f}s left"
+        print(msg, file=sys.stderr, flush=True)
+
+    return callback
 
 
 def _out_dtype(Xs) -> type:
-    """float32 when every view is float32 (as scikit-learn's NMF), else float64."""
-    return np.float32 if all(getattr(X, "dtype", None) == np.float32 for X in Xs) else np.float64
+    """float32 when every view is float32 (as scikit-learn's NMF) or float16, else float64."""
+    return np.float32 if all(getattr(X, "dtype", None) in (np.float32, np.float16) for X in Xs) else np.float64
 
 
 class FedSONMF(TransformerMixin, BaseEstimator):
@@ -130,8 +161,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         (atomically); a fit whose ``checkpoint_dir`` holds a checkpoint of the
         same run (same data shape, parameters and seed) resumes from it and
         ends with the same V as an uninterrupted fit.
-    verbose : bool, default=False
-        Print one line per round.
+    verbose : int, default=0
+        0 silent; 1 progress on stderr (a line every 10 rounds with the time left, and a
+        summary); 2 a line every round.  ``True``/``False`` are 1/0.
     dp_epsilon, dp_noise_multiplier : float or None, default=None
         Differential privacy of each client's whole view (what that covers and
         what not: :mod:`fedsonmf.protocol.privacy`): each client clips and noises
@@ -157,9 +189,15 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     mu_ : float
         The l2,1 weight used (the number "auto" resolved to).
     reconstruction_err_ : float
-        ``(1/m) sum_p ||X_p - U_p V||_F^2`` on the training views (the samples each view holds).
+        ``sqrt(sum_p ||X_p - U_p V||_F^2)`` on the training views (the samples each view holds):
+        scikit-learn's definition (NMF: the Frobenius norm of the residual) for the views side by side.
+    n_components_ : int
+    n_iter_ : int
+        Rounds run (``n_rounds_``).
     n_features_in_ : list of int
         Features of each view.
+    feature_names_in_ : list of (ndarray or None)
+        Each view's column names (DataFrame views); only when some view has them.
     n_rounds_ : int
     seed_ : int
     history_ : History
@@ -170,6 +208,13 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         ``epsilon_all_views``, ``delta``, the noise multiplier, clip and unit
         (:func:`fedsonmf.protocol.privacy.privacy_report`); None without DP.
 
+    Notes
+    -----
+    scikit-learn's splitters (``GridSearchCV``, ``cross_val_score``) index a list along the
+    views; this estimator refuses such a split.  Use :mod:`fedsonmf.model_selection`, which
+    splits the samples of every view together.  A single view is a federation of one client
+    (a warning); for one matrix use :class:`~fedsonmf.estimators.single.SparseONMF`.
+
     Examples
     --------
     >>> from fedsonmf.datasets import make_synthetic
@@ -179,7 +224,47 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     (40, 3)
     """
 
-    __init__ = make_init(("n_components",) + tuple(n for n in FED_PARAMS if n != "n_components") + RUN_PARAMS)
+    def __init__(
+        self,
+        n_components=default("n_components"),
+        *,
+        mu=default("mu"), mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"),
+        eta_g=default("eta_g"), rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"),
+        init_v=default("init_v"), diagnostics=default("diagnostics"), ustep=default("ustep"),
+        secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
+        dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
+        dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
+        max_rounds=default("max_rounds"), tol=default("tol"), algorithm=default("algorithm"),
+        random_state=default("random_state"), n_jobs=default("n_jobs"), blas_threads=default("blas_threads"),
+        checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose"),
+    ):
+        self.n_components = n_components
+        self.mu = mu
+        self.mu_scale = mu_scale
+        self.tau = tau
+        self.alpha = alpha
+        self.eta_g = eta_g
+        self.rho1 = rho1
+        self.correction = correction
+        self.init_u = init_u
+        self.init_v = init_v
+        self.diagnostics = diagnostics
+        self.ustep = ustep
+        self.secure_aggregation = secure_aggregation
+        self.dp_epsilon = dp_epsilon
+        self.dp_noise_multiplier = dp_noise_multiplier
+        self.dp_clip = dp_clip
+        self.dp_clip_setup = dp_clip_setup
+        self.dp_delta = dp_delta
+        self.dp_rounds = dp_rounds
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.algorithm = algorithm
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.blas_threads = blas_threads
+        self.checkpoint_dir = checkpoint_dir
+        self.verbose = verbose
 
     # ------------------------------------------------------------------ fit
     def _validate(self) -> tuple[FedConfig, dict, int | None]:
@@ -194,15 +279,17 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None, masks=None) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False) -> FitResult:
+        Xs = as_view_list(Xs)
         cfg, run, seed = self._validate()
+        callback = check_callback(callback)
         views = check_views(Xs, cfg.n_components)
-        if callback is None and self.verbose:
-            def callback(row):
-                msg = f"round {row['round']:4d}"
-                if "R_rel" in row:
-                    msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
-                print(msg + f"  rank={row['effective_rank']}")
+        if len(views) == 1 and not single_view_ok:
+            warnings.warn("FedSONMF got a single view: a federation of one client (nothing is federated); for one "
+                          "matrix use fedsonmf.estimators.SparseONMF, for several views pass them all as a list",
+                          UserWarning, stacklevel=3)
+        if callback is None and check_verbose(self.verbose):
+            callback = _progress_callback(int(self.verbose), run["max_rounds"], run["tol"])
         ckpt_dir = run["checkpoint_dir"]
         resume = False
         if ckpt_dir is not None:
@@ -214,16 +301,30 @@ class FedSONMF(TransformerMixin, BaseEstimator):
                 views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
                 callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume, masks=masks,
             )
+        # provenance of the views this fit saw (FitResult.save_json writes it in its meta block)
+        res.extra.setdefault("input_sha256", [{"name": f"view {p}", "sha256": sha256_array(X.T)}
+                                              for p, X in enumerate(views)])
         dtype = _out_dtype(Xs)
         self.result_ = res
         self.embedding_ = res.V.T.astype(dtype, copy=True)
         self.components_ = [U.T.astype(dtype, copy=True) for U in res.bases]
         self.history_ = res.history
-        self.n_rounds_ = res.n_rounds
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
+        self.n_components_ = int(res.V.shape[0])
         self.seed_ = res.seed
         self.mu_ = float(res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
-        self.reconstruction_err_ = _mean_loss(views, res.bases, res.V, masks)
+        names = view_feature_names(Xs)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        self.reconstruction_err_ = _frobenius_error(views, res.bases, res.V, masks)
+        if self.verbose:
+            import sys
+
+            print(f"FedSONMF: {res.n_rounds} rounds, {res.stopping_reason}; reconstruction error "
+                  f"{self.reconstruction_err_:.6g}", file=sys.stderr, flush=True)
         self.privacy_ = res.extra.get("privacy")
         return res
 
@@ -237,18 +338,22 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         client holds (membership) in the clear; what the uploads tell it about their
         content (without DP: U_p^T X_p of the held columns) is in ``docs/privacy.md``.
         """
+        refuse_list_split_by_sklearn(Xs)
         self._fit(Xs, masks=masks)
         return self
 
     def fit_transform(self, Xs, y=None, *, masks=None) -> np.ndarray:
         """Fit and return the embedding V^T of shape (n_samples, n_components)."""
+        refuse_list_split_by_sklearn(Xs)
         self._fit(Xs, masks=masks)
         return self.embedding_
 
     # ------------------------------------------------------------------ out of sample
     def _check_new_views(self, Xs) -> list:
         check_is_fitted(self, "components_")
-        views = check_views(Xs, None)
+        refuse_list_split_by_sklearn(Xs)
+        check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
+        views = check_views(as_view_list(Xs), None)
         widths = [X.shape[0] for X in views]
         if widths != self.n_features_in_:
             raise InputError(
@@ -269,7 +374,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         views returns ``embedding_`` at a converged fit).  Every view of the new
         samples is needed (the same clients as in the fit).
         """
-        return self._embed(self._check_new_views(Xs)).T.astype(_out_dtype(Xs))
+        return self._embed(self._check_new_views(Xs)).T.astype(_out_dtype(as_view_list(Xs)))
 
     def _bases(self) -> list[np.ndarray]:
         """The fitted U_p (d_p, r) in float64."""
@@ -293,14 +398,27 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         return [E @ C for C in self.components_]
 
     def reconstruction_error(self, Xs) -> float:
-        """``(1/m) sum_p ||X_p - U_p V||_F^2`` on the views ``Xs`` of (new) samples, with
+        """``sqrt(sum_p ||X_p - U_p V||_F^2)`` on the views ``Xs`` of (new) samples, with
         V = ``transform(Xs)`` (the training error of the fitted V is ``reconstruction_err_``)."""
         views = self._check_new_views(Xs)
-        return _mean_loss(views, self._bases(), self._embed(views))
+        return _frobenius_error(views, self._bases(), self._embed(views))
 
     def score(self, Xs, y=None) -> float:
         """Negative reconstruction error on ``Xs`` (higher is better, as scikit-learn expects)."""
         return -self.reconstruction_error(Xs)
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """Names of the embedding's columns: ``fedsonmf0``, ..., ``fedsonmf<r-1>`` (``input_features``
+        is ignored: every view contributes to every component)."""
+        check_is_fitted(self, "components_")
+        return np.asarray([f"fedsonmf{k}" for k in range(self.n_components_)], dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
+        tags.non_deterministic = False
+        return tags
 
 
 def federated_sonmf(Xs, n_components=default("n_components"), *, callback=None, masks=None, **params) -> FitResult:

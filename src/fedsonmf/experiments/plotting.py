@@ -17,8 +17,10 @@ def _plt():
     return plt
 
 
-def plot_residuals(histories: Mapping[str, object], path, metric: str = "R_rel", title: str | None = None) -> Path:
-    """Plot ``metric`` (default R^s/R^1) per round on a log scale, one line per history."""
+def plot_residuals(histories: Mapping[str, object], path, metric: str = "R_rel", title: str | None = None,
+                   target: float | None = 1e-2) -> Path:
+    """Plot ``metric`` (default R^s/R^1) per round on a log scale, one line per history, and the
+    ``target`` level as a labelled dashed line (None: no line)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for label, hist in histories.items():
@@ -26,7 +28,8 @@ def plot_residuals(histories: Mapping[str, object], path, metric: str = "R_rel",
         ax.semilogy(hist.column("round"), np.maximum(y, 1e-300), marker=".", label=label)
     ax.set_xlabel("communication round s")
     ax.set_ylabel({"R_rel": "$R^s / R^1$", "R_avg_rel": r"$\bar R^s / R^1$"}.get(metric, metric))
-    ax.axhline(1e-2, color="grey", lw=0.8, ls="--")
+    if target is not None:
+        ax.axhline(target, color="grey", lw=0.8, ls="--", label=f"target R/R1 = {target:g}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     if title:

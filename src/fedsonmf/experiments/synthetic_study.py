@@ -27,6 +27,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from fedsonmf._provenance import meta as provenance_meta
+
 from fedsonmf.experiments.study_design import (
     METRICS,
     Cell,
@@ -80,6 +82,7 @@ def _atomic_write_json(path: Path, obj) -> None:
 
 def _run_and_write(cell: Cell, cells_dir: str) -> tuple[str, float]:
     rec = run_cell(cell)
+    rec["meta"] = provenance_meta(seeds=[int(cell.seed)] if hasattr(cell, "seed") else None)
     _atomic_write_json(Path(cells_dir) / f"{cell.key}.json", rec)
     return cell.key, rec["seconds"]
 
@@ -226,6 +229,7 @@ def run_study(out_dir, cfg: StudyConfig, *, jobs: int = 1, printer=None, report:
             "numpy": np.__version__, "complete": complete,
         },
         "metrics": METRICS,
+        "meta": provenance_meta(seeds=sorted({int(c.seed) for c in cells if hasattr(c, "seed")}) or None),
     }
     _atomic_write_json(out / "config.json", meta)
     if report and complete:

@@ -155,6 +155,39 @@ def run_dataset(
     return out
 
 
+def _parts(text: str) -> list[str]:
+    return [p.lower() for p in Path(text).with_suffix("").parts] if text.lower().endswith(".mat") else \
+        [p.lower() for p in Path(text).parts]
+
+
+def select_datasets(paths, root, include: Iterable[str] | None = None) -> list:
+    """The files of ``paths`` that ``include`` names (all without ``include``).
+
+    A name matches whole path components from the data folder's root: a data-set
+    name (``BBCSport``: every file of that data set), a data set and its source
+    (``BBCSport/zskong``) or one file (``BBCSport/zskong/BBCSport.mat``); case does
+    not matter.  A name that matches no file is an :class:`InputError` listing the
+    data sets, never a silent substring match (``zskong`` is a source, not a data set).
+    """
+    root = Path(root)
+    paths = list(paths)
+    if not include:
+        return paths
+    labels = [_parts(str(Path(p).relative_to(root))) for p in paths]
+    chosen, unmatched = set(), []
+    for name in include:
+        want = _parts(str(name).strip("/"))
+        hit = {i for i, lab in enumerate(labels) if want and lab[:len(want)] == want}
+        if not hit:
+            unmatched.append(str(name))
+        chosen |= hit
+    if unmatched:
+        names = sorted({str(Path(p).relative_to(root)).split("/")[0] for p in paths})
+        raise InputError(f"--only {', '.join(map(repr, unmatched))} names no data set under {root}; data sets: "
+                         f"{', '.join(names)} (or one source, e.g. {names[0] if names else 'NAME'}/<source>)")
+    return [p for i, p in enumerate(paths) if i in chosen]
+
+
 def run_table1(
     data_dir,
     *,
@@ -168,14 +201,12 @@ def run_table1(
     on_round=None,
     on_result: Callable[[DatasetResult], None] | None = None,
 ) -> list[DatasetResult]:
-    """Run every ``.mat`` dataset under ``data_dir`` (or those whose path contains a string of ``include``)."""
+    """Run every ``.mat`` dataset under ``data_dir`` (or those ``include`` names: :func:`select_datasets`)."""
     root = Path(data_dir)
     methods = list(methods or available_methods())
     results = []
-    for path in find_datasets(root):
+    for path in select_datasets(find_datasets(root), root, include):
         label = str(path.relative_to(root))
-        if include and not any(s.lower() in label.lower() for s in include):
-            continue
         ds = load_mat(path)
         if on_dataset is not None:
             on_dataset(label, ds)

@@ -118,8 +118,15 @@ class FitResult:
             **self.extra,
         }
 
-    def save_json(self, path) -> None:
-        write_json_atomic(path, self.to_json_dict(), default=json_default)  # temp file, fsync, replace; 0600
+    def save_json(self, path, *, inputs=None) -> None:
+        """Write :meth:`to_json_dict` with a ``meta`` block (:func:`fedsonmf._provenance.meta`: versions,
+        command line, time, seed, SHA-256 of each input -- ``inputs``, else the views hashed at fit time)."""
+        from fedsonmf._provenance import meta
+
+        hashed = self.extra.get("input_sha256", ()) if inputs is None else inputs
+        doc = {k: v for k, v in self.to_json_dict().items() if k != "input_sha256"}
+        doc["meta"] = meta(inputs=hashed, seeds=[self.seed])
+        write_json_atomic(path, doc, default=json_default)  # temp file, fsync, replace; 0600
 
 
 def json_default(o):

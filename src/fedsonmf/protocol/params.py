@@ -73,7 +73,7 @@ _TABLE = [
     Param("n_jobs", 1, "Clients run in this many threads (results do not depend on it)."),
     Param("blas_threads", None, "Limit BLAS threads during the fit (threadpoolctl); None leaves them."),
     Param("checkpoint_dir", None, "Save the state after every round here and resume from it."),
-    Param("verbose", False, "Print one line per round."),
+    Param("verbose", 0, "0 silent, 1 progress (a line every 10 rounds, to stderr), 2 a line per round."),
     # -- clustering
     Param("n_clusters", 8, "Number of clusters c."),
     Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; dense views "
@@ -119,21 +119,3 @@ def default(name: str):
     """The declared default of parameter ``name``."""
     return PARAMS[name].default
 
-
-def make_init(names: tuple[str, ...], *, positional: int = 1, overrides: dict | None = None):
-    """An ``__init__`` that stores the table parameters ``names`` as attributes, scikit-learn style.
-
-    The first ``positional`` parameters may be given by position, the rest are
-    keyword-only; defaults come from :data:`PARAMS` (or ``overrides``).  The
-    estimators use it so that their (long) signatures are written once, here,
-    and scikit-learn's ``get_params``/``clone`` see an ordinary signature.
-    """
-    overrides = overrides or {}
-    defaults = {n: overrides[n] if n in overrides else PARAMS[n].default for n in names}
-    args = [f"{n}=_defaults[{n!r}]" for n in names]
-    args.insert(positional, "*")
-    body = "".join(f"    self.{n} = {n}\n" for n in names)
-    src = f"def __init__(self, {', '.join(args)}):\n{body}"
-    namespace: dict = {}
-    exec(compile(src, f"<fedsonmf.protocol.params.make_init {names[0]}>", "exec"), {"_defaults": defaults}, namespace)
-    return namespace["__init__"]
