@@ -39,6 +39,10 @@ def _cases(tmp_path):
         "reproduce table1 no data": (["reproduce", "table1", "--data", tmp_path / "none"], 2, "data"),
         "reproduce synthetic bad rounds": (["reproduce", "synthetic", "--rounds", 0], 2, "rounds"),
         "reproduce unknown command": (["reproduce", "nope"], 2, "nope"),
+        # group: fedsonmf plot
+        "plot missing results": (["plot", nope, "--out", tmp_path / "p.png"], 2, "not a fedsonmf results JSON"),
+        "plot not a results file": (["plot", tmp_path / "afile", "--out", tmp_path / "p.png"], 2,
+                                    "not a fedsonmf results JSON"),
         # group: fedsonmf flower (loopback launcher and app)
         "flower run missing view": (["flower", "run", nope, v1, "--out", tmp_path / "r"], 2,
                                     "view file " + str(nope) + " does not exist"),
@@ -108,7 +112,7 @@ def test_every_command_group_is_exercised():
     from fedsonmf.cli.app import app
 
     root = typer.main.get_command(app)
-    groups = {"synthetic", "cluster", "reproduce", "flower"}
+    groups = {"synthetic", "cluster", "reproduce", "flower", "plot"}
     assert set(root.commands) == groups
     covered = {name.split()[0] for name in _names()}
     assert covered == groups

@@ -315,7 +315,7 @@ def register(app, reproduce_app) -> None:
         server = Path(out).resolve() / "server"
         typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
         if json_path is not None:
-            res.save_json(json_path)
+            res.save_json(json_path, inputs=[Path(v) for v in views])
             typer.echo(f"wrote {json_path}")
 
     @flower_app.command("cluster")
@@ -427,7 +427,8 @@ def register(app, reproduce_app) -> None:
         server = Path(out).resolve() / "server"
         typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
         if json_path is not None:
-            res.save_json(json_path)
+            files = sorted(p for p in views[0].iterdir() if p.is_file()) if isinstance(source, Path) else views
+            res.save_json(json_path, inputs=files)
             typer.echo(f"wrote {json_path}")
 
     @flower_app.command("views")

@@ -90,5 +90,8 @@ def register(app, reproduce_app) -> None:
         if plot is not None:
             from fedsonmf.experiments.plotting import plot_residuals
 
-            plot_residuals({f"{algorithm} (h={heterogeneity:g}, tau={tau})": hist}, plot)
+            label = f"{algorithm} (h={heterogeneity:g}, tau={tau})"
+            if not correction:
+                label += ", no drift correction (ablation)"
+            plot_residuals({label: hist}, plot)
             typer.echo(f"wrote {plot}")
