@@ -181,11 +181,40 @@ def test_flower_predict_equals_the_estimator(tmp_path):
     out = tmp_path / "predict"
     assert np.array_equal(np.load(out / "V.npy").T, want_E)
     assert np.array_equal(read_labels_csv(out / "labels.csv"), want)
-    # what the nodes sent: one r x n_new matrix each, nothing with a feature dimension
-    for row in map(json.loads, open(out / "wire.jsonl")):
-        if row["direction"] == "up" and "fedsonmf.arrays" in row["records"]:
-            assert {k: v["shape"] for k, v in row["records"]["fedsonmf.arrays"]["items"].items()} == \
-                {"UtX": [2 * C, 15]}
+    # what the nodes sent (the fit ran with secure aggregation, so the predict does too): a public
+    # key, then one masked r x n_new matrix each -- nothing in the clear, nothing with a feature dimension
+    up = [row for row in map(json.loads, open(out / "wire.jsonl")) if row["direction"] == "up"]
+    arrays = [{k: v["shape"] for k, v in row["records"]["fedsonmf.arrays"]["items"].items()}
+              for row in up if "fedsonmf.arrays" in row["records"]]
+    assert arrays == [{"secagg.arrays.UtX": [2 * C, 15]}] * 3, arrays
+    scalars = [set(row["records"]["fedsonmf.scalars"]["items"]) for row in up if "fedsonmf.scalars" in row["records"]]
+    assert {"secagg_pk", "secagg_exp", "n"} in scalars and not any("UtX" in s for s in scalars)
+
+
+def test_a_node_refuses_to_send_new_samples_in_the_clear_after_a_secure_fit(tmp_path):
+    """A server that asks for the predict's U_p^T X_p^new unmasked (no key step) gets an error
+    from every node whose fit ran with secure aggregation -- the node decides from its own record."""
+    from fedsonmf.federation.flower import clustering as fclust
+    from fedsonmf.federation.flower import server_app
+
+    views, _ = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    grid, rc = _fake_run(tmp_path, views, new_views=new)
+    rc2 = {**rc, "mode": "predict", "model-dir": rc["out-dir"], "out-dir": str(tmp_path / "predict")}
+    real = server_app.Message
+
+    def downgraded(kind, round, arrays=None, scalars=None, *a):  # the curious server drops the seed
+        scalars = {k: v for k, v in (scalars or {}).items() if k != fclust.EMBED_SECAGG_SEED}
+        return real(kind, round, arrays or {}, scalars, *a)
+
+    server_app.Message = downgraded
+    try:
+        with pytest.raises(Exception, match="masked only"), threadpool_limits(1):
+            server_main(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
+                        clustering=STEPS_MODULE)
+    finally:
+        server_app.Message = real
+    assert not (tmp_path / "predict" / "V.npy").exists()
 
 
 @pytest.mark.parametrize("rule,want", [("paper", C), ("auto-cap", 4), ("5", 4)])

@@ -387,7 +387,13 @@ class FedSONMF(TransformerMixin, BaseEstimator):
 
             warnings.warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
                           "not covered by the differential privacy of the fit (privacy_)", UserWarning, stacklevel=3)
-        return embed_new_samples([ut_x(U, X) for U, X in zip(self._bases(), views)], self.mu_)
+        utxs = [ut_x(U, X) for U, X in zip(self._bases(), views)]
+        if self.secure_aggregation and len(utxs) > 1:
+            # the server learns only the masked sum of the U_p^T X_p (as in a deployment's predict)
+            from fedsonmf.federation.secagg import fixed_point_sum
+
+            return embed_new_samples([fixed_point_sum(utxs) / len(utxs)], self.mu_)
+        return embed_new_samples(utxs, self.mu_)
 
     def inverse_transform(self, E) -> list[np.ndarray]:
         """Each client's reconstruction ``(U_p V)^T`` of shape (n_samples, n_features_p) from an embedding."""

@@ -274,8 +274,20 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         mask = load_mask(context)
-        if fed_msg.kind == "embed":  # predict: one exchange with the fitted bases fixed (no state change)
+        if fed_msg.kind == "embed":  # predict: the fitted bases fixed (no state change)
             reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, fclust.load_steps(clustering))
+            # masked when this node's fit was (its own record) or its policy asks: a server cannot
+            # downgrade the new samples' upload to the clear
+            secure = (fclust.fit_was_secure(sdir, p)
+                      or bool(context.node_config.get("require-secure-aggregation", False)))
+            if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
+                reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
+            elif secure:
+                raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so the new samples are sent "
+                                    "masked only; this predict request asks for them in the clear")
+            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+        if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
+            reply = fclust.node_embed_masked(fed_msg, sdir, p)
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
         if fed_msg.kind == "setup":
             return FlwrMessage(codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id),

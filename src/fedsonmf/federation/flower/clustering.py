@@ -198,6 +198,60 @@ def node_embed(X_new, sdir: Path, p: int, steps) -> Message:
     return Message("embed", 0, {"UtX": ut_x(U, Xi)}, {"n": int(Xi.shape[1])})
 
 
+# ----------------------------------------------------------------------------- predict under secure aggregation
+
+#: the one summed item of a predict exchange: U_p^T X_p^new (r x n_new), of degree 1 in the data
+EMBED_SPEC = {"UtX": ("arrays", 1)}
+#: the scalar of an ``embed`` message asking for the masked protocol (its value: the exchange's seed)
+EMBED_SECAGG_SEED = "secagg-seed"
+
+
+def _embed_key_file(sdir: Path, p: int) -> Path:
+    return Path(sdir) / f"predict-secagg-{p}.npz"
+
+
+def fit_was_secure(sdir: Path, p: int) -> bool:
+    """Whether this node's fit ran with secure aggregation (from its own saved state, not from
+    anything the server says now)."""
+    from fedsonmf.protocol.config import FedConfig
+
+    _, smeta = load_latest_client_state(sdir, p, 10**9)
+    return bool(FedConfig.from_dict(json.loads(str(smeta["config"]))).secure_aggregation)
+
+
+def node_embed_keys(reply: Message, sdir: Path, p: int, seed: int) -> Message:
+    """First step of a masked predict: keep ``U_p^T X_p^new`` and a fresh key pair node-local
+    (0600), answer with the public key and the exponent only (:func:`fedsonmf.federation.secagg.client_setup`)."""
+    from fedsonmf.core._linalg import sqnorm
+    from fedsonmf.federation import secagg
+    from fedsonmf.protocol.messages import ClientState
+
+    state, out = secagg.client_setup(ClientState(0, {}), reply, EMBED_SPEC, me=p, seed=int(seed),
+                                     x_sqnorm=float(sqnorm(reply.arrays["UtX"])))
+    ckpt.atomic_save_npz(_embed_key_file(sdir, p), state.arrays, {"kind": "predict-secagg"})
+    return out
+
+
+def node_embed_masked(msg: Message, sdir: Path, p: int) -> Message:
+    """Second step: pair keys from the relayed public keys, the masked ``U_p^T X_p^new``.
+
+    The pending key file is removed once used, so a node answers one masked sum per key step
+    (a second request with other public keys could otherwise help unmask its upload).
+    """
+    from fedsonmf.federation import secagg
+    from fedsonmf.protocol.messages import ClientState
+
+    path = _embed_key_file(sdir, p)
+    if not path.is_file():
+        raise ProtocolError(f"client {p}: a masked embed request without a pending key step (or answered before)")
+    arrays, _ = ckpt.load_npz(path)
+    try:
+        _, rep = secagg.client_init(ClientState(0, arrays), msg)
+    finally:
+        path.unlink(missing_ok=True)
+    return Message("embed-sum", 0, rep.arrays, rep.scalars)
+
+
 # ----------------------------------------------------------------------------- server outputs
 
 

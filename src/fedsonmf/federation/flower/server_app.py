@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 import traceback
 from pathlib import Path
@@ -35,7 +36,7 @@ from flwr.supercore.run import RunNotRunningException
 
 from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
-from fedsonmf.exceptions import FederationError, RunStopped
+from fedsonmf.exceptions import FederationError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower.security import read_pins, read_retired
@@ -353,11 +354,19 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
                                     poll=poll, recorder=recorder,
                                     startup_timeout=float(rc.get("startup-timeout", 0.0) or 0.0) or None)
         status.write(phase="embed")
-        replies = transport.exchange([Message("embed", 0, {}, {}) for _ in range(m)])
+        mu = float(fit["config"]["mu_value"])
+        secure = bool(fit["config"].get("secure_aggregation", False))
+        # under secure aggregation (the fit's setting) the server learns only the sum of the
+        # nodes' U_p^T X_p^new, which is all the embedding needs: a key step, then the masked sum
+        first = Message("embed", 0, {}, {fclust.EMBED_SECAGG_SEED: secrets.randbits(31)} if secure else {})
+        replies = transport.exchange([first for _ in range(m)])
         ns = {int(rep.scalars["n"]) for rep in replies}
         if len(ns) != 1:
             raise FederationError(f"the nodes' new-sample files hold different numbers of samples: {sorted(ns)}")
-        V = embed_new_samples([rep.arrays["UtX"] for rep in replies], float(fit["config"]["mu_value"]))
+        if secure:
+            V = _masked_embedding(transport, replies, m, mu)
+        else:
+            V = embed_new_samples([rep.arrays["UtX"] for rep in replies], mu)
         labels = steps.assign_to_centers(V.T, centers, normalize_embedding=bool(opts["normalize_embedding"]))
         save_npy_atomic(_inside(out / "V.npy", out), V)
         fclust.write_labels_csv(out / "labels.csv", labels)
@@ -368,6 +377,24 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
     except BaseException as exc:
         status.write(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
         raise
+
+
+def _masked_embedding(transport: FlowerTransport, key_replies: list[Message], m: int, mu: float) -> np.ndarray:
+    """The embedding of new samples from the masked sum of the nodes' ``U_p^T X_p^new``:
+    ``P_{mu/2}(sum / m)`` (:func:`fedsonmf.core.server.embed_new_samples` on the mean)."""
+    from fedsonmf.core.server import embed_new_samples
+    from fedsonmf.federation import secagg
+
+    try:
+        pks = [str(rep.scalars["secagg_pk"]) for rep in key_replies]
+        exp = max(int(rep.scalars["secagg_exp"]) for rep in key_replies)
+    except KeyError:
+        raise ProtocolError("secure predict: a node answered the key step without a public key") from None
+    bits = secagg.server_bits(fclust.EMBED_SPEC, exp, 0.0, m)
+    params = secagg.params_json(list(range(m)), bits, nonce=secrets.token_hex(8), public_keys=pks)
+    replies = transport.exchange([Message("embed-sum", 0, {}, {secagg.SECAGG_KEY: params}) for _ in range(m)])
+    agg = secagg.aggregate_masked(replies, range(m), "embed", 0, bits)
+    return embed_new_samples([np.asarray(agg.sums["UtX"]) / m], mu)
 
 
 def make_server_app(clustering: str | None = None) -> ServerApp:
