@@ -19,7 +19,8 @@ import contextvars
 import math
 import numbers
 import os
-from typing import Iterable
+from types import FrameType
+from typing import Iterable, Literal, overload
 
 import numpy as np
 import scipy.sparse as sp
@@ -59,6 +60,12 @@ def _bounds_text(min, max, min_inclusive: bool = True, max_inclusive: bool = Tru
     return " and ".join(parts)
 
 
+@overload
+def check_int(name: str, value, *, min: int | None = ..., max: int | None = ...,
+              allow_none: Literal[False] = ..., desc: str | None = ...) -> int: ...
+@overload
+def check_int(name: str, value, *, min: int | None = ..., max: int | None = ...,
+              allow_none: bool = ..., desc: str | None = ...) -> int | None: ...
 def check_int(name: str, value, *, min: int | None = None, max: int | None = None,
               allow_none: bool = False, desc: str | None = None) -> int | None:
     """``value`` as a Python int in ``[min, max]``.
@@ -85,6 +92,14 @@ def check_int(name: str, value, *, min: int | None = None, max: int | None = Non
     return v
 
 
+@overload
+def check_real(name: str, value, *, min: float | None = ..., max: float | None = ...,
+               min_inclusive: bool = ..., max_inclusive: bool = ..., allow_none: Literal[False] = ...,
+               desc: str | None = ...) -> float: ...
+@overload
+def check_real(name: str, value, *, min: float | None = ..., max: float | None = ...,
+               min_inclusive: bool = ..., max_inclusive: bool = ..., allow_none: bool = ...,
+               desc: str | None = ...) -> float | None: ...
 def check_real(name: str, value, *, min: float | None = None, max: float | None = None,
                min_inclusive: bool = True, max_inclusive: bool = True, allow_none: bool = False,
                desc: str | None = None) -> float | None:
@@ -211,9 +226,9 @@ def refuse_list_split_by_sklearn(Xs) -> None:
         return  # MultiViewData included: its first axis is the samples
     import sys
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(40):  # deep enough for a Pipeline (and joblib) between the search and the estimator
-        frame = frame.f_back
+        frame = frame.f_back if frame is not None else None
         if frame is None:
             return
         if str(frame.f_globals.get("__name__", "")).startswith("sklearn.model_selection"):

@@ -7,7 +7,7 @@ resumes) the synthetic study of Figs. 2-5 (:mod:`fedsonmf.experiments`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -38,7 +38,7 @@ def register(app, reproduce_app) -> None:
             run_study,
         )
 
-        changes = {}
+        changes: dict[str, Any] = {}
         if seeds is not None:
             changes["seeds"] = tuple(range(seeds))
         if rounds is not None:

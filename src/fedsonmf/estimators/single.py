@@ -121,7 +121,7 @@ class SparseONMF(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
     def _rank(self, n_features: int) -> int:
         if self.n_components is None:
             return n_features
-        r = check_int("n_components", self.n_components, min=1, allow_none=True)
+        r = check_int("n_components", self.n_components, min=1)
         if r > n_features:
             raise InputError(f"n_components={r} is larger than n_features={n_features}; a nonnegative orthonormal "
                              "basis needs n_features >= n_components (lower n_components)")

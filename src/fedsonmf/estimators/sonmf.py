@@ -306,7 +306,8 @@ class FedSONMF(TransformerMixin, BaseEstimator):
                                               for p, X in enumerate(views)])
         dtype = _out_dtype(Xs)
         self.result_ = res
-        self.embedding_ = res.V.T.astype(dtype, copy=True)
+        self.embedding_: np.ndarray = res.V.T.astype(dtype, copy=True)
+        assert res.bases is not None  # the in-process engine returns the clients' bases
         self.components_ = [U.T.astype(dtype, copy=True) for U in res.bases]
         self.history_ = res.history
         self.n_rounds_ = self.n_iter_ = res.n_rounds

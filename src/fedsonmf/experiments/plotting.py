@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedsonmf.protocol.history import History
 
 
 def _plt():
@@ -17,7 +20,7 @@ def _plt():
     return plt
 
 
-def plot_residuals(histories: Mapping[str, object], path, metric: str = "R_rel", title: str | None = None,
+def plot_residuals(histories: Mapping[str, History], path, metric: str = "R_rel", title: str | None = None,
                    target: float | None = 1e-2) -> Path:
     """Plot ``metric`` (default R^s/R^1) per round on a log scale, one line per history, and the
     ``target`` level as a labelled dashed line (None: no line)."""

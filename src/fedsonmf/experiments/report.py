@@ -234,7 +234,7 @@ def write_report(out_dir, cfg: StudyConfig, figs: dict[str, list[Cell]], records
 
 
 def unique_sel(figs: dict[str, list[Cell]], **sel) -> list[Cell]:
-    seen = {}
+    seen: dict = {}
     for cells in figs.values():
         for c in cells:
             if all(getattr(c, k) == v for k, v in sel.items()):

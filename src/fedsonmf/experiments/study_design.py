@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedsonmf.algorithms import ABLATIONS, BASELINES
 from fedsonmf.protocol.params import SYNTHETIC_STUDY
@@ -86,7 +87,8 @@ class StudyConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "StudyConfig":
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in fields})
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in fields}
+        return cls(**kwargs)
 
     def data_spec(self) -> dict:
         return {k: getattr(self, k) for k in ("n_clients", "n_samples", "n_features", "rank", "n_zero_rows", "noise")}
@@ -130,7 +132,7 @@ def study_cells(cfg: StudyConfig) -> dict[str, list[Cell]]:
         rounds = cfg.rounds_one_step if alg in ONE_STEP else cfg.rounds
         return Cell(alg, float(h), int(tau), int(seed), int(rounds), cfg.data_spec(), cfg.method_spec())
 
-    figs = {"fig2": [], "fig3": [], "fig4": []}
+    figs: dict[str, list[Cell]] = {"fig2": [], "fig3": [], "fig4": []}
     for seed in cfg.seeds:
         for h in cfg.heterogeneity:
             figs["fig2"] += [cell("fedsonmf", h, tau, seed) for tau in cfg.taus]

@@ -63,7 +63,7 @@ def atomic_save_npz(path, arrays: dict, meta: dict | None = None) -> Path:
     if _META_KEY in payload:
         raise ValueError(f"array key {_META_KEY!r} is reserved")
     payload[_META_KEY] = np.array(json.dumps(meta or {}, default=json_default))
-    write_atomic(path, lambda fh: np.savez(fh, **payload))  # temp ".<name>.<random>.tmp", fsync, replace, 0600
+    write_atomic(path, lambda fh: np.savez(fh, **payload))  # type: ignore[arg-type]  # numpy's stub: savez(file, *args, allow_pickle, **kwds)  # temp ".<name>.<random>.tmp", fsync, replace, 0600
     _remove_stale_temps(path.parent, lambda name: name.startswith(f".{path.name}."))
     return path
 
@@ -79,7 +79,7 @@ def _remove_stale_temps(directory, select) -> list[Path]:
     kept: a reader in another process (e.g. a monitor polling the server
     checkpoint) must not delete a write in progress.
     """
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(Path(directory).iterdir())
     except OSError:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -300,7 +300,7 @@ def split_summed(reply, spec: Mapping[str, tuple[str, int]], cols=None, n: int |
         v = np.asarray(fields[field].pop(key), dtype=np.float64)
         if v.ndim == 0:
             v = v.reshape(1)
-        elif cols is not None and v.ndim == 2 and v.shape[1] == len(cols) != n:
+        elif cols is not None and n is not None and v.ndim == 2 and v.shape[1] == len(cols) != n:
             full = np.zeros((v.shape[0], int(n)), dtype=np.float64)
             full[:, cols] = v
             v = full
@@ -461,7 +461,7 @@ def masked_names(reply) -> set[str]:
 
 
 def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int],
-                     unmask: Mapping[int, object] | None = None, cohort: Sequence[int] | None = None):
+                     unmask: Mapping[int, Any] | None = None, cohort: Sequence[int] | None = None):
     """The :class:`~fedsonmf.protocol.messages.Aggregate` of masked replies (one per client of
     ``clients``): ring sums, decoded at the exchange's scale.
 
@@ -473,7 +473,7 @@ def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bit
 
     self_keys, pair_revealed = {}, {}
     if unmask is not None:
-        dropped = [q for q in sorted(cohort) if q not in set(clients)]
+        dropped = [q for q in sorted(cohort or clients) if q not in set(clients)]
         for p in clients:
             rep = unmask.get(p)
             if rep is None or SELF_KEY not in rep.arrays or PAIR_KEYS not in rep.arrays:

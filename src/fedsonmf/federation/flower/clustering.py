@@ -71,9 +71,8 @@ def clustering_options(rc) -> dict | None:
     c = int(rc.get("n-clusters", 0) or 0)
     if c <= 0:
         return None
-    rule = str(rc.get("rank-rule", "auto") or "auto")
-    if rule.isdigit():
-        rule = int(rule)
+    text = str(rc.get("rank-rule", "auto") or "auto")
+    rule: str | int = int(text) if text.isdigit() else text
     return {
         "n_clusters": c, "rank_rule": rule,
         "preprocess": str(rc.get("preprocess", default("preprocess"))),
