@@ -1,4 +1,4 @@
-"""The background-component effect (issue 10): per round, the energy share of the largest
+"""The background-component effect: per round, the energy share of the largest
 row of V and the clustering ACC of that round's V, old default vs new default.
 
 Old default: r = c, no per-client preprocessing (rows of V^T normalised before k-means).

@@ -262,7 +262,7 @@ def _mean(rows: list[dict]) -> dict:
 
 
 def synthetic_views(seed: int):
-    """The synthetic setting of issue 17: 10 clients, n = 100, d_p = 20, r = 6, h = 0.6 (views / ||.||_F)."""
+    """The synthetic setting of the privacy study: 10 clients, n = 100, d_p = 20, r = 6, h = 0.6 (views / ||.||_F)."""
     d = make_synthetic(n_clients=10, n_samples=100, n_features=20, rank=6, heterogeneity=0.6, random_state=seed)
     return check_views(normalize_views(d.views), 6), FedConfig(6)
 

@@ -1,4 +1,4 @@
-"""Issue 6 benchmark suite: BLAS-bound local step, round time and peak memory, scaling.
+"""Scale benchmark suite: BLAS-bound local step, round time and peak memory, scaling.
 
 Measured side by side in one run (each case in a fresh subprocess so peak RSS
 is its own):

@@ -1,4 +1,4 @@
-"""Scale invariance (issue 11): a fit on c * X gives the same bases and c * V, in about the same time.
+"""Scale invariance: a fit on c * X gives the same bases and c * V, in about the same time.
 
 For c in {1e-6, 1e-3, 1, 1e3, 1e6}: the same synthetic problem (10 views, n = 100, d = 20,
 r = 6, h = 0.6) fitted with the library defaults (mu = "auto", rho1 = 0), a fixed number of

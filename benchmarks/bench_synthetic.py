@@ -1,4 +1,4 @@
-"""Issue 2 benchmark: convergence and speed on the paper's synthetic set-up.
+"""Benchmark: convergence and speed on the paper's synthetic set-up.
 
 10 clients, n = 100, d_p = 20, r = 6, tau = 10, default parameters.  Reports,
 for h in {0, 0.3, 0.6, 0.9} and correction on/off, the rounds until

@@ -1,4 +1,4 @@
-"""Incomplete views: each organisation holds only some of the samples (ALGORITHM.md §15.1).
+"""Incomplete views: each organisation holds only some of the samples (docs/algorithm.md §15.1).
 
 Two views of the same 90 samples, but each file holds a different subset (ids in an ``id``
 column); ``load_views(..., missing="mask")`` aligns them over the union of the ids and returns

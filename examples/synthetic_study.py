@@ -1,6 +1,6 @@
 """The synthetic study in small: drift correction against the "no correction" ablation.
 
-Ten clients hold views of one planted problem with heterogeneity h (ALGORITHM.md §8); with
+Ten clients hold views of one planted problem with heterogeneity h (docs/algorithm.md §8); with
 h = 0.6 the clients' objectives pull apart, and without drift correction the federation stalls.
 The script fits both, prints the rounds each needs to reach R/R1 <= 1e-2 and draws both runs in
 one figure with the target line labelled.  The paper's whole study (Figs. 2-5, baselines,

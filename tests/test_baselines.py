@@ -1,4 +1,4 @@
-"""Baselines and ablation variants (ALGORITHM.md §9): interface, invariants, behaviour."""
+"""Baselines and ablation variants (docs/algorithm.md §9): interface, invariants, behaviour."""
 
 import numpy as np
 import pytest

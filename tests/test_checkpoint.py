@@ -116,7 +116,7 @@ def test_inprocess_resume_refuses_another_config(tmp_path, views):
         run_inprocess(views, CFG, max_rounds=2, resume=True)
 
 
-# ----------------------------------------------------------------------------- safe resume (issue 11)
+# ----------------------------------------------------------------------------- safe resume
 
 
 def _resume(views_dn, tmp_path, cfg=CFG):

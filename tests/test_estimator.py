@@ -31,7 +31,7 @@ def test_history_fields(small_problem):
     assert rec[0]["R_rel"] == 1.0 and [r["round"] for r in rec] == [1, 2, 3, 4]
     R = res.history.column("R")
     assert np.allclose(res.history.column("R_avg_rel"), np.cumsum(R) / np.arange(1, 5) / R[0])
-    # the paper's averaged metric can never fall below 1/s (ALGORITHM.md §7.3)
+    # the paper's averaged metric can never fall below 1/s (docs/algorithm.md §7.3)
     assert np.all(res.history.column("R_avg_rel") >= 1 / np.arange(1, 5) - 1e-15)
     assert res.config["eta_tilde"] == pytest.approx(1.5 * 10 * 0.01)
 

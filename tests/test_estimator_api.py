@@ -303,7 +303,7 @@ def test_cli_checkpoint_flag(tmp_path, capsys):
 
 @pytest.mark.parametrize("c", [1e-6, 1e6])
 def test_fit_on_scaled_data_gives_same_bases_and_scaled_v(data, c):
-    """Issue 11: with the scale-free defaults (mu auto, rho1 0) a fit on c X is the fit on X, scaled."""
+    """With the scale-free defaults (mu auto, rho1 0) a fit on c X is the fit on X, scaled."""
     a = federated_sonmf(data.views, 3, max_rounds=6, tol=0, random_state=0)
     b = federated_sonmf([c * v for v in data.views], 3, max_rounds=6, tol=0, random_state=0)
     assert all(np.allclose(U, W, atol=1e-9) for U, W in zip(a.bases, b.bases))

@@ -1,4 +1,4 @@
-"""Properties of the federated method (ALGORITHM.md §6 invariants)."""
+"""Properties of the federated method (docs/algorithm.md §6 invariants)."""
 
 import warnings
 
@@ -202,7 +202,7 @@ def test_auto_mu_travels_as_one_scalar_and_is_scale_free(small_problem):
     assert runs[1].config["mu_value"] == pytest.approx(1e3 * runs[0].config["mu_value"], rel=1e-9)
 
 
-# ----------------------------------------------------------------------------- divergence (issue 11)
+# ----------------------------------------------------------------------------- divergence
 
 
 def _div_views():

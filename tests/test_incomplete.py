@@ -1,4 +1,4 @@
-"""Incomplete views (ALGORITHM.md §15.1): masks, per-column aggregation and correction."""
+"""Incomplete views (docs/algorithm.md §15.1): masks, per-column aggregation and correction."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Partial participation (ALGORITHM.md §15.2): quorum, sampling, dropouts and rejoins."""
+"""Partial participation (docs/algorithm.md §15.2): quorum, sampling, dropouts and rejoins."""
 
 import numpy as np
 import pytest

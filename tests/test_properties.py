@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) over random valid configurations (issue 11).
+"""Property tests (hypothesis) over random valid configurations.
 
 Small sizes (n <= 30, d_p <= 10, <= 3 views, few rounds).  Every run must end feasible
 (U_p >= 0, U_p^T U_p = I, V >= 0), finite, without a DivergenceWarning, and -- where the

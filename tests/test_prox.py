@@ -64,7 +64,7 @@ def test_zero_threshold_is_projection_and_input_untouched():
 
 
 def test_prox_does_not_commute_with_averaging():
-    # ALGORITHM.md §2: the reason for variable splitting.
+    # docs/algorithm.md §2: the reason for variable splitting.
     z1, z2 = np.array([[2.0]]), np.array([[-2.0]])
     t = 0.5
     avg_then_prox = prox_l21_nonneg((z1 + z2) / 2, t)

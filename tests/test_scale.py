@@ -1,4 +1,4 @@
-"""Sparse end to end, memory, float32 (issue 6)."""
+"""Sparse end to end, memory, float32."""
 
 import tracemalloc
 

@@ -1,4 +1,4 @@
-"""Secure aggregation (issue 17, deliverable 2): the server learns only sums.
+"""Secure aggregation: the server learns only sums.
 
 * the masking protocol (federation/secagg.py): masks cancel exactly for any cohort, the
   fixed point is exact within its stated error, a value that could wrap is refused;

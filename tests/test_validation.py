@@ -89,7 +89,7 @@ def test_integer_and_bool_input_are_accepted(views):
     assert m.embedding_.dtype == np.float64
 
 
-# ----------------------------------------------------------------------------- issue 11: one validation path
+# ----------------------------------------------------------------------------- one validation path
 
 
 def test_numpy_scalar_parameters_are_accepted(views):

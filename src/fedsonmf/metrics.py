@@ -1,6 +1,6 @@
 """External clustering metrics: accuracy (Hungarian matching), NMI and purity.
 
-Definitions follow ALGORITHM.md §10: ACC matches clusters to classes one-to-one with the
+Definitions follow docs/algorithm.md §10: ACC matches clusters to classes one-to-one with the
 Hungarian algorithm on the contingency matrix; purity assigns every cluster its majority
 class; NMI is :func:`sklearn.metrics.normalized_mutual_info_score`.
 """

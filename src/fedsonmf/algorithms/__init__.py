@@ -24,7 +24,7 @@ __all__ = [
 
 ALGORITHMS: dict[str, Callable[[], FederatedAlgorithm]] = {
     "fedsonmf": FedSONMFAlgorithm,
-    # adapted baselines (ALGORITHM.md §9.1-9.3)
+    # adapted baselines (docs/algorithm.md §9.1-9.3)
     "fedmavg": partial(FedMAvg, "constant", name="fedmavg"),
     "fedmavg_decreasing": partial(FedMAvg, "decreasing", name="fedmavg_decreasing"),
     "fedmgs": partial(FedMGS, "last", name="fedmgs"),

@@ -1,4 +1,4 @@
-"""The ablation variants of Fig. 4-5 (ALGORITHM.md §9.4).
+"""The ablation variants of Fig. 4-5 (docs/algorithm.md §9.4).
 
 | registry name        | local V copies | U-steps/round | correction | V step per round                       |
 |----------------------|----------------|---------------|------------|----------------------------------------|

@@ -84,7 +84,7 @@ class FederatedAlgorithm:
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None,
                      n: int | None = None) -> tuple[ClientState, Message]:
         """Draw U_p^{1,0} from the client's own seeded stream; reply with what
-        the server needs for Vbar^1 (ALGORITHM.md §6).
+        the server needs for Vbar^1 (docs/algorithm.md §6).
 
         ``cols`` (sorted sample indices) and ``n`` describe an incomplete view
         (§15.1): ``X`` then holds only those columns.  Only algorithms with

@@ -1,4 +1,4 @@
-"""Adapted FedMAvg: model averaging of post-proximal local copies (ALGORITHM.md §9.1).
+"""Adapted FedMAvg: model averaging of post-proximal local copies (docs/algorithm.md §9.1).
 
 Client p at round s, from the broadcast V^s::
 

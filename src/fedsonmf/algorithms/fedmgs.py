@@ -1,4 +1,4 @@
-"""Adapted FedMGS: gradient sharing, prox at the server (ALGORITHM.md §9.2).
+"""Adapted FedMGS: gradient sharing, prox at the server (docs/algorithm.md §9.2).
 
 Client p at round s, from the broadcast V^s::
 

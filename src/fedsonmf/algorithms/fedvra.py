@@ -1,4 +1,4 @@
-"""Adapted FedVRA-U: primal-dual (ADMM-like) federated method (ALGORITHM.md §9.3).
+"""Adapted FedVRA-U: primal-dual (ADMM-like) federated method (docs/algorithm.md §9.3).
 
 Client p keeps U_p and a dual variable Lambda_p (r x n, zero at start).  Round s,
 from the broadcast V^s::

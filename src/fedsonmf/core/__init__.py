@@ -1,4 +1,4 @@
-"""The mathematical core (ALGORITHM.md §1-§7): pure functions over NumPy arrays.
+"""The mathematical core (docs/algorithm.md §1-§7): pure functions over NumPy arrays.
 
 No I/O, no transport, no estimator: every driver and algorithm calls these.
 

@@ -4,7 +4,7 @@ These are the only passes over the data.  Sparse views are never densified
 and X_p - U V is never formed: norms use the expansion
 ||X - U V||^2 = ||X||^2 - 2 <U^T X, V> + <U^T U, V V^T>.
 
-Storage [issue 6, measured in benchmarks/bench_scale.py]: a dense view is the
+Storage [measured in benchmarks/bench_scale.py]: a dense view is the
 transposed (F-ordered) view of the user's (n, d_p) array, so no copy is made;
 a sparse view is CSC (d_p x n), which is the free transpose of the usual
 CSR (n, d_p) input and was 3-6x faster than CSR for both products.

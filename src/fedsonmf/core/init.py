@@ -1,4 +1,4 @@
-"""Seeded initialisation of the bases U_p^{1,0} and of Vbar^1 (ALGORITHM.md §6)."""
+"""Seeded initialisation of the bases U_p^{1,0} and of Vbar^1 (docs/algorithm.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Incomplete views: which samples each client holds (ALGORITHM.md §15.1).
+"""Incomplete views: which samples each client holds (docs/algorithm.md §15.1).
 
 Client p holds the columns Omega_p of the shared sample index.  The helpers
 here turn what a user gives (a boolean mask of length n, or an array of

@@ -1,4 +1,4 @@
-"""Objective, gradients and the U-block stationarity measure (ALGORITHM.md §1, §7.2).
+"""Objective, gradients and the U-block stationarity measure (docs/algorithm.md §1, §7.2).
 
 f_p(U, V) = ||X_p - U V||_F^2 (no 1/2 factor);  F = (1/m) sum_p f_p + mu ||V||_{2,1}.
 """

@@ -1,6 +1,6 @@
 """The proximal operator of h(V) = mu * ||V||_{2,1} + indicator(V >= 0).
 
-ALGORITHM.md §2.  Groups are the *rows* of V (r x n): a zero row removes a
+docs/algorithm.md §2.  Groups are the *rows* of V (r x n): a zero row removes a
 latent component for every sample ("joint sparsity").
 """
 

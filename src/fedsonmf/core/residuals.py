@@ -1,4 +1,4 @@
-"""Stationarity residuals R_V, R_U, R and their normalised forms (ALGORITHM.md §7).
+"""Stationarity residuals R_V, R_U, R and their normalised forms (docs/algorithm.md §7).
 
 Client side (:func:`client_diagnostics`): from products the client already has,
 f_p(U^{s,0}, V^s), grad_V f_p(U^{s,0}, V^s) and r_U at U^{s,0} and U^{s,tau}.

@@ -1,4 +1,4 @@
-"""The server step (ALGORITHM.md §5).
+"""The server step (docs/algorithm.md §5).
 
 Vbar^{s+1} = V^s + eta_g ((1/m) sum_p Vhat_p^{s,tau} - V^s)     (pre-proximal, broadcast)
 V^{s+1}    = P_{eta_tilde mu}(Vbar^{s+1})                      (post-proximal)

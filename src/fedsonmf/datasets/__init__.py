@@ -1,4 +1,4 @@
-"""Synthetic data (ALGORITHM.md §8), loaders for multi-view ``.mat`` files and for one file per view."""
+"""Synthetic data (docs/algorithm.md §8), loaders for multi-view ``.mat`` files and for one file per view."""
 
 from fedsonmf.datasets.files import (
     SUPPORTED_FORMATS,

@@ -1,4 +1,4 @@
-"""The synthetic multi-view generator of ALGORITHM.md §8."""
+"""The synthetic multi-view generator of docs/algorithm.md §8."""
 
 from __future__ import annotations
 

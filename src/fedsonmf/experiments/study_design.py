@@ -14,7 +14,7 @@ from fedsonmf.algorithms import ABLATIONS, BASELINES
 from fedsonmf.protocol.params import SYNTHETIC_STUDY
 
 __all__ = ["StudyConfig", "Cell", "study_cells", "unique_cells", "METRICS", "ONE_STEP"]
-#: the four normalisations of the residual (ALGORITHM.md §7.3, History columns)
+#: the four normalisations of the residual (docs/algorithm.md §7.3, History columns)
 METRICS = {
     "R_rel": "R^s / R^1",
     "R_avg_rel": "mean_{t<=s} R^t / R^1 (paper's printed formula)",

@@ -273,7 +273,7 @@ def step_hint(alg: FederatedAlgorithm, cfg: FedConfig) -> str:
 
 
 class DivergenceMonitor:
-    """Watch a run for divergence (issue 11).
+    """Watch a run for divergence.
 
     With diagnostics the signal is the objective F^s against F^1, without
     them the norm ||V^s||_F against ||V^1||_F (F scales like ||V||^2, U being

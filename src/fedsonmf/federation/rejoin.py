@@ -1,4 +1,4 @@
-"""Loading the saved state of a client that missed rounds (ALGORITHM.md §15.2).
+"""Loading the saved state of a client that missed rounds (docs/algorithm.md §15.2).
 
 With partial participation a client's newest state may be older than the
 server's last round; it resumes from its own newest saved state (a node

@@ -2,7 +2,7 @@
 
 A :class:`Message` is the *only* thing a driver moves.  ``arrays`` and
 ``scalars`` are the algorithm's payload (for the proposed method: one r x n
-matrix each way per round, ALGORITHM.md §5); ``diagnostics`` are optional
+matrix each way per round, docs/algorithm.md §5); ``diagnostics`` are optional
 monitoring values a client adds to its reply (objective, residual pieces)
 and are counted separately so the algorithm's traffic stays visible.
 """

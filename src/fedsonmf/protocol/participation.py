@@ -1,4 +1,4 @@
-"""Partial participation of a federated run (ALGORITHM.md §15.2) [C].
+"""Partial participation of a federated run (docs/algorithm.md §15.2) [C].
 
 A round asks the sampled clients (all by default), proceeds with those that
 replied before the round's deadline when at least ``min_clients`` did, and
