@@ -168,9 +168,10 @@ def test_messages_are_exactly_the_declared_matrices(small_problem):
             continue
         keys = {"down": {"Vbar"}, "up": {"Vhat"}}[direction]
         assert set(msg.arrays) == keys and all(a.shape == (r, n) for a in msg.arrays.values())
-        assert msg.scalars == {}
+        # down: the l2,1 weight in force (one scalar, 8 bytes); up: nothing but the matrix
+        assert msg.scalars == ({"mu": cfg.mu_value} if direction == "down" else {})
     assert res.history.rows[0]["bytes_up"] == len(views) * r * n * 8
-    assert res.history.rows[0]["bytes_down"] == len(views) * r * n * 8
+    assert res.history.rows[0]["bytes_down"] == len(views) * (r * n * 8 + 8)
 
 
 def test_client_refuses_out_of_order_round(small_problem):
@@ -253,7 +254,7 @@ def test_exploding_run_stops_with_a_divergence_warning(monkeypatch, diagnostics)
     def exploding(self, state, replies, cfg):
         new = original(self, state, replies, cfg)
         factor = np.nan if new.round > 6 else 100.0 ** (new.round - 1)
-        return ServerState(new.round, {k: v * factor for k, v in new.arrays.items()})
+        return ServerState(new.round, {k: v * factor for k, v in new.arrays.items()}, new.mu)
 
     monkeypatch.setattr(type(alg), "server_round", exploding)
     warnings.simplefilter("always", DivergenceWarning)  # also under -W error: the soft warning comes first

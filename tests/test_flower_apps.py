@@ -188,7 +188,7 @@ def test_wire_audit_only_declared_matrices_and_scalars(tmp_path, problem, diagno
     rn = R * 40 * 8
     assert summary["down round"]["bytes"] >= 9 * rn and summary["up round"]["bytes"] >= 9 * rn
     hist = result["history"]
-    assert all(row["bytes_up"] == 3 * rn and row["bytes_down"] == 3 * rn for row in hist)
+    assert all(row["bytes_up"] == 3 * rn and row["bytes_down"] == 3 * (rn + 8) for row in hist)  # + mu
     if diagnostics:
         assert summary["up round"]["bytes_diagnostics"] >= 9 * rn
         assert all(row["bytes_diagnostics"] == 3 * (rn + 3 * 8) for row in hist)

@@ -140,11 +140,11 @@ class FederatedAlgorithm:
         return self.state_from_vbar1(Vbar1, cfg)
 
     def state_from_vbar1(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
-        """Round 1's state from Vbar^1; resolves ``mu="auto"`` and keeps the number as ``"mu"``."""
+        """Round 1's state from Vbar^1; resolves ``mu="auto"`` into :attr:`ServerState.mu`."""
         if cfg.mu_is_auto:
             cfg = cfg.resolved(resolve_mu(cfg.mu_scale, cfg.eta_tilde, Vbar1))
         state = self.server_init(Vbar1, cfg)
-        state.arrays["mu"] = np.asarray(cfg.mu_value)  # the number in force (kept in checkpoints)
+        state.mu = cfg.mu_value  # the number in force: broadcast every round, kept in checkpoints
         return state
 
     def server_init(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
@@ -152,7 +152,14 @@ class FederatedAlgorithm:
 
     def broadcast(self, state: ServerState) -> Message:
         """The downlink message of round ``state.round``."""
-        return Message("round", state.round, {"Vbar": state.arrays["Vbar"]})
+        return self.round_message(state, {"Vbar": state.arrays["Vbar"]})
+
+    @staticmethod
+    def round_message(state: ServerState, arrays: dict[str, np.ndarray]) -> Message:
+        """A round message with ``arrays`` and the l2,1 weight in force (scalar ``mu``)."""
+        if state.mu is None:
+            raise ValueError("the server state holds no mu (built without state_from_vbar1?)")
+        return Message("round", state.round, arrays, {"mu": float(state.mu)})
 
     def current_v(self, state: ServerState) -> np.ndarray:
         """The post-proximal V^s of the state (nonnegative, row-sparse)."""

@@ -55,7 +55,7 @@ class FedMAvg(FederatedAlgorithm):
         return max(1, math.ceil(tau / math.sqrt(s)))
 
     def broadcast(self, state: ServerState) -> Message:
-        return Message("round", state.round, {"V": state.arrays["V"]})
+        return self.round_message(state, {"V": state.arrays["V"]})
 
     def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
@@ -71,4 +71,4 @@ class FedMAvg(FederatedAlgorithm):
 
     def server_round(self, state: ServerState, replies: list[Message], cfg: FedConfig, agg=None, *,
                      clients=None, keep_g: bool = False, n_clients: int | None = None) -> ServerState:
-        return ServerState(state.round + 1, {"V": self.mean_of("V", replies, agg)})
+        return state.next({"V": self.mean_of("V", replies, agg)})

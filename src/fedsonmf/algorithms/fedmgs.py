@@ -67,7 +67,7 @@ class FedMGS(FederatedAlgorithm):
         self.name = name or ("fedmgs" if gradient == "last" else "fedmgs_avg")
 
     def broadcast(self, state: ServerState) -> Message:
-        return Message("round", state.round, {"V": state.arrays["V"]})
+        return self.round_message(state, {"V": state.arrays["V"]})
 
     def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
@@ -93,4 +93,4 @@ class FedMGS(FederatedAlgorithm):
         eta = resolve_step(self.server_step, cfg)
         V = state.arrays["V"]
         G = self.mean_of("grad", replies, agg)
-        return ServerState(state.round + 1, {"V": prox_l21_nonneg(V - eta * G, eta * cfg.mu_value)})
+        return state.next({"V": prox_l21_nonneg(V - eta * G, eta * cfg.mu_value)})

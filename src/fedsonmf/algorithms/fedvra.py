@@ -66,7 +66,7 @@ class FedVRA(FederatedAlgorithm):
         return self.rho_scale / cfg.eta_tilde
 
     def broadcast(self, state: ServerState) -> Message:
-        return Message("round", state.round, {"V": state.arrays["V"]})
+        return self.round_message(state, {"V": state.arrays["V"]})
 
     def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         V = msg.arrays["V"]
@@ -91,4 +91,4 @@ class FedVRA(FederatedAlgorithm):
         V = state.arrays["V"]
         theta = self.relaxation
         V_next = V_plus if theta == 1.0 else (1.0 - theta) * V + theta * V_plus
-        return ServerState(state.round + 1, {"V": V_next})
+        return state.next({"V": V_next})

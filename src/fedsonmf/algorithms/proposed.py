@@ -187,7 +187,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                              "or the sum of their kept-G changes dG")
         if member is None and clients is None and not keep_g:
             Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
-            return ServerState(state.round + 1, {"Vbar": Vbar, "V": Vn})
+            return state.next({"Vbar": Vbar, "V": Vn})
         idx = list(range(len(replies))) if clients is None else list(clients)
         if member is None:
             Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
@@ -211,7 +211,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             else:
                 arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))
             arrays["partial_prev"] = np.array(clients is not None)
-        return ServerState(state.round + 1, arrays)
+        return state.next(arrays)
 
     def _kept_g(self, state: ServerState, replies, idx, cfg: FedConfig, n_clients: int) -> dict:
         """Rule (b): every client's last G_p, reconstructed from its upload (no extra message).

@@ -313,7 +313,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.n_rounds_ = self.n_iter_ = res.n_rounds
         self.n_components_ = int(res.V.shape[0])
         self.seed_ = res.seed
-        self.mu_ = float(res.config["mu_value"])
+        self.mu_ = float(res.mu if res.mu is not None else res.config["mu_value"])
         self.n_features_in_ = [U.shape[0] for U in res.bases]
         names = view_feature_names(Xs)
         if names is not None:

@@ -138,7 +138,7 @@ class ServerCheckpoint:
 
 def save_server_checkpoint(directory, state: ServerState, history: History, run: dict) -> Path:
     """Save the server state after a completed round (``state.round`` = next round)."""
-    meta = {"round": int(state.round), "history": history.rows, "R0": history.R0, "run": run}
+    meta = {"round": int(state.round), "mu": state.mu, "history": history.rows, "R0": history.R0, "run": run}
     return atomic_save_npz(Path(directory) / SERVER_FILE, state.arrays, meta)
 
 
@@ -150,7 +150,10 @@ def load_server_checkpoint(directory) -> ServerCheckpoint:
     _remove_stale_temps(directory, lambda name: name.startswith(f".{SERVER_FILE}."))
     arrays, meta = load_npz(Path(directory) / SERVER_FILE)
     try:
-        state = ServerState(int(meta["round"]), arrays)
+        mu = meta.get("mu")
+        if mu is None and "mu" in arrays:  # written before the server state had its own field
+            mu = arrays.pop("mu")
+        state = ServerState(int(meta["round"]), arrays, None if mu is None else float(mu))
         history = History([dict(r) for r in meta["history"]], R0=meta.get("R0"))
         run = dict(meta["run"])
     except (KeyError, TypeError, ValueError) as exc:

@@ -195,10 +195,16 @@ class ClientRuntime:
                 f"round {msg.round} message but the client state has completed round {self.state.round}"
             )
         cfg = self.cfg
-        if cfg.mu_is_auto:  # the server resolved mu="auto" from V-bar^1 and sends the number (§11 [C])
-            if "mu" not in msg.scalars:
-                raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
-            cfg = cfg.resolved(float(msg.scalars["mu"]))
+        # every round message carries the l2,1 weight in force: the number the server resolved
+        # from V-bar^1 when the config says mu="auto" (§11 [C]), else the config's own
+        if "mu" in msg.scalars:
+            mu = float(msg.scalars["mu"])
+            if not cfg.mu_is_auto and mu != cfg.mu_value:
+                raise ProtocolError(f"round {msg.round} message says mu={mu!r} but this client's config has "
+                                    f"mu={cfg.mu_value!r}")
+            cfg = cfg.resolved(mu)
+        elif cfg.mu_is_auto:
+            raise ProtocolError(f"round {msg.round} message carries no 'mu' but the config says mu='auto'")
         dp_seed = self.state.arrays.get("dp_seed")
         if cfg.dp_enabled and dp_seed is None:
             raise ProtocolError("differential privacy: the client state holds no noise seed (set up without DP?)")
@@ -449,11 +455,10 @@ def run_federation(
         state, history = resume
         if secure and "secagg_exp" not in state.arrays:
             raise ProtocolError("the saved run did not use secure aggregation; resume it with secure_aggregation=False")
-    cfg_given, auto_mu = cfg, cfg.mu_is_auto
-    if auto_mu:
-        # the number the server resolved at setup; every round message carries it
-        mu_arr = state.arrays["mu"]
-        cfg = cfg.resolved(float(mu_arr))
+    cfg_given = cfg
+    if state.mu is None:
+        raise ProtocolError("the server state holds no mu (a checkpoint of an older version?)")
+    cfg = cfg.resolved(state.mu)  # the number the server resolved at setup; every round message carries it
     sa_exp_arr = state.arrays.get("secagg_exp")
     # rule (b) of partial participation under secure aggregation keeps its G's as a sum (clients send dG)
     kept_sum = secure and participation is not None and participation.rejoin == "server"
@@ -471,8 +476,6 @@ def run_federation(
         t0 = time.perf_counter()
         s = state.round
         msg = alg.broadcast(state)
-        if auto_mu:
-            msg = dataclasses.replace(msg, scalars={**msg.scalars, "mu": cfg.mu_value})
         if kept_sum:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
         V_s = alg.current_v(state)
@@ -508,8 +511,6 @@ def run_federation(
             if participation.rejoin == "server":
                 kw.update(keep_g=True, n_clients=m)
             state = alg.server_round(state, replies, cfg, clients=None if len(who) == m else who, **kw)
-        if auto_mu:
-            state.arrays["mu"] = mu_arr
         if sa_exp_arr is not None:
             state.arrays["secagg_exp"] = sa_exp_arr
         row: dict[str, Any] = {"round": s}
@@ -563,10 +564,11 @@ def run_federation(
         converged=converged,
         seed=int(seed),
         config={"algorithm": alg.name, "max_rounds": max_rounds, "tol": tol, "n_clients": m, **cfg_given.to_dict(),
-                "mu_value": float(cfg.mu),
+                "mu_value": float(cfg.mu_value),
                 **({"participation": participation.to_dict()} if participation is not None else {})},
         seconds=seconds,
         server_state=state,
+        mu=float(cfg.mu_value),
     )
     if diverged:
         result.extra["diverged"] = True

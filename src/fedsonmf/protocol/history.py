@@ -91,6 +91,8 @@ class FitResult:
     config : dict
         Every parameter of the run.
     seconds : float
+    mu : float
+        The l2,1 weight the run used (``mu="auto"`` resolved by the server from V-bar^1).
     """
 
     V: np.ndarray
@@ -104,6 +106,7 @@ class FitResult:
     seconds: float
     extra: dict = field(default_factory=dict)
     server_state: object = None  # final ServerState (for resuming), not serialised
+    mu: float | None = None  # the l2,1 weight in force (mu="auto" resolved by the server); also config["mu_value"]
 
     def to_json_dict(self) -> dict:
         return {

@@ -103,7 +103,16 @@ class ClientState:
 
 @dataclass
 class ServerState:
-    """The server's state: round s about to start and the global matrices."""
+    """The server's state: round s about to start, the global matrices and the l2,1 weight.
+
+    ``mu`` is the number in force (``mu="auto"`` resolved by the server from V-bar^1 at setup,
+    docs/algorithm.md §11); every round message carries it.
+    """
 
     round: int
     arrays: dict[str, np.ndarray]
+    mu: float | None = None
+
+    def next(self, arrays: dict[str, np.ndarray]) -> "ServerState":
+        """The state of the following round: new ``arrays``, the same ``mu``."""
+        return ServerState(self.round + 1, arrays, self.mu)

@@ -92,7 +92,7 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         round_up[codec.DIAG_ARRAYS] = {k: block for k in DIAGNOSTIC_ARRAYS}
         round_up[codec.DIAG_SCALARS] = {k: "scalar" for k in DIAGNOSTIC_SCALARS}
     down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
-    down_scalars = {"mu": "scalar"} if cfg.mu_is_auto else {}
+    down_scalars = {"mu": "scalar"}  # the l2,1 weight in force, every round
     if masked:
         down_round[codec.ARRAYS]["w"] = "n"  # the weights m / c_j (holder counts)
     if partial:
@@ -135,7 +135,7 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
                                 "secagg_pk": "scalar", "secagg_exp": "scalar"}}
     if masked:
         setup_up[codec.ARRAYS] = {"cols": "ids?"}
-    down_scalars = {SECAGG_KEY: "scalar", **({"mu": "scalar"} if cfg.mu_is_auto else {})}
+    down_scalars = {SECAGG_KEY: "scalar", "mu": "scalar"}
     down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
     if masked:
         down_round[codec.ARRAYS]["w"] = "n"

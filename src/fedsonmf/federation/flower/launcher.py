@@ -73,7 +73,8 @@ def load_result(out_dir) -> FitResult:
              ("config", "seed", "n_rounds", "converged", "stopping_reason", "seconds", "R0", "history")}
     return FitResult(V=np.load(out_dir / "V.npy"), bases=None, history=hist, n_rounds=d["n_rounds"],
                      stopping_reason=d["stopping_reason"], converged=d["converged"], seed=d["seed"],
-                     config=d["config"], seconds=d["seconds"], extra=extra)
+                     config=d["config"], seconds=d["seconds"], extra=extra,
+                     mu=float(d["config"]["mu_value"]) if "mu_value" in d.get("config", {}) else None)
 
 
 #: options of a clustering run (``run_flower(..., clustering=...)``) and their defaults (the estimator's)
