@@ -85,6 +85,7 @@ def run_inprocess(
     masks=None,
     participation=None,
     available=None,
+    stop_rule=None,
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
@@ -103,6 +104,7 @@ def run_inprocess(
     All-True masks run the complete-data code (bit-identical to ``masks=None``).
     ``participation`` (:class:`~fedsonmf.protocol.participation.Participation`)
     and ``available(round) -> clients up`` simulate partial participation (§15.2).
+    ``stop_rule``: a server-side stopping rule on V (see :func:`~fedsonmf.federation.loop.run_federation`).
     """
     if masks is None:
         masks = [None] * len(views_dn)
@@ -169,7 +171,7 @@ def run_inprocess(
     transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
-        on_round_end=on_round_end, resume=resume_from, participation=participation,
+        on_round_end=on_round_end, resume=resume_from, participation=participation, stop_rule=stop_rule,
     )
     result.bases = [c.state.arrays["U"].copy() for c in clients]
     return result
