@@ -90,8 +90,8 @@ class PenaltyOptions:
     """Parameters of the U-solver (ALGORITHM.md §3.4, §3.5 and §11).
 
     ``eps1_rel`` scales the KKT tolerance: eps1 = eps1_rel * ||M||_F (on the
-    normalised data, so scale-free; it was max(1, ||M||_F) before, which
-    made small data solve to an absolute tolerance).
+    normalised data, so scale-free: an absolute floor would make small data
+    solve to an absolute tolerance).
     Default 1e-2 [C] (ALGORITHM.md proposes 1e-6): the candidate is rounded
     and polished afterwards; the same brute-force optimality rate and no worse
     residuals were measured at 1e-2, for fewer penalty iterations (docs/speed.md).

@@ -23,8 +23,7 @@ def penalty(A, B, Uk, rho1, U0, opts, eps1: float):
     U0 (d x r).  Called on data divided by a power of two ~ max|M| (see
     :func:`solve_u`), and every step bound is relative: sigma's floor to the
     data norm, the BB step clip to the initial step 1/L of the outer iteration
-    (it was [1e-12, 1e12] absolute, which made data scaled by 1e6 take
-    400-1000x more iterations).
+    (an absolute clip makes scaled data take far more iterations: docs/speed.md).
     """
     d, r = U0.shape
     normA2 = float(np.linalg.eigvalsh(A)[-1]) if r else 0.0
