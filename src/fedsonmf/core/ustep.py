@@ -82,7 +82,7 @@ __all__ = [
 # the data scale, and because that division is exact in binary floating point,
 # solve_u(c B, c A, U, c rho1) runs bit-for-bit the same iterations as
 # solve_u(B, A, U, rho1) whenever c is a power of two (to rounding level otherwise).
-_GAP_REL = 1e-3  # relative duality gap below which a pattern is accepted as optimal (see PenaltyOptions)
+_GAP_REL = 1e-4  # relative duality gap below which a pattern is accepted as optimal (see PenaltyOptions)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class PenaltyOptions:
     a cheap start (U^k, then the row-wise argmax of M) ends in a pattern whose
     duality gap (:func:`duality_gap`) is below ``gap_rel``: that pattern is
     then within a factor gap_rel of the global optimum of (7), so the penalty
-    can improve <U, M> by at most that fraction (default 1e-3, chosen by
+    can improve <U, M> by at most that fraction (default 1e-4, chosen by
     measurement: docs/speed.md).
     ``argmax_start`` polishes the row-wise argmax of M as a second cheap start
     before the penalty (default False: it changes which of several near-equal
