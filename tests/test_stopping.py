@@ -45,6 +45,7 @@ def test_label_stability_counts_unchanged_rounds():
     rule = LabelStability(2, patience=2)
     assert rule(1, V) is None and rule(2, V) is None
     assert "unchanged for 2 rounds" in rule(3, V)
+    assert LabelStability(2).patience == 5  # the default, chosen in docs/speed.md
 
 
 def test_blas_auto():

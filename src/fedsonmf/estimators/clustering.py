@@ -147,7 +147,7 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         k-means replicates and iterations on each embedding.
     early_stop : {"labels", "none"}, default="labels"
         ``"labels"``: besides ``tol``, stop when the server's warm-started k-means on V
-        gives the same assignment two rounds in a row
+        gives the same assignment five rounds in a row
         (:class:`~fedsonmf.estimators.stopping.LabelStability`, label-free; in-process
         engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
     engine : {"inprocess", "flower"}, default="inprocess"

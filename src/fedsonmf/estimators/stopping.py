@@ -33,7 +33,7 @@ class LabelStability:
     Call it as ``rule(round, V, row)``; it returns a reason string or None.
     """
 
-    def __init__(self, n_clusters: int, *, patience: int = 2, normalize: bool = True, random_state: int = 0):
+    def __init__(self, n_clusters: int, *, patience: int = 5, normalize: bool = True, random_state: int = 0):
         self.n_clusters = int(n_clusters)
         self.patience = int(patience)
         self.normalize = bool(normalize)

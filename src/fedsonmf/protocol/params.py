@@ -87,7 +87,7 @@ _TABLE = [
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
-                                  "server's warm-started k-means on V gives the same assignment 2 rounds in a row "
+                                  "server's warm-started k-means on V gives the same assignment 5 rounds in a row "
                                   "(docs/speed.md); 'none' = tol only. Off when tol = 0 (all rounds run)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
