@@ -10,26 +10,21 @@ far above the 1e-16 the order can change.  Why compiled: at the sizes of real vi
 (d_p ~ 3 000, r ~ 10) one NumPy call costs more than the arithmetic it does, and the
 greedy is a sequence of O(d) moves (docs/speed.md).
 
-``AVAILABLE`` is False when numba is not installed; the NumPy routines then run.
+``AVAILABLE`` is False when numba is not installed (it is the optional extra
+``fedsonmf[numba]``); the NumPy routines then run.  numba is imported and the loops are
+compiled (or loaded from numba's on-disk cache) only at the first compiled call, so
+``import fedsonmf`` does not pay for it (docs/speed.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 
-try:  # pragma: no cover - exercised by whichever environment runs the tests
-    import numba
-
-    AVAILABLE = True
-except ImportError:  # pragma: no cover
-    numba = None
-    AVAILABLE = False
+AVAILABLE = importlib.util.find_spec("numba") is not None
 
 __all__ = ["AVAILABLE", "reweighted", "greedy"]
-
-
-def _jit(func):
-    return numba.njit(cache=True, nogil=True)(func) if AVAILABLE else None
 
 
 def _pattern_sums_py(P, a, r):
@@ -87,7 +82,7 @@ def _repair_py(a, M):
     return a, True
 
 
-def _value(S):
+def _value_py(S):
     total = 0.0
     for j in range(S.shape[0]):
         total += np.sqrt(S[j])
@@ -153,7 +148,7 @@ def _reweighted_py(P, a, M, has_mass, all_mass, iters, patience):
     return best.copy(), fixed
 
 
-def _row_best(IN, OUT, a, i, r):
+def _row_best_py(IN, OUT, a, i, r):
     """Best move (column, gain) of row i over every column but its own (first maximum)."""
     bj = -1
     bv = 0.0
@@ -165,7 +160,7 @@ def _row_best(IN, OUT, a, i, r):
     return bj, bv
 
 
-def _out(S, sqS, counts, own, a, i):
+def _out_py(S, sqS, counts, own, a, i):
     c = a[i]
     if c < 0:
         return 0.0
@@ -252,17 +247,29 @@ def _greedy_py(P, a, max_moves, gain_rel, min_batch):
     return a, False
 
 
-_pattern_sums = _jit(_pattern_sums_py) if AVAILABLE else _pattern_sums_py
-_repair = _jit(_repair_py) if AVAILABLE else _repair_py
-_value = _jit(_value) if AVAILABLE else _value
-_row_best = _jit(_row_best) if AVAILABLE else _row_best
-_out = _jit(_out) if AVAILABLE else _out
-_reweighted_jit = _jit(_reweighted_py)
-_greedy_jit = _jit(_greedy_py)
+# the names the loops call; _build() rebinds them to the compiled versions (numba resolves a
+# called global when it compiles the caller)
+_pattern_sums, _repair, _value, _row_best, _out = _pattern_sums_py, _repair_py, _value_py, _row_best_py, _out_py
+_reweighted_jit = _greedy_jit = None
+
+
+def _build():
+    """Compile (or load from the cache) every loop, once per process."""
+    global _pattern_sums, _repair, _value, _row_best, _out, _reweighted_jit, _greedy_jit
+    import numba
+
+    def jit(func):
+        return numba.njit(cache=True, nogil=True)(func)
+
+    _pattern_sums, _repair, _value = jit(_pattern_sums_py), jit(_repair_py), jit(_value_py)
+    _row_best, _out = jit(_row_best_py), jit(_out_py)
+    _reweighted_jit, _greedy_jit = jit(_reweighted_py), jit(_greedy_py)
 
 
 def reweighted(P, a, M, has_mass, iters=30, patience=3):
     """Compiled :func:`fedsonmf.core.ustep_search._reweighted`: ``(pattern, fixed)``."""
+    if _reweighted_jit is None:
+        _build()
     has_mass = np.ascontiguousarray(has_mass, dtype=np.bool_)
     return _reweighted_jit(np.ascontiguousarray(P), np.ascontiguousarray(a, dtype=np.int64), np.ascontiguousarray(M),
                            has_mass, bool(has_mass.all()), int(iters), int(patience))
@@ -270,5 +277,7 @@ def reweighted(P, a, M, has_mass, iters=30, patience=3):
 
 def greedy(P, a, max_moves, gain_rel, min_batch=-1):
     """Compiled :func:`fedsonmf.core.ustep_search._greedy` from ``a``: ``(pattern, deferred)``."""
+    if _greedy_jit is None:
+        _build()
     return _greedy_jit(np.ascontiguousarray(P), np.ascontiguousarray(a, dtype=np.int64), int(max_moves),
                        float(gain_rel), int(min_batch))
