@@ -72,9 +72,10 @@ class FedConfig:
         :func:`resolve_mu` and sends the number with every round message.
     alpha : float > 0 or "auto"
         Local step size.  "auto" (the default): :func:`auto_alpha` from the known
-        curvature L = 2 of the V-block, re-derived whenever ``tau`` or ``eta_g``
-        change (``replace``); the field then holds that number and
-        ``alpha_rule == "auto"``.
+        curvature L = 2 of the V-block and this config's ``tau`` and ``eta_g``; the
+        field then holds that number and ``alpha_rule == "auto"``.  ``replace`` keeps
+        the number (the ablations change tau at the same alpha, ALGORITHM.md §9.4, and
+        every party of a deployment rebuilds the config from its JSON, which holds it).
     tau : int >= 1
         Local steps per round.
     eta_g : float > 0
@@ -153,8 +154,6 @@ class FedConfig:
         return self.__dict__.get("_alpha_rule")
 
     def replace(self, **changes) -> "FedConfig":
-        if self.alpha_rule == "auto" and "alpha" not in changes:
-            changes["alpha"] = "auto"  # the rule follows the new tau / eta_g
         return dataclasses.replace(self, **changes)
 
     @property
