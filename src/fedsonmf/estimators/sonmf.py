@@ -121,8 +121,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         ``eta_g * tau * alpha * mu = mu_scale * median row norm of V-bar^1``
         (:func:`fedsonmf.protocol.config.resolve_mu`).  The number used is ``mu_``.
     mu_scale : float, default=0.1
-    tau, alpha, eta_g : int, float, float, default=10, 0.01, 1.5
-        Local steps per round, local step size, global step multiplier.
+    tau, alpha, eta_g : int, float or "auto", float, default=10, "auto", 1.5
+        Local steps per round, local step size, global step multiplier.  ``alpha="auto"``:
+        from the V-block's curvature, a round contracts the V-error to 0.3
+        (:func:`~fedsonmf.protocol.config.auto_alpha`; 0.0304 at the defaults, docs/speed.md).
     rho1 : float >= 0, default=0.0
         Proximal weight of the U-subproblem (scale-free at 0; see
         :mod:`fedsonmf.protocol.params`).
