@@ -33,7 +33,9 @@ def test_history_fields(small_problem):
     assert np.allclose(res.history.column("R_avg_rel"), np.cumsum(R) / np.arange(1, 5) / R[0])
     # the paper's averaged metric can never fall below 1/s (docs/algorithm.md §7.3)
     assert np.all(res.history.column("R_avg_rel") >= 1 / np.arange(1, 5) - 1e-15)
-    assert res.config["eta_tilde"] == pytest.approx(1.5 * 10 * 0.01)
+    from fedsonmf.protocol.config import auto_alpha
+
+    assert res.config["eta_tilde"] == pytest.approx(1.5 * 10 * auto_alpha(10, 1.5))  # alpha="auto" (the default)
 
 
 def test_tol_stops_early_and_warning_when_budget_runs_out(small_problem):

@@ -82,7 +82,12 @@ def test_function_and_fedconfig_share_the_defaults():
     assert sig.parameters["n_components"].default == PARAMS["n_components"].default
     cfg = FedConfig()
     for name in FED_PARAMS:
-        if name != "ustep":
+        if name == "alpha":  # "auto": FedConfig holds the number of the step rule
+            from fedsonmf.protocol.config import auto_alpha
+
+            assert PARAMS[name].default == "auto" and cfg.alpha_rule == "auto"
+            assert cfg.alpha == auto_alpha(cfg.tau, cfg.eta_g)
+        elif name != "ustep":
             assert getattr(cfg, name) == PARAMS[name].default, name
 
 

@@ -246,3 +246,25 @@ def test_search_shortcuts_match_the_full_search(seed):
                 n_fixed += 1
                 assert us.duality_gap(P, a_fast)[1] == 0.0
     assert n_fixed >= 4 or seed % 2  # random X (odd seeds): fixed points are rare
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_search_makes_the_numpy_decisions(seed):
+    """The compiled sweeps and moves (numba) return the NumPy routines' patterns, fixed flags included."""
+    from fedsonmf.core import _search_kernel
+    from fedsonmf.core import ustep as us
+
+    if not _search_kernel.AVAILABLE:
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(300 + seed)
+    for d, r in [(20, 6), (200, 5), (600, 10)]:
+        for consistent in (True, False):
+            X, V, Uk = _instance(rng, d, r, 30, consistent=consistent)
+            M = 2 * X @ V.T
+            Mn = M / us._pow2_scale(M)
+            P = np.square(np.maximum(Mn, 0.0))
+            for a0 in (assignment_from_u(Uk), rng.integers(-1, r, d)):
+                a0 = us._repair(a0, Mn)
+                a_np, f_np = us._search(P, a0, Mn, 4 * d, compiled=False)
+                a_jit, f_jit = us._search(P, a0, Mn, 4 * d, compiled=True)
+                assert np.array_equal(a_np, a_jit) and f_np == f_jit

@@ -34,7 +34,8 @@ def register(app, reproduce_app) -> None:
         mu: str = param("mu", default=str(SYNTHETIC_DEFAULTS["mu"]),
                         help="l2,1 weight: a number or 'auto' (default: the synthetic study's value at the "
                              "generator's scale)."),
-        alpha: float = param("alpha"),
+        alpha: float = param("alpha", default=SYNTHETIC_DEFAULTS["alpha"],
+                             help="Local step (the synthetic study's value)."),
         eta_g: float = param("eta_g"),
         rho1: float = param("rho1", default=SYNTHETIC_DEFAULTS["rho1"],
                             help="U-step proximal weight (the synthetic study's value)."),

@@ -78,6 +78,7 @@ from fedsonmf.estimators.clustering_steps import (
     prepare_view,
 )
 from fedsonmf.estimators.sonmf import FedSONMF
+from fedsonmf.estimators.stopping import STOPPING_RULES, LabelStability
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
     FED_PARAMS,
@@ -149,6 +150,11 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         Federated fits with different seeds; their partitions are combined by consensus.
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
+    early_stop : {"labels", "none"}, default="labels"
+        ``"labels"``: besides ``tol``, stop when the server's warm-started k-means on V
+        gives the same assignment five rounds in a row
+        (:class:`~fedsonmf.estimators.stopping.LabelStability`, label-free; in-process
+        engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -284,6 +290,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
             raise ParameterError(f"dp_epsilon={self.dp_epsilon!r} is the budget of one federated fit; n_init="
                                  f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
                                  "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
+        check_choice("early_stop", self.early_stop, STOPPING_RULES)
         check_choice("engine", self.engine, ENGINES)
         if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
@@ -366,7 +373,11 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
-            res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True)  # one view: warned above
+            stop = None
+            if self.early_stop == "labels" and model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
+                stop = LabelStability(self.n_clusters, normalize=self.normalize_embedding, random_state=s)
+            # one view: warned above
+            res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True, stop_rule=stop)
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
@@ -71,9 +72,27 @@ def _check_run_params(est) -> dict:
     if _dp_requested(est):
         max_rounds = check_int("dp_rounds", est.dp_rounds, min=1)
     return {"max_rounds": max_rounds, "tol": tol,
-            "blas_threads": check_int("blas_threads", est.blas_threads, min=1, allow_none=True),
+            "blas_threads": est.blas_threads if isinstance(est.blas_threads, str) and est.blas_threads == "auto"
+            else check_int("blas_threads", est.blas_threads, min=1, allow_none=True,
+                            desc="None or an integer >= 1 (or 'auto')"),
             "n_jobs": check_n_jobs(est.n_jobs), "checkpoint_dir": None if cd is None else Path(cd),
             "algorithm": algorithm}
+
+
+#: ``blas_threads="auto"`` leaves BLAS multi-threaded only from this many multiply-adds per data
+#: product (X_p V^T) of the largest view on; below it, and whenever clients run in parallel, one
+#: thread (measurements in docs/speed.md)
+AUTO_BLAS_WORK = 1e8
+
+
+def _blas_limit(spec, views, r: int, n_jobs) -> int | None:
+    """The threadpoolctl limit of ``blas_threads`` (``"auto"``: 1 or None, see :data:`AUTO_BLAS_WORK`)."""
+    if not (isinstance(spec, str) and spec == "auto"):
+        return spec
+    if n_jobs != 1:
+        return 1  # one thread per client when the clients run in parallel
+    work = max((X.nnz if sp.issparse(X) else np.size(X)) for X in views) * r
+    return 1 if work < AUTO_BLAS_WORK else None
 
 
 def _frobenius_error(views, bases, V, masks=None) -> float:
@@ -133,8 +152,10 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         ``eta_g * tau * alpha * mu = mu_scale * median row norm of V-bar^1``
         (:func:`fedsonmf.protocol.config.resolve_mu`).  The number used is ``mu_``.
     mu_scale : float, default=0.1
-    tau, alpha, eta_g : int, float, float, default=10, 0.01, 1.5
-        Local steps per round, local step size, global step multiplier.
+    tau, alpha, eta_g : int, float or "auto", float, default=10, "auto", 1.5
+        Local steps per round, local step size, global step multiplier.  ``alpha="auto"``:
+        from the V-block's curvature, a round contracts the V-error to 0.3
+        (:func:`~fedsonmf.protocol.config.auto_alpha`; 0.0304 at the defaults, docs/speed.md).
     rho1 : float >= 0, default=0.0
         Proximal weight of the U-subproblem (scale-free at 0; see
         :mod:`fedsonmf.protocol.params`).
@@ -153,9 +174,12 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         Seeds every random choice (bases, V init).  The seed used is ``seed_``.
     n_jobs : int or None, default=1
         Clients run in this many threads (-1: one per core); results do not depend on it.
-    blas_threads : int or None, default=None
-        Limit BLAS threads during the fit (threadpoolctl); 1 is fastest for small
-        problems and makes runs bit-reproducible across machines.
+    blas_threads : "auto", int or None, default="auto"
+        Limit BLAS threads during the fit (threadpoolctl).  "auto": one thread when
+        the clients run in parallel (``n_jobs != 1``) or the largest data product is
+        below 1e8 multiply-adds (measured fastest, docs/speed.md), else BLAS is left
+        alone; None leaves it alone always.  1 also makes runs bit-reproducible
+        across machines.
     checkpoint_dir : path or None, default=None
         After every round the server's and every client's state are saved here
         (atomically); a fit whose ``checkpoint_dir`` holds a checkpoint of the
@@ -279,7 +303,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False, stop_rule=None) -> FitResult:
         Xs = as_view_list(Xs)
         cfg, run, seed = self._validate()
         callback = check_callback(callback)
@@ -296,10 +320,11 @@ class FedSONMF(TransformerMixin, BaseEstimator):
             from fedsonmf.federation.checkpoint import has_server_checkpoint
 
             resume = has_server_checkpoint(ckpt_dir)
-        with threadpool_limits(limits=run["blas_threads"]):
+        with threadpool_limits(limits=_blas_limit(run["blas_threads"], views, cfg.n_components, run["n_jobs"])):
             res = run_inprocess(
                 views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
                 callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume, masks=masks,
+                stop_rule=stop_rule,
             )
         # provenance of the views this fit saw (FitResult.save_json writes it in its meta block)
         res.extra.setdefault("input_sha256", [{"name": f"view {p}", "sha256": sha256_array(X.T)}

@@ -88,6 +88,7 @@ def run_inprocess(
     masks=None,
     participation=None,
     available=None,
+    stop_rule=None,
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
@@ -127,6 +128,9 @@ def run_inprocess(
         Partial participation (docs/algorithm.md §15.2).
     available : callable or None, default=None
         ``available(round) -> clients up``: simulated dropouts (needs ``participation``).
+
+    stop_rule : callable or None, default=None
+        A server-side stopping rule on V (see :func:`~fedsonmf.federation.loop.run_federation`).
 
     Returns
     -------
@@ -202,7 +206,7 @@ def run_inprocess(
     transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
-        on_round_end=on_round_end, resume=resume_from, participation=participation,
+        on_round_end=on_round_end, resume=resume_from, participation=participation, stop_rule=stop_rule,
     )
     result.bases = [_final_basis(c) for c in clients]
     return result

@@ -382,8 +382,9 @@ def run_federation(
     on_round_end: Callable[[ServerState, History], None] | None = None,
     resume: tuple[ServerState, History] | None = None,
     participation: Participation | None = None,
+    stop_rule: Callable[[int, np.ndarray, dict], str | None] | None = None,
 ) -> FitResult:
-    """Run the federation: setup, then rounds until ``tol`` or ``max_rounds``.
+    """Run the federation: setup, then rounds until ``tol``, ``stop_rule`` or ``max_rounds``.
 
     Parameters
     ----------
@@ -406,6 +407,12 @@ def run_federation(
         replied (``transport.exchange_some``) when a quorum did; the history
         gets ``participants`` and ``n_participants`` columns.  None: every
         client in every round (a missing client stops the run).
+    stop_rule : callable(round, V, row) -> str or None, optional
+        A server-side stopping rule, called after every round with the new
+        post-proximal V (r x n, which the server holds) and the history row; a
+        returned string ends the run as converged, with that reason.  It sees
+        what the server sees, so it runs unchanged in a deployment.  Its own
+        memory is not checkpointed: after a resume it starts afresh.
     """
     alg = _algorithm(algorithm)
     max_rounds = check_int("max_rounds", max_rounds, min=1)
@@ -543,6 +550,11 @@ def run_federation(
         if tol > 0 and row["R_rel"] <= tol:
             reason, converged = f"R/R1 = {row['R_rel']:.3g} <= tol = {tol:g} at round {s}", True
             break
+        if stop_rule is not None:
+            why = stop_rule(s, alg.current_v(state), row)
+            if why:
+                reason, converged = str(why), True
+                break
     if not converged and not diverged and tol > 0:
         from fedsonmf.exceptions import (
             ConvergenceWarning,  # imports scikit-learn: only when it fires

@@ -16,7 +16,33 @@ from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.protocol.params import default
 
-__all__ = ["FedConfig", "ParameterError", "resolve_mu"]
+__all__ = ["FedConfig", "ParameterError", "resolve_mu", "auto_alpha", "STEP_CONTRACTION"]
+
+
+#: the per-round contraction of the V-error that ``alpha="auto"`` aims at (docs/speed.md)
+STEP_CONTRACTION = 0.3
+#: the Lipschitz constant of grad_V f_p = 2 (V - U_p^T X_p) for orthonormal U_p (ALGORITHM.md §1)
+L_V = 2.0
+
+
+def auto_alpha(tau: int, eta_g: float, contraction: float = STEP_CONTRACTION) -> float:
+    """The local step of ``alpha="auto"``: the round contracts the V-error by ``contraction``.
+
+    With orthonormal bases grad_V f_p = L (V - U_p^T X_p), L = 2, whatever the data.  For
+    fixed bases one local step maps the error E = V - U^T X to (1 - L alpha) E, tau steps to
+    (1 - L alpha)^tau E, and the server's V-bar = V + eta_g (mean Vhat - V) leaves
+        q = 1 - eta_g (1 - (1 - L alpha)^tau)
+    of it.  Solving q = ``contraction`` gives
+        alpha = (1 - (1 - (1 - q) / eta_g)^(1 / tau)) / L,
+    scale-free and in closed form (0.0304 at tau = 10, eta_g = 1.5, q = 0.3: server step
+    eta_tilde = eta_g tau alpha = 0.456 < 2 / L, the prox-gradient descent bound).  When
+    eta_g <= 1 - q the target is out of reach; alpha then makes the tau local steps halve the
+    error ((1 - L alpha)^tau = 1/2).  Derivation and the measurement that chose q: docs/speed.md.
+    """
+    x = 1.0 - (1.0 - contraction) / eta_g
+    if not x > 0.0:
+        x = 0.5
+    return float((1.0 - x ** (1.0 / tau)) / L_V)
 
 
 def resolve_mu(mu_scale: float, eta_tilde: float, Vbar1: np.ndarray) -> float:
@@ -44,8 +70,12 @@ class FedConfig:
     mu : float >= 0 or "auto"
         Weight of ||V||_{2,1}.  "auto": the server sets it from V-bar^1 with
         :func:`resolve_mu` and sends the number with every round message.
-    alpha : float > 0
-        Local step size.
+    alpha : float > 0 or "auto"
+        Local step size.  "auto" (the default): :func:`auto_alpha` from the known
+        curvature L = 2 of the V-block and this config's ``tau`` and ``eta_g``; the
+        field then holds that number and ``alpha_rule == "auto"``.  ``replace`` keeps
+        the number (the ablations change tau at the same alpha, ALGORITHM.md §9.4, and
+        every party of a deployment rebuilds the config from its JSON, which holds it).
     tau : int >= 1
         Local steps per round.
     eta_g : float > 0
@@ -95,7 +125,7 @@ class FedConfig:
 
     n_components: int = default("n_components")
     mu: float | str = default("mu")
-    alpha: float = default("alpha")
+    alpha: float | str = default("alpha")
     tau: int = default("tau")
     eta_g: float = default("eta_g")
     rho1: float = default("rho1")
@@ -117,6 +147,11 @@ class FedConfig:
     def eta_tilde(self) -> float:
         """Server step eta_g * tau * alpha."""
         return self.eta_g * self.tau * self.alpha
+
+    @property
+    def alpha_rule(self) -> str | None:
+        """``"auto"`` when ``alpha`` was derived by :func:`auto_alpha`, else None (a given number)."""
+        return self.__dict__.get("_alpha_rule")
 
     def replace(self, **changes) -> "FedConfig":
         return dataclasses.replace(self, **changes)
@@ -163,10 +198,20 @@ class FedConfig:
         else:
             set_("mu", check_real("mu", self.mu, min=0.0))
         set_("mu_scale", check_real("mu_scale", self.mu_scale, min=0.0))
-        set_("alpha", check_real("alpha", self.alpha, min=0.0, min_inclusive=False))
         set_("eta_g", check_real("eta_g", self.eta_g, min=0.0, min_inclusive=False))
-        set_("rho1", check_real("rho1", self.rho1, min=0.0))
         set_("tau", check_int("tau", self.tau, min=1))
+        alpha = self.alpha
+        if isinstance(alpha, str) and alpha != "auto":
+            try:  # a number given as text (the command line)
+                alpha = float(alpha)
+            except ValueError:
+                raise ParameterError(f"alpha must be a finite real number > 0 or 'auto', got {self.alpha!r}") from None
+        if isinstance(alpha, str):
+            set_("_alpha_rule", "auto")
+            set_("alpha", auto_alpha(self.tau, self.eta_g))
+        else:
+            set_("alpha", check_real("alpha", alpha, min=0.0, min_inclusive=False))
+        set_("rho1", check_real("rho1", self.rho1, min=0.0))
         set_("correction", check_bool("correction", self.correction))
         set_("init_u", check_choice("init_u", self.init_u, ("random", "svd", "kmeans")))
         set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))

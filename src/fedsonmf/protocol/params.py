@@ -43,7 +43,9 @@ _TABLE = [
                         "eta_g*tau*alpha*mu = mu_scale x median row norm of the initial V-bar)."),
     Param("mu_scale", 0.1, "The fraction used by mu='auto'."),
     Param("tau", 10, "Local steps per round."),
-    Param("alpha", 0.01, "Local step size (the server step is eta_g*tau*alpha)."),
+    Param("alpha", "auto", "Local step size (the server step is eta_g*tau*alpha); 'auto' = from the V-block's "
+                           "curvature L = 2, so that a round contracts the V-error to 0.3 (0.0304 at tau 10, "
+                           "eta_g 1.5; docs/speed.md)."),
     Param("eta_g", 1.5, "Global (server) step multiplier."),
     Param("rho1", 0.0, "Proximal weight of the U-subproblem (7), relative to nothing: 0 is scale-free."),
     Param("correction", True, "Drift correction (off: the 'no correction' ablation)."),
@@ -71,7 +73,8 @@ _TABLE = [
     Param("algorithm", "fedsonmf", "Federated algorithm (fedsonmf.algorithms.ALGORITHMS)."),
     Param("random_state", None, "Seed of every random choice: None, int, RandomState or Generator."),
     Param("n_jobs", 1, "Clients run in this many threads (results do not depend on it)."),
-    Param("blas_threads", None, "Limit BLAS threads during the fit (threadpoolctl); None leaves them."),
+    Param("blas_threads", "auto", "Limit BLAS threads during the fit (threadpoolctl): 'auto' = 1 when clients run in "
+                                  "parallel or the data products are small (docs/speed.md), None leaves them."),
     Param("checkpoint_dir", None, "Save the state after every round here and resume from it."),
     Param("verbose", 0, "0 silent, 1 progress (a line every 10 rounds, to stderr), 2 a line per round."),
     # -- clustering
@@ -83,6 +86,9 @@ _TABLE = [
     Param("n_init", 1, "Federated fits with different seeds, combined by the consensus of their partitions."),
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
+    Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
+                                  "server's warm-started k-means on V gives the same assignment 5 rounds in a row "
+                                  "(docs/speed.md); 'none' = tol only. Off when tol = 0 (all rounds run)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -103,11 +109,12 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
               "verbose")
 #: the clustering estimator's own parameters
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
-                  "kmeans_max_iter", "engine", "flower_run_dir")
+                  "kmeans_max_iter", "early_stop", "engine", "flower_run_dir")
 
 #: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
-#: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them)
-SYNTHETIC_STUDY = {"mu": 1.0, "rho1": 1.0}
+#: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01
+#: is the step with which the study reproduces the paper's rounds to target (not the 'auto' rule)
+SYNTHETIC_STUDY = {"mu": 1.0, "rho1": 1.0, "alpha": 0.01}
 
 
 #: the default of ``secure_aggregation`` in Flower deployments (our choice: a real deployment is where

@@ -98,7 +98,7 @@ def config_from_run_config(rc) -> FedConfig:
         cfg = FedConfig(
             n_components=int(rc.get("rank", default("n_components"))),
             mu=mu if isinstance(mu, str) else float(mu), mu_scale=float(rc.get("mu-scale", default("mu_scale"))),
-            alpha=float(rc.get("alpha", default("alpha"))), tau=int(rc.get("tau", default("tau"))),
+            alpha=rc.get("alpha", default("alpha")), tau=int(rc.get("tau", default("tau"))),
             eta_g=float(rc.get("eta-g", default("eta_g"))), rho1=float(rc.get("rho1", default("rho1"))),
             correction=bool(rc.get("correction", default("correction"))),
             init_u=str(rc.get("init-u", default("init_u"))), init_v=str(rc.get("init-v", default("init_v"))),

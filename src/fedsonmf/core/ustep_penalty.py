@@ -1,0 +1,79 @@
+"""The exact-penalty stage of the U-step (ALGORITHM.md §3.3-§3.4; Jiang et al. 2023, EP4Orth).
+
+min over Ob_+ of phi(U) + sigma (||U v||^2 - 1), v = 1_r / sqrt(r): projected gradient with
+Barzilai-Borwein steps and the Zhang-Hager nonmonotone line search, sigma raised until the
+columns are orthogonal.  Its output is rounded and polished by the caller
+(:func:`fedsonmf.core.ustep.solve_u`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsonmf.core.ustep_patterns import proj_ob
+
+__all__ = ["penalty"]
+
+
+def penalty(A, B, Uk, rho1, U0, opts, eps1: float):
+    """Exact penalty on Ob_+ (EP4Orth's first-order subsolver, ALGORITHM.md §3.4).
+
+    P_sigma(U) = -<U,B> + 1/2 <U A, U> + rho1/2 ||U - Uk||^2 + sigma/r ||U 1||^2
+    (constants dropped; v = 1/sqrt(r) 1, p = 1, eps = 0).  A (r x r), B, Uk,
+    U0 (d x r).  Called on data divided by a power of two ~ max|M| (see
+    :func:`solve_u`), and every step bound is relative: sigma's floor to the
+    data norm, the BB step clip to the initial step 1/L of the outer iteration
+    (an absolute clip makes scaled data take far more iterations: docs/speed.md).
+    """
+    d, r = U0.shape
+    normA2 = float(np.linalg.eigvalsh(A)[-1]) if r else 0.0
+    data_norm = float(np.linalg.norm(B) + np.linalg.norm(A) + rho1)
+    sigma = opts.sigma0_rel * data_norm
+    sigma = max(sigma, 1e-8 * max(data_norm, np.finfo(float).tiny))
+    U = U0
+    n_inner = 0
+    outer = 0
+    for outer in range(1, opts.max_outer + 1):
+        c2 = 2.0 * sigma / r
+
+        def fg(U):
+            UA = U @ A
+            u1 = U.sum(axis=1)
+            D = U - Uk
+            f = -np.vdot(U, B) + 0.5 * np.vdot(UA, U) + 0.5 * rho1 * np.vdot(D, D) + 0.5 * c2 * (u1 @ u1)
+            G = UA - B + rho1 * D + c2 * u1[:, None]
+            return f, G
+
+        f, G = fg(U)
+        Cref, Q = f, 1.0
+        t = t_ref = 1.0 / (normA2 + rho1 + 2.0 * sigma)
+        t_min, t_max = 1e-12 * t_ref, 1e12 * t_ref  # relative BB clip
+        for _ in range(opts.max_inner):
+            rg = G - U * np.einsum("ij,ij->j", U, G)
+            kkt = np.minimum(U, rg)
+            if np.vdot(kkt, kkt) <= eps1 * eps1:
+                break
+            n_inner += 1
+            while True:
+                Un = proj_ob(U - t * G)
+                fn, Gn = fg(Un)
+                S = Un - U
+                ss = np.vdot(S, S)
+                if fn <= Cref - (opts.armijo / t) * ss or t < t_min:
+                    break
+                t *= 0.5
+            Y = Gn - G
+            sy = abs(np.vdot(S, Y))
+            t = min(max(ss / sy, t_min), t_max) if sy > 0 else t_max if ss == 0 else t
+            Qn = opts.gamma * Q + 1.0
+            Cref = (opts.gamma * Q * Cref + fn) / Qn
+            Q = Qn
+            U, f, G = Un, fn, Gn
+            if ss == 0:
+                break
+        u1 = U.sum(axis=1)
+        if u1 @ u1 / r - 1.0 <= opts.feas_tol:
+            break
+        sigma = min(opts.sigma_max * data_norm, opts.omega * sigma)
+    return U, n_inner, outer
+
