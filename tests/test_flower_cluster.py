@@ -217,6 +217,20 @@ def test_a_node_refuses_to_send_new_samples_in_the_clear_after_a_secure_fit(tmp_
     assert not (tmp_path / "predict" / "V.npy").exists()
 
 
+def test_flower_stops_where_the_estimator_stops_with_the_default_stopping_rules(tmp_path):
+    """tol > 0 and early_stop="labels" (the default rule): the ServerApp runs the same label-stability
+    rule on its V as the in-process estimator, so both stop at the same round with the same labels."""
+    views, _ = blobs()
+    with threadpool_limits(1), pytest.warns(UserWarning, match="padded"):
+        ref = FedMultiViewClustering(C, max_rounds=60, tol=1e-12, random_state=SEED, secure_aggregation=True).fit(views)
+    assert "unchanged" in ref.result_.stopping_reason and ref.result_.n_rounds < 60
+    _, rc = _fake_run(tmp_path, views, **{"num-rounds": 60, "tol": 1e-12})
+    res = json.loads((Path(rc["out-dir"]) / "result.json").read_text())
+    assert res["n_rounds"] == ref.result_.n_rounds and "unchanged" in res["stopping_reason"]
+    assert np.array_equal(np.load(Path(rc["out-dir"]) / "V.npy"), ref.result_.V)
+    assert np.array_equal(read_labels_csv(Path(rc["out-dir"]) / "labels.csv"), ref.labels_)
+
+
 @pytest.mark.parametrize("rule,want", [("paper", C), ("auto-cap", 4), ("5", 4)])
 def test_rank_rules_are_settled_at_the_handshake(tmp_path, rule, want):
     views, _ = blobs()

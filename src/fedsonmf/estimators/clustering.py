@@ -76,9 +76,10 @@ from fedsonmf.estimators.clustering_steps import (
     kmeans_on_embedding,
     normalize_rows,
     prepare_view,
+    stop_rule,
 )
 from fedsonmf.estimators.sonmf import FedSONMF
-from fedsonmf.estimators.stopping import STOPPING_RULES, LabelStability
+from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
     FED_PARAMS,
@@ -219,7 +220,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
         normalize_views=default("normalize_views"), n_init=default("n_init"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
-        engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
+        early_stop=default("early_stop"), engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
         diagnostics=default("diagnostics"), ustep=default("ustep"),
@@ -238,6 +239,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         self.n_init = n_init
         self.kmeans_n_init = kmeans_n_init
         self.kmeans_max_iter = kmeans_max_iter
+        self.early_stop = early_stop
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -374,8 +376,8 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         partitions, fits = [], []
         for model, s in zip(models, seeds):
             stop = None
-            if self.early_stop == "labels" and model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
-                stop = LabelStability(self.n_clusters, normalize=self.normalize_embedding, random_state=s)
+            if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
+                stop = stop_rule(self.early_stop, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding)
             # one view: warned above
             res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True, stop_rule=stop)
             labels, km = kmeans_on_embedding(
@@ -427,7 +429,7 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
-                   "kmeans_max_iter": self.kmeans_max_iter}
+                   "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop}
         partitions, fits = [], []
         for i, (model, s) in enumerate(zip(models, seeds)):
             cfg, run, _ = model._validate()

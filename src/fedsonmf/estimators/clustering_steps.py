@@ -28,7 +28,7 @@ from fedsonmf.estimators.clustering_rules import (
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
-__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers",
+__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
            "normalize_rows", "kmeans_on_embedding"]
 
 
@@ -163,3 +163,16 @@ def assign_to_centers(E, centers, *, normalize_embedding: bool = True) -> np.nda
         E = normalize_rows(E)
     d2 = ((E[:, None, :] - np.asarray(centers)[None, :, :]) ** 2).sum(axis=2)
     return np.argmin(d2, axis=1)
+
+
+def stop_rule(early_stop: str, n_clusters: int, *, seed: int, normalize_embedding: bool = True):
+    """The server's label-free stopping rule of a clustering fit (``early_stop``), or None.
+
+    ``"labels"``: :class:`fedsonmf.estimators.stopping.LabelStability` (the server's warm-started
+    k-means of V unchanged for a few rounds); ``"none"``: None (``tol`` alone).
+    """
+    if early_stop != "labels":
+        return None
+    from fedsonmf.estimators.stopping import LabelStability  # imports this module: here, not at the top
+
+    return LabelStability(n_clusters, normalize=normalize_embedding, random_state=seed)

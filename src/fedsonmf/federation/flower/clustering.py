@@ -80,6 +80,7 @@ def clustering_options(rc) -> dict | None:
         "normalize_embedding": bool(rc.get("normalize-embedding", default("normalize_embedding"))),
         "kmeans_n_init": int(rc.get("kmeans-n-init", default("kmeans_n_init"))),
         "kmeans_max_iter": int(rc.get("kmeans-max-iter", default("kmeans_max_iter"))),
+        "early_stop": str(rc.get("early-stop", default("early_stop"))),
     }
 
 

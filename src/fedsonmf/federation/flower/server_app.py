@@ -292,8 +292,12 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             last_round["completed"] = state.round - 1
             status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
+        # a clustering fit stops as the estimator's does: tol, or the server's k-means of V settled
+        stop = (steps.stop_rule(copts["early_stop"], copts["n_clusters"], seed=seed,
+                                normalize_embedding=copts["normalize_embedding"])
+                if copts and steps is not None and tol > 0 else None)
         res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
-                             on_round_end=on_round_end, resume=resume, participation=participation)
+                             on_round_end=on_round_end, resume=resume, participation=participation, stop_rule=stop)
         save_npy_atomic(_inside(out / "V.npy", out), res.V)
         res.extra["flower"] = {
             "node_ids": node_ids, "job_id": job_id, "run_id": int(context.run_id),

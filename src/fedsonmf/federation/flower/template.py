@@ -77,6 +77,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "normalize-embedding": default("normalize_embedding"),
     "kmeans-n-init": default("kmeans_n_init"),
     "kmeans-max-iter": default("kmeans_max_iter"),
+    "early-stop": default("early_stop"),       # labels: the server stops when its k-means of V has settled
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
