@@ -13,7 +13,6 @@ import warnings
 
 import numpy as np
 
-from fedsonmf.estimators.clustering_steps import normalize_rows
 
 __all__ = ["STOPPING_RULES", "LabelStability"]
 
@@ -44,10 +43,11 @@ class LabelStability:
 
     def __call__(self, round_: int, V: np.ndarray, row: dict | None = None) -> str | None:
         from sklearn.cluster import KMeans
+        from sklearn.preprocessing import normalize
 
         E = np.asarray(V, dtype=np.float64).T
         if self.normalize:
-            E = normalize_rows(E)
+            E = normalize(E)  # unit rows; all-zero rows stay zero
         if E.shape[0] < self.n_clusters:
             return None
         with warnings.catch_warnings():
