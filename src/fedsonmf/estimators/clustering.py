@@ -5,7 +5,7 @@ server run :class:`~fedsonmf.estimators.sonmf.FedSONMF`; k-means runs on the sha
 representation V^T (n x r), which every party holds after the last round.
 
 Label-free defaults (issue 10; the rules and their measured effect are in
-:mod:`fedsonmf.estimators.clustering_rules`) -- nothing here looks at labels.
+``docs/clustering.md``) -- nothing here looks at labels.
 The mechanism they answer: for fixed bases the best V is mean_p U_p^T X_p, so
 the fit maximises the energy of the shared projection, and for nonnegative data
 one *background component* collects the features every sample has; with every
@@ -57,12 +57,9 @@ from fedsonmf._validation import (
     is_int,
 )
 from fedsonmf.core.masks import held_columns
-from fedsonmf.estimators.clustering_rules import (
-    PREPROCESS_RULES,
-    RANK_RULES,
-    consensus_labels,
-    resolve_rank,
-)
+from fedsonmf.estimators.consensus import consensus_labels
+from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
+from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
@@ -132,10 +129,10 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
     n_components : {"auto", "auto-cap", "paper"} or int, default="auto"
         Rank r: 2c with narrow views zero-padded; 2c capped at the narrowest view;
         c (capped); or the given number (capped) -- see
-        :func:`~fedsonmf.estimators.clustering_rules.resolve_rank`.
+        :func:`~fedsonmf.estimators.rank_rule.resolve_rank`.
     preprocess : {"auto", "l2", "none", "auto-center", "auto-split"}, default="auto"
         Each client's transform of its own view
-        (:func:`~fedsonmf.estimators.clustering_rules.preprocess_view`).
+        (:func:`~fedsonmf.estimators.view_rule.preprocess_view`).
     normalize_embedding : bool, default=True
         Row-normalise V^T before k-means.
     normalize_views : bool, default=True
