@@ -40,7 +40,7 @@ def test_constant_view_in_a_fit_warns_and_fits():
 def test_near_constant_features_are_zeroed_with_a_warning():
     X = dense()
     X[:, 2] = 1e-10 * np.random.default_rng(3).random(X.shape[0])  # a spread at rounding level of the others
-    Y, info = preprocess_view(X, "auto")
+    Y, info = preprocess_view(X, "auto-std")
     assert info["standardized"]
     assert np.all(Y[:, 2] == 0) and np.allclose(Y[:, [0, 1, 3]].std(axis=0), 1.0)
     assert any("near-constant" in w for w in info["warnings"])

@@ -6,11 +6,15 @@ behind each step and the measurements that chose it are in ``docs/clustering.md`
 * every sample to unit l2 norm (documents differ mostly by length);
 * only when the mean sample holds more than half of the view's energy (a *dense* view: image
   descriptors, not text) every feature is centred and scaled to unit variance -- that removes
-  the rank-one background the fit would otherwise spend (almost) everything on;
-* only when the view then has negative entries (a signed view: centred dense features, or
-  features that were signed to begin with), it is split into its positive and negative parts
-  ``[max(Y, 0), max(-Y, 0)]``: the bases and V are nonnegative, so a negative deviation can only
-  be explained by a feature of its own.
+  the rank-one background the fit would otherwise spend (almost) everything on -- and every
+  sample is scaled to unit l2 norm again: centring leaves samples near the mean with almost no
+  energy and outlying samples with a lot, and the fit, which maximises the energy of the shared
+  projection, would follow the outliers (the same reason as for documents of different length).
+
+Other rules keep the earlier defaults and the variants that were measured (``docs/clustering.md``):
+``"auto-std"`` (the default before, no second normalisation), ``"auto-std-split"`` /
+``"auto-split"`` (a signed view split into ``[max(Y, 0), max(-Y, 0)]``: a little better on dense
+views, several times slower).
 
 Guards (each warns, naming the view, and does the sensible thing): a constant view (every
 sample the same after the per-sample scaling) is neither centred nor scaled; near-constant
@@ -35,17 +39,19 @@ NEAR_CONSTANT = 1e-6
 #: share of all-zero samples from which a view is flagged as probably incomplete
 EMPTY_ROWS_WARN = 0.1
 
-#: rule -> (per-sample l2, centre a dense view, unit variance after centring, split a signed view)
+#: rule -> (per-sample l2, centre a dense view, unit variance after centring, samples to unit l2 norm
+#: again after centring, split a signed view)
 _STEPS = {
-    "none": (False, False, False, False),
-    "l2": (True, False, False, False),
-    "auto-center": (True, True, False, False),
-    "auto-std": (True, True, True, False),
-    "auto-split": (True, True, False, True),
-    "auto-std-split": (True, True, True, True),
+    "none": (False, False, False, False, False),
+    "l2": (True, False, False, False, False),
+    "auto-center": (True, True, False, False, False),
+    "auto-std": (True, True, True, False, False),
+    "auto-std-l2": (True, True, True, True, False),
+    "auto-split": (True, True, False, False, True),
+    "auto-std-split": (True, True, True, False, True),
 }
-_STEPS["auto"] = _STEPS["auto-std"]
-PREPROCESS_RULES = ("auto", "auto-std", "auto-std-split", "auto-center", "auto-split", "l2", "none")
+_STEPS["auto"] = _STEPS["auto-std-l2"]
+PREPROCESS_RULES = ("auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none")
 
 
 def mean_energy_share(X) -> float:
@@ -90,17 +96,20 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
     ----------
     X : {array-like, sparse matrix} of shape (n_samples, d)
         One client's view (negative entries allowed).
-    rule : {"auto", "auto-std", "auto-std-split", "auto-center", "auto-split", "l2", "none"}, default="auto"
+    rule : {"auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none"}, \
+default="auto"
         * ``"none"``: returned as float, unchanged.
         * ``"l2"``: each sample scaled to unit l2 norm (all-zero samples stay zero).
         * ``"auto-std"``: ``"l2"``; then, **only** if the mean sample holds more than
           ``threshold`` of the view's energy (:func:`mean_energy_share`; a "dense" view),
           every feature is centred and scaled to unit standard deviation (constant and
           near-constant features become 0).
-        * ``"auto-std-split"``: ``"auto-std"``, then a view with negative entries is split
-          into ``[max(Y, 0), max(-Y, 0)]`` (nonnegative, twice as wide).
-        * ``"auto-center"`` / ``"auto-split"``: the same without the unit variance.
-        * ``"auto"``: the default, ``"auto-std"`` (``docs/clustering.md`` has the measurements).
+        * ``"auto-std-l2"`` = ``"auto"`` (the default): ``"auto-std"``, then a dense view's
+          samples are scaled to unit l2 norm again.
+        * ``"auto-center"``: as ``"auto-std"`` without the unit variance.
+        * ``"auto-std-split"`` / ``"auto-split"``: ``"auto-std"`` / ``"auto-center"``, then a
+          view with negative entries is split into ``[max(Y, 0), max(-Y, 0)]`` (nonnegative,
+          twice as wide; a signed view that is not dense is split too).
     threshold : float in [0, 1], default=0.5
         Not tuned: "more than half of the energy is the common part" is the point from which
         the rank-one background is the largest direction the view has.  Measured shares after
@@ -126,7 +135,7 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
         Y = sp.csr_matrix(X, dtype=np.float64, copy=True)
     else:
         Y = np.array(X, dtype=np.float64)
-    l2, center, standardize, split = _STEPS[rule]
+    l2, center, standardize, renorm, split = _STEPS[rule]
     empty = _empty_share(Y)
     info = {"rule": rule, "sample_l2": False, "mean_share": None, "centered": False, "standardized": False,
             "split": False, "empty_share": empty, "warnings": []}
@@ -167,6 +176,9 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
             Y = Y * inv[None, :]
             info["standardized"] = True
             info["inv_scale"] = inv
+        if renorm:  # every centred sample weighs the same again in the energy the fit maximises
+            Y = row_normalize(Y)
+            info["resample_l2"] = True
     if split and _has_negative(Y):
         Y = _split(Y)
         info["split"] = True
@@ -198,6 +210,8 @@ def apply_view_preprocessing(X, info: dict):
         Y = (Y.toarray() if sp.issparse(Y) else Y) - info["center"][None, :]
         if info.get("standardized"):
             Y = Y * info["inv_scale"][None, :]
+        if info.get("resample_l2"):
+            Y = row_normalize(Y)
     if info.get("split"):
         Y = _split(Y)
     return Y
