@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedsonmf.datasets.mat import load_mat  # noqa: E402
+from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
 from fedsonmf.experiments.references import REFERENCES, best_reference  # noqa: E402
 from fedsonmf.experiments.table1 import run_dataset  # noqa: E402
 
@@ -42,7 +42,7 @@ FLOORS = {"BBCSport": 92.0, "3Sources": 75.0}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=None, help="data folder (default: FEDSONMF_DATA or ../shared/data)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--only", action="append", help="data set names (default: all four)")
     ap.add_argument("--params", default="{}", help="FedMultiViewClustering parameters (JSON)")
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-references", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    args.data = args.data or default_data_dir()
     params = json.loads(args.params)
     methods = ["fedsonmf"] + ([] if args.no_references else list(REFERENCES))
     out = {"params": params, "seeds": list(range(args.seeds)), "tag": args.tag, "results": {}}

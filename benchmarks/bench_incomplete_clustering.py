@@ -28,7 +28,7 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedsonmf.datasets.mat import load_mat  # noqa: E402
+from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 
@@ -73,7 +73,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=None, help="data folder (default: FEDSONMF_DATA or ../shared/data)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--sources-seeds", type=int, default=None, help="seeds of the 3Sources part (default --seeds)")
     ap.add_argument("--parts", default="threesources,removed")
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--params", default="{}")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    args.data = args.data or default_data_dir()
     params = json.loads(args.params)
     out = {"params": params, "seeds": args.seeds}
 

@@ -8,6 +8,8 @@ scaling.  Methods:
 * the simple centralized references of :data:`fedsonmf.experiments.references.REFERENCES`
   (``kmeans-rownorm``, ``kmeans-frobenius``, ``nmf-kmeans``, ``mv-spectral``): what a user
   with pooled data tries first; the table marks the best of them per data set;
+* ``fedmvl`` and the other federated comparison methods with a model of their own
+  (:data:`fedsonmf.algorithms.CLUSTERING_METHODS`), run in process;
 * every other federated algorithm registered in
   :data:`fedsonmf.algorithms.ALGORITHMS` (e.g. the adapted FedMAvg / FedMGS),
   run through the same clustering wrapper with the same parameters.
@@ -23,6 +25,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.datasets.mat import MultiViewDataset, find_datasets, load_mat
 from fedsonmf.exceptions import InputError
 from fedsonmf.experiments.evaluation import (
@@ -56,10 +59,10 @@ METHOD_ALIASES = {"kmeans-concat": "kmeans-frobenius", "nmf-concat": "nmf-kmeans
 
 def available_methods() -> list[str]:
     """Ours first, then the context methods, then any other registered federated algorithm."""
-    from fedsonmf.algorithms import ALGORITHMS
+    from fedsonmf.algorithms import ALGORITHMS, CLUSTERING_METHODS
 
     others = [name for name in ALGORITHMS if name != "fedsonmf"]
-    return ["fedsonmf", *CONTEXT_METHODS, *others]
+    return ["fedsonmf", *CONTEXT_METHODS, *others, *CLUSTERING_METHODS]
 
 
 def paper_key(path: Path, root: Path | None = None) -> str:
@@ -132,7 +135,11 @@ def run_dataset(
         cb = (lambda seed, row, _m=method: on_seed(_m, seed, row)) if on_seed else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning of capped runs: rounds are reported
-            if method in REFERENCES:
+            if method in CLUSTERING_METHODS:  # a federated comparison method with its own model
+                rep = evaluate_method(
+                    method, lambda s, _m=method: (np.asarray(CLUSTERING_METHODS[_m](ds.views, c, random_state=s)), {}),
+                    ds.labels, seeds, average_method=average_method, callback=cb, params={"method": method})
+            elif method in REFERENCES:
                 rep = evaluate_method(
                     method, lambda s, _m=method: (run_reference(_m, ds.views, c, random_state=s), {}),
                     ds.labels, seeds, average_method=average_method, callback=cb,
