@@ -11,6 +11,11 @@ defaults: ``masks`` = the availability masks (ALGORITHM.md §15.1: a missing sam
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bench_incomplete_clustering.py --seeds 10 \\
         --json benchmarks/results/incomplete_clustering.json
+
+``--weights coverage`` (a study, not the library): the masked fit with the weights of the
+weighted objective (ALGORITHM.md §15.1) replaced by c_j / m instead of m / c_j (c_j = views
+holding sample j), patched into the broadcast of this process only; ``--weights ones``: all 1.
+``docs/clustering.md`` says why this is the mechanism behind zero-filling's lead.
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ def removal_masks(m: int, n: int, frac: float, rng) -> list[np.ndarray]:
     return list(mk)
 
 
+def patch_weights(kind: str) -> None:
+    """Replace the weights m / c_j the server broadcasts with c_j / m ("coverage") or 1 ("ones")."""
+    from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
+    from fedsonmf.protocol.messages import Message
+
+    original = FedSONMFAlgorithm.broadcast
+
+    def broadcast(self, state):
+        msg = original(self, state)
+        if "w" not in msg.arrays:
+            return msg
+        member = state.arrays["membership"]
+        c, m = member.sum(axis=0).astype(np.float64), member.shape[0]
+        w = c / m if kind == "coverage" else np.ones_like(c)
+        return Message(msg.kind, msg.round, {**msg.arrays, "w": w}, msg.scalars)
+
+    FedSONMFAlgorithm.broadcast = broadcast
+
+
 def zero_fill(views, masks):
     out = []
     for X, mk in zip(views, masks):
@@ -79,11 +103,14 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="threesources,removed")
     ap.add_argument("--fractions", default="0.2,0.5,0.7")
     ap.add_argument("--params", default="{}")
+    ap.add_argument("--weights", choices=("library", "coverage", "ones"), default="library")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.data = args.data or default_data_dir()
     params = json.loads(args.params)
-    out = {"params": params, "seeds": args.seeds}
+    out = {"params": params, "seeds": args.seeds, "weights": args.weights}
+    if args.weights != "library":
+        patch_weights(args.weights)
 
     def save():
         if args.json:

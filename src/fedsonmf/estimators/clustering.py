@@ -21,7 +21,10 @@ feature exclusive to one component, it steals them from the others.
   sample holds more than half of the view's energy (dense image features, a
   statistic the client computes alone; text views never trigger it), every
   feature is centred and scaled to unit variance, which removes the rank-one
-  background the fit would otherwise spend (almost) everything on.
+  background the fit would otherwise spend (almost) everything on, and every
+  sample is scaled to unit norm again (after centring, outlying samples would
+  carry most of the energy the fit maximises; ``docs/clustering.md``).  Degenerate
+  views (constant, near-constant features, mostly all-zero rows) warn, naming the view.
 * ``normalize_views=True``: each view divided by its Frobenius norm (the paper's step).
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
@@ -130,7 +133,8 @@ class FedMultiViewClustering(ClusterMixin, BaseEstimator):
         Rank r: 2c with narrow views zero-padded; 2c capped at the narrowest view;
         c (capped); or the given number (capped) -- see
         :func:`~fedsonmf.estimators.rank_rule.resolve_rank`.
-    preprocess : {"auto", "l2", "none", "auto-center", "auto-split"}, default="auto"
+    preprocess : {"auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none"}, \
+default="auto"
         Each client's transform of its own view
         (:func:`~fedsonmf.estimators.view_rule.preprocess_view`).
     normalize_embedding : bool, default=True
