@@ -78,9 +78,14 @@ def zero_fill(views, masks):
     return out
 
 
+VARIANTS = ("masks", "zero_filled")
+
+
 def fit_both(views, labels, masks, c, seed, params) -> dict:
     row = {}
     for name, (vs, mk) in {"masks": (views, masks), "zero_filled": (zero_fill(views, masks), None)}.items():
+        if name not in VARIANTS:
+            continue
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the mostly-empty-rows hint is expected on zero-filled views
@@ -92,7 +97,7 @@ def fit_both(views, labels, masks, c, seed, params) -> dict:
 
 def summary(rows: list[dict]) -> dict:
     return {v: {k: [round(float(np.mean([r[v][k] for r in rows])), 2), round(float(np.std([r[v][k] for r in rows])), 2)]
-                for k in ("acc", "nmi")} for v in ("masks", "zero_filled")}
+                for k in ("acc", "nmi")} for v in VARIANTS}
 
 
 def main(argv=None) -> int:
@@ -104,11 +109,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fractions", default="0.2,0.5,0.7")
     ap.add_argument("--params", default="{}")
     ap.add_argument("--weights", choices=("library", "coverage", "ones"), default="library")
+    ap.add_argument("--masks-only", action="store_true", help="skip the zero-filled fits")
+    ap.add_argument("--sets", default=",".join(REMOVED), help="data sets of the 'removed' part")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.data = args.data or default_data_dir()
     params = json.loads(args.params)
     out = {"params": params, "seeds": args.seeds, "weights": args.weights}
+    global VARIANTS
+    if args.masks_only:
+        VARIANTS = ("masks",)
     if args.weights != "library":
         patch_weights(args.weights)
 
@@ -119,6 +129,8 @@ def main(argv=None) -> int:
     if "removed" in args.parts:
         out["removed"] = {}
         for name, rel in REMOVED.items():
+            if name not in args.sets.split(","):
+                continue
             ds = load_mat(args.data / rel)
             for frac in (float(f) for f in args.fractions.split(",")):
                 rows = []

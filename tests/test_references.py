@@ -80,3 +80,26 @@ def test_table_runs_every_reference_and_marks_the_best():
     assert sum("(best reference)" in n for n in names) == 1
     assert "against the best centralized reference" in standing(res)
     assert res.to_dict()["best_reference"][0] in REFERENCES
+
+
+def test_cluster_context_reports_every_reference_in_the_same_run(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    Xs, y = planted()
+    paths = []
+    for p, X in enumerate(Xs):
+        np.save(tmp_path / f"v{p}.npy", X)
+        paths.append(str(tmp_path / f"v{p}.npy"))
+    np.savetxt(tmp_path / "y.csv", y + 1, fmt="%d")
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["cluster", *paths, "--labels", str(tmp_path / "y.csv"), "--seeds", "1",
+                                      "--context", "--rounds", "10", "-q", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "points)" in result.output  # the standing line (rich may wrap it)
+    doc = json.loads(out.read_text())["result"]
+    assert set(doc["reports"]) == {"fedsonmf", *CONTEXT_METHODS}
+    assert doc["best_reference"][0] in REFERENCES
