@@ -142,8 +142,8 @@ default="auto"
     if empty > EMPTY_ROWS_WARN:
         info["warnings"].append(
             f"{100 * empty:.0f} % of its samples are all-zero rows; if those samples are missing from this "
-            "view (not truly empty), pass the availability masks (fit(..., masks=...), --missing mask) so "
-            "that they are not treated as data")
+            "view (not truly empty), the availability masks say so (fit(..., masks=...), --missing mask); "
+            "for clustering, zero rows were measured as good or better (docs/clustering.md)")
     if not l2:
         return Y, info
     Y = row_normalize(Y)
