@@ -135,7 +135,8 @@ def main(argv=None) -> int:
             for frac in (float(f) for f in args.fractions.split(",")):
                 rows = []
                 for seed in range(args.seeds):
-                    masks = removal_masks(ds.n_views, ds.n_samples, frac, np.random.default_rng([seed, int(100 * frac)]))
+                    rng = np.random.default_rng([seed, int(100 * frac)])
+                    masks = removal_masks(ds.n_views, ds.n_samples, frac, rng)
                     rows.append(fit_both(ds.views, ds.labels, masks, ds.n_classes, seed, params))
                     print(name, frac, seed, {k: round(v["acc"], 1) for k, v in rows[-1].items()}, flush=True)
                 out["removed"][f"{name} {int(100 * frac)}%"] = {"rows": rows, "summary": summary(rows)}

@@ -7,7 +7,6 @@ import scipy.sparse as sp
 from fedsonmf.estimators.clustering_rules import (
     co_association,
     consensus_labels,
-    embed,
     mean_energy_share,
     normalize_rows,
     pad_view,
@@ -162,18 +161,6 @@ def test_none_leaves_the_view_alone():
 
 
 # ----------------------------------------------------------------------------- embedding
-
-
-def test_embed_rules():
-    V = np.array([[3.0, 0.0, 1.0], [4.0, 0.0, 0.0]])
-    np.testing.assert_allclose(embed(V, "raw"), V.T)
-    E = embed(V, "row")
-    np.testing.assert_allclose(E[0], [0.6, 0.8])
-    assert not E[1].any()
-    C = embed(V, "component")
-    assert np.all(np.isfinite(C))
-    with pytest.raises(ValueError):
-        embed(V, "bogus")
 
 
 # ----------------------------------------------------------------------------- consensus

@@ -13,8 +13,8 @@ from typing import Callable
 from fedsonmf.algorithms.ablations import LocalCopy, ServerUpdateV
 from fedsonmf.algorithms.base import FederatedAlgorithm
 from fedsonmf.algorithms.fedmavg import FedMAvg
-from fedsonmf.algorithms.fedmvl import fedmvl_cluster
 from fedsonmf.algorithms.fedmgs import FedMGS
+from fedsonmf.algorithms.fedmvl import fedmvl_cluster
 from fedsonmf.algorithms.fedvra import FedVRA
 from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
 

@@ -60,9 +60,6 @@ from fedsonmf._validation import (
     is_int,
 )
 from fedsonmf.core.masks import held_columns
-from fedsonmf.estimators.consensus import consensus_labels
-from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
@@ -70,7 +67,10 @@ from fedsonmf.estimators.clustering_steps import (
     normalize_rows,
     prepare_view,
 )
+from fedsonmf.estimators.consensus import consensus_labels
+from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.estimators.sonmf import FedSONMF
+from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
     CLUSTER_PARAMS,

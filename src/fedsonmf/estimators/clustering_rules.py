@@ -5,7 +5,7 @@ Each rule lives in a module with one job; this module only re-exports them:
 * :mod:`~fedsonmf.estimators.view_rule` -- the per-client preprocessing rule and its guards;
 * :mod:`~fedsonmf.estimators.rank_rule` -- r from c and the views' widths, zero padding;
 * :mod:`~fedsonmf.estimators.consensus` -- the consensus of several restarts' partitions;
-* :mod:`~fedsonmf.estimators.row_norms` -- row normalisers and the embedding k-means sees.
+* :mod:`~fedsonmf.estimators.row_norms` -- row normalisers (views, and V^T before k-means).
 
 The mechanism behind them and every measurement are in ``docs/clustering.md``.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fedsonmf.estimators.consensus import co_association, consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, pad_view, resolve_rank
-from fedsonmf.estimators.row_norms import EMBEDDING_RULES, embed, normalize_rows, row_normalize
+from fedsonmf.estimators.row_norms import normalize_rows, row_normalize
 from fedsonmf.estimators.view_rule import (
     MEAN_SHARE_THRESHOLD,
     PREPROCESS_RULES,
@@ -25,14 +25,12 @@ from fedsonmf.estimators.view_rule import (
 )
 
 __all__ = [
-    "EMBEDDING_RULES",
     "MEAN_SHARE_THRESHOLD",
     "PREPROCESS_RULES",
     "RANK_RULES",
     "apply_view_preprocessing",
     "co_association",
     "consensus_labels",
-    "embed",
     "mean_energy_share",
     "normalize_rows",
     "pad_view",

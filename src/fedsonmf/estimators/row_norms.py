@@ -1,5 +1,8 @@
 """Row normalisers: every sample (row) to unit l2 norm, for views (client side) and for V^T (server side).
 
+The other embeddings k-means could see (raw V^T, component-normalised) were measured and are not
+used (``docs/clustering.md``); ``benchmarks/bench_clustering_study.py`` computes them.
+
 All-zero rows stay zero (a sample a view does not have, or an empty document): no NaN anywhere.
 """
 
@@ -8,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["normalize_rows", "row_normalize", "embed", "EMBEDDING_RULES"]
+__all__ = ["normalize_rows", "row_normalize"]
 
 
 def normalize_rows(E: np.ndarray) -> np.ndarray:
@@ -45,34 +48,3 @@ def row_normalize(X):
     norms = np.linalg.norm(X, axis=1)
     scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
     return X * scale[:, None]
-
-
-#: what :func:`embed` accepts
-EMBEDDING_RULES = ("row", "raw", "component")
-
-
-def embed(V, rule: str = "row"):
-    """The embedding of the samples that k-means clusters, from V (r, n_samples).
-
-    rule : {"row", "raw", "component"}, default="row"
-        * ``"row"``: rows of V^T (samples) to unit l2 norm (all-zero stay zero):
-          k-means compares the *direction* of a sample over the components,
-          not its length (which mostly reflects document length or how much of
-          the background it holds).  Standard in spectral / spherical
-          clustering; measured best or tied on every data set.
-        * ``"raw"``: V^T as learned (the paper's literal protocol).
-        * ``"component"``: each component (row of V) to unit norm over the
-          samples, then samples to unit norm.  Helped BBCSport, hurt others by
-          4-10 points: not a default.
-    """
-    V = np.asarray(V, dtype=np.float64)
-    E = V.T.copy()
-    if rule == "raw":
-        return E
-    if rule == "component":
-        cn = np.linalg.norm(E, axis=0)
-        E = E * np.divide(1.0, cn, out=np.zeros_like(cn), where=cn > 0)[None, :]
-    elif rule != "row":
-        raise ValueError(f"rule must be 'row', 'raw' or 'component', got {rule!r}")
-    rn = np.linalg.norm(E, axis=1)
-    return E * np.divide(1.0, rn, out=np.zeros_like(rn), where=rn > 0)[:, None]
