@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.data = args.data or default_data_dir()
+    if args.data is None:
+        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
     params = json.loads(args.params)
     methods = ["fedsonmf"] + ([] if args.no_references else list(REFERENCES))
     out = {"params": params, "seeds": list(range(args.seeds)), "tag": args.tag, "results": {}}

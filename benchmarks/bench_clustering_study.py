@@ -87,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     root = args.data or default_data_dir()
+    if root is None:
+        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
     out = {"seeds": args.seeds, "variants": {}}
     for spec in args.variant:
         name, _, js = spec.partition("=")

@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.data = args.data or default_data_dir()
+    if args.data is None:
+        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
     params = json.loads(args.params)
     out = {"params": params, "seeds": args.seeds, "weights": args.weights}
     global VARIANTS
