@@ -1,9 +1,9 @@
-"""The clustering table of issue 19: data set x method, one run, the best centralized reference per set.
+"""The clustering table: data set x method, one run, the best centralized reference per set.
 
 Runs the federated clustering with its label-free defaults and the four simple centralized
 references (:mod:`fedsonmf.experiments.references`) on the shared data sets, through the same
 code path as ``fedsonmf reproduce table1`` (:func:`fedsonmf.experiments.table1.run_dataset`),
-and checks the issue's targets: ACC >= the best reference on >= 80 % of the sets, mean ACC above
+and checks the targets of docs/clustering.md: ACC >= the best reference on >= 80 % of the sets, mean ACC above
 the mean of the best references, no set more than 3 points behind, BBCSport >= 92, 3Sources >= 75.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bench_clustering.py --seeds 10 \\
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
 
 def targets(results: dict) -> dict:
-    """The issue's targets on these results (None where references were not run)."""
+    """The targets (docs/clustering.md) on these results (None where references were not run)."""
     gaps = {k: r["methods"]["fedsonmf"]["acc"] - r["best_reference"][1]
             for k, r in results.items() if r["best_reference"]}
     if not gaps:

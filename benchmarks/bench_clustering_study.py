@@ -1,4 +1,4 @@
-"""The defaults study of issue 19: client rules (refits) and server rules (on the same fitted V).
+"""The clustering defaults study: client rules (refits) and server rules (on the same fitted V).
 
 Each *variant* is a set of :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
 parameters; every fit's V is scored with several *server rules* (what the server does with V

@@ -1,4 +1,4 @@
-"""Incomplete views with the final clustering defaults (issue 19): availability masks against zero-filling.
+"""Incomplete views with the final clustering defaults: availability masks against zero-filling.
 
 * ``threesources``: the incomplete 3Sources file (416 stories, its ``ind`` mask);
 * ``removed``: BBCSport and MSRC-v1 with 20 / 50 / 70 % of each view's samples removed at random

@@ -1,4 +1,4 @@
-"""Guards for degenerate views (issue 19): each warns, naming the view, and does the sensible thing."""
+"""Guards for degenerate views: each warns, naming the view, and does the sensible thing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simple centralized references (issue 19): each clusters a planted problem, keeps its own
+"""The simple centralized references: each clusters a planted problem, keeps its own
 scaling whatever the caller did, survives empty samples and sparse views, and reaches the table."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The simple centralized references a user with pooled data tries first (issue 19).
+"""The simple centralized references a user with pooled data tries first.
 
 Each function takes the views as loaded (a list of (n_samples, d_p) arrays or sparse
 matrices, negative entries allowed) and returns one partition; each applies its own
