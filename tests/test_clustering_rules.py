@@ -7,8 +7,8 @@ import scipy.sparse as sp
 from fedsonmf.estimators.clustering_rules import (
     co_association,
     consensus_labels,
-    embed,
     mean_energy_share,
+    normalize_rows,
     pad_view,
     preprocess_view,
     resolve_rank,
@@ -80,10 +80,15 @@ def test_auto_centres_dense_only_and_keeps_text_sparse():
     rng = np.random.default_rng(0)
     T, info_t = preprocess_view(_text_like(rng))
     assert sp.issparse(T) and not info_t["centered"] and info_t["sample_l2"]
-    I, info_i = preprocess_view(_image_like(rng))
+    X = _image_like(rng)
+    I, info_i = preprocess_view(X, "auto-std")
     assert info_i["centered"] and info_i["standardized"]
     np.testing.assert_allclose(I.mean(axis=0), 0.0, atol=1e-12)
     np.testing.assert_allclose(I.std(axis=0), 1.0)
+    A, info_a = preprocess_view(X)  # the default: then every sample to unit norm again
+    assert info_a["centered"] and info_a["standardized"] and info_a["resample_l2"]
+    np.testing.assert_allclose(np.linalg.norm(A, axis=1), 1.0)
+    np.testing.assert_allclose(A, normalize_rows(I))
     C, info_c = preprocess_view(_image_like(rng), "auto-center")
     assert info_c["centered"] and not info_c["standardized"]
     np.testing.assert_allclose(C.mean(axis=0), 0.0, atol=1e-12)
@@ -98,7 +103,7 @@ def test_constant_features_of_a_dense_view_become_zero_not_nan():
     np.testing.assert_allclose(Y[:, 0], 0.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("rule", ["auto", "auto-center", "auto-split", "l2"])
+@pytest.mark.parametrize("rule", ["auto", "auto-std", "auto-center", "auto-split", "auto-std-split", "l2"])
 @pytest.mark.parametrize("kind", ["text", "image"])
 def test_preprocessing_is_scale_invariant(rule, kind):
     rng = np.random.default_rng(3)
@@ -156,18 +161,6 @@ def test_none_leaves_the_view_alone():
 
 
 # ----------------------------------------------------------------------------- embedding
-
-
-def test_embed_rules():
-    V = np.array([[3.0, 0.0, 1.0], [4.0, 0.0, 0.0]])
-    np.testing.assert_allclose(embed(V, "raw"), V.T)
-    E = embed(V, "row")
-    np.testing.assert_allclose(E[0], [0.6, 0.8])
-    assert not E[1].any()
-    C = embed(V, "component")
-    assert np.all(np.isfinite(C))
-    with pytest.raises(ValueError):
-        embed(V, "bogus")
 
 
 # ----------------------------------------------------------------------------- consensus

@@ -14,11 +14,12 @@ from fedsonmf.algorithms.ablations import LocalCopy, ServerUpdateV
 from fedsonmf.algorithms.base import FederatedAlgorithm
 from fedsonmf.algorithms.fedmavg import FedMAvg
 from fedsonmf.algorithms.fedmgs import FedMGS
+from fedsonmf.algorithms.fedmvl import fedmvl_cluster
 from fedsonmf.algorithms.fedvra import FedVRA
 from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
 
 __all__ = [
-    "FederatedAlgorithm", "get_algorithm", "ALGORITHMS", "BASELINES", "ABLATIONS",
+    "FederatedAlgorithm", "get_algorithm", "ALGORITHMS", "BASELINES", "ABLATIONS", "CLUSTERING_METHODS",
     "FedSONMFAlgorithm", "FedMAvg", "FedMGS", "FedVRA", "ServerUpdateV", "LocalCopy",
 ]
 
@@ -35,6 +36,12 @@ ALGORITHMS: dict[str, Callable[[], FederatedAlgorithm]] = {
     "server_update_etag": partial(ServerUpdateV, "eta_g_alpha", name="server_update_etag"),
     "local_tau1": partial(LocalCopy, 1, True, name="local_tau1"),
     "no_correction": partial(LocalCopy, None, False, name="no_correction"),
+}
+
+#: federated multi-view clustering methods with a model of their own (not an ONMF with U_p and V): each is
+#: ``fn(views, n_clusters, random_state=seed) -> labels``, run in process as a comparison method of Table 1
+CLUSTERING_METHODS: dict[str, Callable] = {
+    "fedmvl": fedmvl_cluster,  # Huang et al. 2019 (fedsonmf.algorithms.fedmvl)
 }
 
 #: the three adapted baselines of Fig. 3

@@ -240,7 +240,10 @@ def register(app, reproduce_app) -> None:
                                     "variable, if any; view files: every file must hold the same sample ids), "
                                     "'mask' (view files: different ids become the availability masks; .mat: also "
                                     "an all-zero row is a missing sample) or 'zeros' (zero-filling, no mask)."),
-        context: bool = typer.Option(False, "--context", help="Also run the centralized context methods."),
+        context: bool = typer.Option(False, "--context", help="Also run, in the same run, the simple centralized "
+                                     "references on the pooled views: k-means on the row-normalised and on the "
+                                     "Frobenius-scaled concatenation, scikit-learn NMF + k-means, multi-view "
+                                     "spectral clustering (the best is marked)."),
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write every score and parameter here."),
@@ -253,7 +256,7 @@ def register(app, reproduce_app) -> None:
         from threadpoolctl import threadpool_limits
 
         from fedsonmf.datasets.files import write_assignments
-        from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset
+        from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset, standing
 
         n_seeds = seeds if seeds is not None else 10
         _check_common(n_seeds, nmi_average, json_path)
@@ -295,6 +298,8 @@ def register(app, reproduce_app) -> None:
             console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
                                         f"{n_seeds} seeds (mean ± std, %)"))
             console.print(_describe_defaults(res, params))
+            if context:
+                console.print(standing(res, algorithm))
             privacy = _describe_privacy(res.reports[algorithm])
             if privacy:
                 console.print(privacy)
@@ -323,7 +328,9 @@ def register(app, reproduce_app) -> None:
         data_dir: Optional[Path] = typer.Option(None, "--data", help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
-        method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all)."),
+        method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all): "
+                                                   "fedsonmf, the references kmeans-rownorm, kmeans-frobenius, "
+                                                   "nmf-kmeans, mv-spectral, the other federated algorithms."),
         include: Optional[List[str]] = typer.Option(None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for one source."),
         threads: int = typer.Option(1, help="BLAS threads."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
@@ -335,7 +342,7 @@ def register(app, reproduce_app) -> None:
         from threadpoolctl import threadpool_limits
 
         from fedsonmf.datasets.mat import default_data_dir
-        from fedsonmf.experiments.table1 import available_methods, run_table1
+        from fedsonmf.experiments.table1 import available_methods, run_table1, standing
 
         _check_common(seeds, "arithmetic", json_path)
         root = data_dir or default_data_dir()
@@ -368,6 +375,9 @@ def register(app, reproduce_app) -> None:
         console.print(_table(results, f"Table 1: {seeds} seeds, mean ± std (%); ours = label-free defaults"))
         for res in results:
             console.print(_describe_defaults(res, params))
+            line = standing(res)
+            if line:
+                console.print(line)
             if res.note:
                 console.print(f"{res.label}: {res.note}")
         console.print("Paper rows: Caltech101 49.48/50.40/87.51 and NUS-WIDE 56.35/43.34/57.52 "

@@ -5,7 +5,7 @@ server run :class:`~fedsonmf.estimators.sonmf.FedSONMF`; k-means runs on the sha
 representation V^T (n x r), which every party holds after the last round.
 
 Label-free defaults (issue 10; the rules and their measured effect are in
-:mod:`fedsonmf.estimators.clustering_rules`) -- nothing here looks at labels.
+``docs/clustering.md``) -- nothing here looks at labels.
 The mechanism they answer: for fixed bases the best V is mean_p U_p^T X_p, so
 the fit maximises the energy of the shared projection, and for nonnegative data
 one *background component* collects the features every sample has; with every
@@ -21,7 +21,10 @@ feature exclusive to one component, it steals them from the others.
   sample holds more than half of the view's energy (dense image features, a
   statistic the client computes alone; text views never trigger it), every
   feature is centred and scaled to unit variance, which removes the rank-one
-  background the fit would otherwise spend (almost) everything on.
+  background the fit would otherwise spend (almost) everything on, and every
+  sample is scaled to unit norm again (after centring, outlying samples would
+  carry most of the energy the fit maximises; ``docs/clustering.md``).  Degenerate
+  views (constant, near-constant features, mostly all-zero rows) warn, naming the view.
 * ``normalize_views=True``: each view divided by its Frobenius norm (the paper's step).
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
@@ -64,12 +67,6 @@ from fedsonmf._validation import (
     views_checked,
 )
 from fedsonmf.core.masks import held_columns
-from fedsonmf.estimators.clustering_rules import (
-    PREPROCESS_RULES,
-    RANK_RULES,
-    consensus_labels,
-    resolve_rank,
-)
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
@@ -78,8 +75,11 @@ from fedsonmf.estimators.clustering_steps import (
     prepare_view,
     stop_rule,
 )
+from fedsonmf.estimators.consensus import consensus_labels
+from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
+from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.protocol.params import (
     FED_PARAMS,
@@ -139,10 +139,11 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
     n_components : {"auto", "auto-cap", "paper"} or int, default="auto"
         Rank r: 2c with narrow views zero-padded; 2c capped at the narrowest view;
         c (capped); or the given number (capped) -- see
-        :func:`~fedsonmf.estimators.clustering_rules.resolve_rank`.
-    preprocess : {"auto", "l2", "none", "auto-center", "auto-split"}, default="auto"
+        :func:`~fedsonmf.estimators.rank_rule.resolve_rank`.
+    preprocess : {"auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none"}, \
+default="auto"
         Each client's transform of its own view
-        (:func:`~fedsonmf.estimators.clustering_rules.preprocess_view`).
+        (:func:`~fedsonmf.estimators.view_rule.preprocess_view`).
     normalize_embedding : bool, default=True
         Row-normalise V^T before k-means.
     normalize_views : bool, default=True

@@ -16,35 +16,19 @@ Server (on what it holds anyway):
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.estimators.clustering_rules import (
-    apply_view_preprocessing,
-    pad_view,
-    preprocess_view,
-    resolve_rank,
-)
+from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
+from fedsonmf.estimators.row_norms import normalize_rows
+from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
            "normalize_rows", "kmeans_on_embedding"]
-
-
-def normalize_rows(E: np.ndarray) -> np.ndarray:
-    """Scale every row of ``E`` to unit l2 norm; all-zero rows stay zero (no NaN).
-
-    >>> normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
-    array([[0.6, 0.8],
-           [0. , 0. ]])
-    """
-    E = np.asarray(E, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", E, E))
-    out = np.zeros_like(E)
-    ok = norms > 0
-    out[ok] = E[ok] / norms[ok, None]
-    return out
 
 
 def kmeans_on_embedding(
@@ -84,7 +68,7 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
     X : {ndarray, sparse matrix} of shape (n_samples, d_p)
         The client's raw view.
     preprocess : str
-        Rule of :func:`~fedsonmf.estimators.clustering_rules.preprocess_view`.
+        Rule of :func:`~fedsonmf.estimators.view_rule.preprocess_view`.
     n_components : int
         The rank r: a narrower (preprocessed) view is padded with zero features to r.
     normalize_views : bool
@@ -111,6 +95,8 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
         k = held.size
         S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
         Y = S @ Yh
+    for message in view_warnings(info, view):  # the guards: the client warns about its own view
+        warnings.warn(message, UserWarning, stacklevel=3)
     Y = pad_view(Y, n_components)
     scale = 1.0
     if normalize_views:
@@ -132,7 +118,7 @@ def apply_view(X, info: dict, *, n_components: int, normalize_views: bool = True
 
 
 def choose_rank(n_clusters: int, view_widths, rule="auto"):
-    """``(r, message)``: the rank rule (:func:`~fedsonmf.estimators.clustering_rules.resolve_rank`)."""
+    """``(r, message)``: the rank rule (:func:`~fedsonmf.estimators.rank_rule.resolve_rank`)."""
     return resolve_rank(n_clusters, view_widths, rule)
 
 

@@ -2,8 +2,9 @@
 
 :func:`evaluate_clustering` runs :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
 over seeds and scores it (labels are used for scoring only); :func:`evaluate_method`
-does the same for any ``fit_predict(seed)``; :func:`concat_kmeans` and
-:func:`concat_nmf` are the centralized references on the concatenated views.
+does the same for any ``fit_predict(seed)``.  The centralized references live in
+:mod:`fedsonmf.experiments.references`; :func:`concat_kmeans` (k-means on the views as given)
+and :func:`concat_nmf` (= ``references.nmf_kmeans``) stay here for existing callers.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
-import scipy.sparse as sp
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering, kmeans_on_embedding
+from fedsonmf.experiments.references import concat_views, nmf_kmeans
 from fedsonmf.metrics import clustering_scores
 
 __all__ = ["concat_kmeans", "concat_nmf", "ClusteringReport", "evaluate_method", "evaluate_clustering"]
@@ -24,45 +25,16 @@ __all__ = ["concat_kmeans", "concat_nmf", "ClusteringReport", "evaluate_method",
 # ----------------------------------------------------------------------------- context methods
 
 
-def _concat(Xs):
-    if any(sp.issparse(X) for X in Xs):
-        return sp.hstack([sp.csr_array(X) for X in Xs], format="csr")
-    return np.hstack([np.asarray(X, dtype=np.float64) for X in Xs])
-
-
 def concat_kmeans(Xs, n_clusters: int, *, random_state=None, n_init: int = 10, max_iter: int = 300):
-    """k-means on the concatenated views (a centralized context method; no factorization)."""
-    labels, _ = kmeans_on_embedding(_concat(Xs), n_clusters, normalize=False, n_init=n_init,
+    """k-means on the concatenated views as given (no scaling; the references scale themselves:
+    :mod:`fedsonmf.experiments.references`)."""
+    labels, _ = kmeans_on_embedding(concat_views(Xs), n_clusters, normalize=False, n_init=n_init,
                                     max_iter=max_iter, random_state=random_state)
     return labels
 
 
-def concat_nmf(Xs, n_clusters: int, *, n_components: int | None = None, normalize_embedding: bool = True,
-               random_state=None, n_init: int = 10, max_iter: int = 300, nmf_max_iter: int = 500):
-    """scikit-learn NMF (nndsvda) on the concatenated views, then k-means on W.
-
-    Negative entries are clipped to 0 for this method only (NMF needs X >= 0).
-    """
-    import warnings
-
-    from sklearn.decomposition import NMF
-    from sklearn.exceptions import ConvergenceWarning as SkConvergenceWarning
-
-    X = _concat(Xs)
-    if sp.issparse(X):
-        X = X.copy()
-        X.data = np.maximum(X.data, 0.0)
-        X.eliminate_zeros()
-    else:
-        X = np.maximum(X, 0.0)
-    nmf = NMF(n_components=n_components or n_clusters, init="nndsvda", max_iter=nmf_max_iter,
-              random_state=random_state)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkConvergenceWarning)
-        W = nmf.fit_transform(X)
-    labels, _ = kmeans_on_embedding(W, n_clusters, normalize=normalize_embedding, n_init=n_init,
-                                    max_iter=max_iter, random_state=random_state)
-    return labels
+#: scikit-learn NMF + k-means on the Frobenius-scaled concatenation (the ``nmf-kmeans`` reference)
+concat_nmf = nmf_kmeans
 
 
 # ----------------------------------------------------------------------------- protocol

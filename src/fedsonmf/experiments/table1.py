@@ -1,14 +1,15 @@
 """The real-data experiment of the paper's Table 1 (ALGORITHM.md §10), over every dataset found.
 
-Every method sees the same views with the same preprocessing (each view divided
-by its Frobenius norm) and the same seeds.  Methods:
+Every method sees the same views as loaded and the same seeds; each applies its own
+scaling.  Methods:
 
 * ``fedsonmf`` -- ours, :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
   with its label-free defaults (the headline row);
-* ``kmeans-concat`` -- k-means on the concatenated views (centralized context);
-* ``nmf-concat`` -- scikit-learn NMF (nndsvda) on the concatenated views,
-  negative entries clipped, then the same k-means step as ours
-  (row-normalised embedding when ours is);
+* the simple centralized references of :data:`fedsonmf.experiments.references.REFERENCES`
+  (``kmeans-rownorm``, ``kmeans-frobenius``, ``nmf-kmeans``, ``mv-spectral``): what a user
+  with pooled data tries first; the table marks the best of them per data set;
+* ``fedmvl`` and the other federated comparison methods with a model of their own
+  (:data:`fedsonmf.algorithms.CLUSTERING_METHODS`), run in process;
 * every other federated algorithm registered in
   :data:`fedsonmf.algorithms.ALGORITHMS` (e.g. the adapted FedMAvg / FedMGS),
   run through the same clustering wrapper with the same parameters.
@@ -24,19 +25,18 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.datasets.mat import MultiViewDataset, find_datasets, load_mat
 from fedsonmf.exceptions import InputError
 from fedsonmf.experiments.evaluation import (
     ClusteringReport,
-    concat_kmeans,
-    concat_nmf,
     evaluate_clustering,
     evaluate_method,
 )
-from fedsonmf.preprocessing import normalize_views
+from fedsonmf.experiments.references import REFERENCES, best_reference, run_reference
 
-__all__ = ["PAPER_TABLE1", "PAPER_BEST_BASELINE", "DatasetResult", "run_dataset", "run_table1",
-           "available_methods", "paper_key"]
+__all__ = ["PAPER_TABLE1", "PAPER_BEST_BASELINE", "CONTEXT_METHODS", "DatasetResult", "run_dataset", "run_table1",
+           "available_methods", "paper_key", "standing"]
 
 #: the paper's Table 1, proposed method, % (ACC, NMI, purity), mean of 10 seeds
 PAPER_TABLE1 = {
@@ -51,15 +51,18 @@ PAPER_BEST_BASELINE = {
     "BBCSport": ((80.88, "EFIMVC"), (65.76, "EFIMVC"), (82.10, "EFIMVC")),
 }
 
-CONTEXT_METHODS = ("kmeans-concat", "nmf-concat")
+#: the centralized references, in display order (fedsonmf.experiments.references)
+CONTEXT_METHODS = tuple(REFERENCES)
+#: earlier names of two references, still accepted by ``--method``
+METHOD_ALIASES = {"kmeans-concat": "kmeans-frobenius", "nmf-concat": "nmf-kmeans"}
 
 
 def available_methods() -> list[str]:
     """Ours first, then the context methods, then any other registered federated algorithm."""
-    from fedsonmf.algorithms import ALGORITHMS
+    from fedsonmf.algorithms import ALGORITHMS, CLUSTERING_METHODS
 
     others = [name for name in ALGORITHMS if name != "fedsonmf"]
-    return ["fedsonmf", *CONTEXT_METHODS, *others]
+    return ["fedsonmf", *CONTEXT_METHODS, *others, *CLUSTERING_METHODS]
 
 
 def paper_key(path: Path, root: Path | None = None) -> str:
@@ -92,6 +95,7 @@ class DatasetResult:
             "key": self.key, "label": self.label, "n_samples": self.n_samples, "n_views": self.n_views,
             "n_features": self.n_features, "n_classes": self.n_classes, "seconds": self.seconds,
             "note": self.note, "paper": PAPER_TABLE1.get(self.key),
+            "best_reference": best_reference({k: 100 * r.mean("acc") for k, r in self.reports.items()}),
             "reports": {k: r.to_dict() for k, r in self.reports.items()},
         }
 
@@ -111,14 +115,14 @@ def run_dataset(
 ) -> DatasetResult:
     """Run ``methods`` on one dataset over ``seeds``.
 
-    The centralized context methods get the Frobenius-normalised views; the federated
-    methods get the views as loaded and run the estimator's own per-client pipeline
-    (``params`` may switch it to the paper's protocol).  ``n_clusters`` defaults to the
-    number of classes.
+    Every method gets the views as loaded: the centralized references apply their own
+    scaling (:mod:`~fedsonmf.experiments.references`), the federated methods run the
+    estimator's own per-client pipeline (``params`` may switch it to the paper's protocol).
+    ``n_clusters`` defaults to the number of classes.
     """
     params = dict(params or {})
     seeds = [int(s) for s in seeds]
-    Xs = normalize_views(ds.views)
+    methods = [METHOD_ALIASES.get(m, m) for m in methods]
     c = n_clusters or ds.n_classes
     out = DatasetResult(key, label, ds.n_samples, ds.n_views, ds.n_features, c)
     masks = None
@@ -127,19 +131,19 @@ def run_dataset(
         out.note = ("incomplete views: fedsonmf uses the file's availability mask; the other methods see "
                     "a missing view as an all-zero row")
     t0 = time.perf_counter()
-    norm_emb = params.get("normalize_embedding", True)
     for method in methods:
         cb = (lambda seed, row, _m=method: on_seed(_m, seed, row)) if on_seed else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning of capped runs: rounds are reported
-            if method == "kmeans-concat":
-                rep = evaluate_method(method, lambda s: (concat_kmeans(Xs, c, random_state=s), {}), ds.labels,
-                                      seeds, average_method=average_method, callback=cb)
-            elif method == "nmf-concat":
+            if method in CLUSTERING_METHODS:  # a federated comparison method with its own model
                 rep = evaluate_method(
-                    method, lambda s: (concat_nmf(Xs, c, normalize_embedding=norm_emb, random_state=s), {}),
+                    method, lambda s, _m=method: (np.asarray(CLUSTERING_METHODS[_m](ds.views, c, random_state=s)), {}),
+                    ds.labels, seeds, average_method=average_method, callback=cb, params={"method": method})
+            elif method in REFERENCES:
+                rep = evaluate_method(
+                    method, lambda s, _m=method: (run_reference(_m, ds.views, c, random_state=s), {}),
                     ds.labels, seeds, average_method=average_method, callback=cb,
-                    params={"normalize_embedding": norm_emb, "init": "nndsvda"})
+                    params={"reference": method, "centralized": True})
             else:
                 # the estimator runs its own per-client pipeline (preprocessing, then the Frobenius scaling)
                 p = {**params, "algorithm": method}
@@ -225,8 +229,11 @@ def fmt(mean: float, std: float | None = None) -> str:
 def rows_for(result: DatasetResult) -> list[dict]:
     """Table rows (strings) for one dataset: our methods, then the paper's rows."""
     rows = []
+    top = best_reference({k: r.mean("acc") for k, r in result.reports.items()})
     for name, rep in result.reports.items():
         s = rep.summary()
+        if top is not None and name == top[0]:
+            name = f"{name} (best reference)"
         rows.append({"dataset": result.label, "method": name, "acc": fmt(s["acc"], s["acc_std"]),
                      "nmi": fmt(s["nmi"], s["nmi_std"]), "purity": fmt(s["purity"], s["purity_std"]),
                      "seconds": f"{s['seconds']:.1f}"})
@@ -240,6 +247,17 @@ def rows_for(result: DatasetResult) -> list[dict]:
                      **{k: f"{v:.2f} ({m})" for k, (v, m) in zip(("acc", "nmi", "purity"), best)},
                      "seconds": ""})
     return rows
+
+
+def standing(result: DatasetResult, method: str = "fedsonmf") -> str:
+    """One line: ``method``'s mean ACC against the best centralized reference of the same run, or ''."""
+    rep = result.reports.get(method)
+    top = best_reference({k: 100 * r.mean("acc") for k, r in result.reports.items()})
+    if rep is None or top is None:
+        return ""
+    ours = 100 * rep.mean("acc")
+    return (f"{result.label}: {method} ACC {ours:.1f} against the best centralized reference, {top[0]} "
+            f"{top[1]:.1f} ({ours - top[1]:+.1f} points)")
 
 
 def mean_seconds(rep: ClusteringReport) -> float:

@@ -79,8 +79,11 @@ _TABLE = [
     Param("verbose", 0, "0 silent, 1 progress (a line every 10 rounds, to stderr), 2 a line per round."),
     # -- clustering
     Param("n_clusters", 8, "Number of clusters c."),
-    Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; dense views "
-                                "also centred and standardised), 'l2', 'none', 'auto-center', 'auto-split'."),
+    Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; a dense "
+                                "view -- its mean sample holds over half its energy -- is also centred, scaled to "
+                                "unit variance and its samples scaled to unit norm again), 'auto-std' (the same "
+                                "without the second normalisation), 'auto-std-split', 'auto-center', 'auto-split', "
+                                "'l2', 'none' (docs/clustering.md)."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
     Param("n_init", 1, "Federated fits with different seeds, combined by the consensus of their partitions."),

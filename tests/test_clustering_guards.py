@@ -1,0 +1,76 @@
+"""Guards for degenerate views: each warns, naming the view, and does the sensible thing."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from fedsonmf.estimators.clustering import FedMultiViewClustering
+from fedsonmf.estimators.clustering_steps import prepare_view
+from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view
+
+FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
+
+
+def dense(n=40, d=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return 5.0 + rng.random((n, d))
+
+
+def test_constant_view_warns_and_is_not_centred():
+    X = np.ones((30, 4))
+    Y, info = preprocess_view(X, "auto")
+    assert not info["centered"] and any("constant" in w for w in info["warnings"])
+    assert np.all(np.isfinite(Y)) and np.any(Y)
+    with pytest.warns(UserWarning, match="view 2: the view is constant"):
+        prepare_view(X, preprocess="auto", n_components=3, view=2)
+
+
+def test_constant_view_in_a_fit_warns_and_fits():
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], 20)
+    X0 = np.where(y[:, None] == 0, [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]) + 0.01 * rng.random((40, 4))
+    with pytest.warns(UserWarning, match="view 1: the view is constant"):
+        m = FedMultiViewClustering(2, random_state=0, **FAST).fit([X0, np.ones((40, 5))])
+    assert m.labels_.shape == (40,)
+
+
+def test_near_constant_features_are_zeroed_with_a_warning():
+    X = dense()
+    X[:, 2] = 1e-10 * np.random.default_rng(3).random(X.shape[0])  # a spread at rounding level of the others
+    Y, info = preprocess_view(X, "auto-std")
+    assert info["standardized"]
+    assert np.all(Y[:, 2] == 0) and np.allclose(Y[:, [0, 1, 3]].std(axis=0), 1.0)
+    assert any("near-constant" in w for w in info["warnings"])
+    np.testing.assert_allclose(apply_view_preprocessing(X, info), Y)
+
+
+def test_exactly_constant_features_become_zero_silently():
+    X = dense()
+    X[:, 1] = 0.0  # constant after the per-sample scaling too
+    Y, info = preprocess_view(X, "auto")
+    assert np.all(Y[:, 1] == 0) and info["warnings"] == []
+
+
+def test_mostly_empty_rows_point_to_masks():
+    X = dense()
+    X[:17] = 0.0  # 42 % all-zero rows
+    with pytest.warns(UserWarning, match=r"view 0: 42 % of its samples are all-zero rows.*masks"):
+        prepare_view(X, preprocess="auto", n_components=3, view=0)
+    with warnings.catch_warnings():  # the held rows only: nothing to flag
+        warnings.simplefilter("error")
+        prepare_view(X, preprocess="auto", n_components=3, view=0, held=np.arange(17, 40))
+
+
+def test_split_rule_makes_a_signed_view_nonnegative():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((30, 5))  # signed, centred: not dense, but negative
+    Y, info = preprocess_view(X, "auto-std-split")
+    assert info["split"] and not info["centered"] and Y.shape == (30, 10) and Y.min() >= 0
+    np.testing.assert_allclose(apply_view_preprocessing(X, info), Y)
+    Y2, info2 = preprocess_view(dense(), "auto-std-split")  # dense: centred, scaled, then split
+    assert info2["centered"] and info2["standardized"] and info2["split"] and Y2.min() >= 0
+    Y3, info3 = preprocess_view(np.maximum(X, 0), "auto-std-split")  # nonnegative, not dense: not split
+    assert not info3["split"] and Y3.shape == (30, 5)
