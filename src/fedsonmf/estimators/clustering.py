@@ -70,6 +70,7 @@ from fedsonmf.core.masks import held_columns
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
+    embedding_centers,
     kmeans_on_embedding,
     normalize_rows,
     prepare_view,
@@ -78,6 +79,7 @@ from fedsonmf.estimators.clustering_steps import (
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.estimators.sonmf import FedSONMF
+from fedsonmf.estimators.refine import REFINE_RULES, client_distances, refine_partition, refine_view
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.exceptions import InputError, ParameterError
@@ -157,6 +159,11 @@ default="auto"
         gives the same assignment five rounds in a row
         (:class:`~fedsonmf.estimators.stopping.LabelStability`, label-free; in-process
         engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
+    refine : {"kmeans", "none"}, default="kmeans"
+        ``"kmeans"``: refine each fit's partition by federated k-means on the views with every
+        sample scaled to unit norm, started from it (:mod:`fedsonmf.estimators.refine`: the
+        clients learn the partition and send only their n x c distance matrices, masked under
+        secure aggregation); ``"none"``: the partition of k-means on V.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -221,7 +228,7 @@ default="auto"
         n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
         normalize_views=default("normalize_views"), n_init=default("n_init"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
-        early_stop=default("early_stop"), engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
+        early_stop=default("early_stop"), refine=default("refine"), engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
         diagnostics=default("diagnostics"), ustep=default("ustep"),
@@ -241,6 +248,7 @@ default="auto"
         self.kmeans_n_init = kmeans_n_init
         self.kmeans_max_iter = kmeans_max_iter
         self.early_stop = early_stop
+        self.refine = refine
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -294,6 +302,7 @@ default="auto"
                                  f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
                                  "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
         check_choice("early_stop", self.early_stop, STOPPING_RULES)
+        check_choice("refine", self.refine, REFINE_RULES)
         check_choice("engine", self.engine, ENGINES)
         if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
@@ -387,12 +396,16 @@ default="auto"
             )
             partitions.append(labels)
             fits.append((model, res, km))
+        self.refine_iter_ = []
+        if self.refine == "kmeans":
+            exchange = self._refine_exchange(views, masks, secure=bool(models[0].secure_aggregation))
+            for i, part in enumerate(partitions):
+                partitions[i], iters = refine_partition(part, exchange)
+                self.refine_iter_.append(iters)
         model, res, km = fits[0]
-        if self.n_init > 1:
-            labels = consensus_labels(partitions, self.n_clusters)
-            E = normalize_rows(res.V.T) if self.normalize_embedding else res.V.T
-            centers = np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(r)
-                                for k in range(self.n_clusters)])
+        if self.n_init > 1 or self.refine == "kmeans":
+            labels = consensus_labels(partitions, self.n_clusters) if self.n_init > 1 else partitions[0]
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
             labels, centers = partitions[0], km.cluster_centers_
         self.factorization_ = model
@@ -409,6 +422,26 @@ default="auto"
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
         self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
         return self
+
+    def _refine_exchange(self, views, masks, secure: bool):
+        """The in-process driver of the refinement: each client's distances from its own view, summed
+        as the server sums them (the fixed-point sum of secure aggregation when it is on)."""
+        n = views[0].shape[0]
+        held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
+        rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
+
+        def exchange(labels):
+            Ds = [client_distances(Y, labels, self.n_clusters, held=h) for Y, h in zip(rviews, held)]
+            if secure and len(Ds) > 1:
+                from fedsonmf.federation.secagg import fixed_point_sum
+
+                return fixed_point_sum(Ds, degree=0)
+            S = np.array(Ds[0], dtype=np.float64, copy=True)
+            for D in Ds[1:]:
+                S += D
+            return S
+
+        return exchange
 
     # ------------------------------------------------------------------ engine="flower"
     def _fit_flower(self, views, models, seeds) -> "FedMultiViewClustering":
@@ -430,7 +463,8 @@ default="auto"
         paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
-                   "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop}
+                   "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
+                   "refine": self.refine}
         partitions, fits = [], []
         for i, (model, s) in enumerate(zip(models, seeds)):
             cfg, run, _ = model._validate()
@@ -587,3 +621,4 @@ def _check_view_structure(Xs) -> list:
         raise
     except TypeError as exc:
         raise InputError(str(exc)) from None
+

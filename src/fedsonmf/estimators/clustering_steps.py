@@ -22,12 +22,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
+# the federated k-means refinement: a node's half (refine_view, refine_distances) and the server's
+from fedsonmf.estimators.refine import assign as refine_assign
+from fedsonmf.estimators.refine import client_distances as refine_distances
+from fedsonmf.estimators.refine import refine_partition, refine_view
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
-__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
+__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule", "embedding_centers",
+           "refine_view", "refine_distances", "refine_assign", "refine_partition",
            "normalize_rows", "kmeans_on_embedding"]
 
 
@@ -162,3 +167,12 @@ def stop_rule(early_stop: str, n_clusters: int, *, seed: int, normalize_embeddin
     from fedsonmf.estimators.stopping import LabelStability  # imports this module: here, not at the top
 
     return LabelStability(n_clusters, normalize=normalize_embedding, random_state=seed)
+
+
+def embedding_centers(V, labels, n_clusters: int, *, normalize_embedding: bool = True) -> np.ndarray:
+    """The centre of every cluster of ``labels`` in the embedding k-means works in (rows of V^T,
+    normalised when ``normalize_embedding``): shape (n_clusters, r); an empty cluster's is zero."""
+    E = normalize_rows(np.asarray(V).T) if normalize_embedding else np.asarray(V, dtype=np.float64).T
+    labels = np.asarray(labels)
+    return np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(E.shape[1])
+                     for k in range(n_clusters)])

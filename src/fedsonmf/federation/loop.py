@@ -493,7 +493,7 @@ def run_federation(
         extra_up = 0
         if participation is None:
             if bits is not None:
-                msg = _with_secagg(msg, range(m), bits)
+                msg = with_secagg(msg, range(m), bits)
                 replies, agg = exchange_sum(transport, [msg] * m, bits)
             else:
                 replies = transport.exchange([msg] * m)
@@ -625,7 +625,7 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
     if spec is not None:
         bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
         nonce = secrets.token_hex(8)
-        msg = _with_secagg(msg, asked, bits, nonce=nonce, self=True)
+        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True)
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
@@ -696,7 +696,7 @@ def exchange_sum(transport, messages: Sequence[Message], bits: dict) -> tuple[li
     return replies, secagg.aggregate_masked(replies, range(len(replies)), messages[0].kind, messages[0].round, bits)
 
 
-def _with_secagg(msg: Message, cohort, bits: dict, **extra) -> Message:
+def with_secagg(msg: Message, cohort, bits: dict, **extra) -> Message:
     """``msg`` with the public parameters of one masked exchange: the cohort, the scales and a
     fresh nonce (so a retried or resumed round never reuses a mask)."""
     extra.setdefault("nonce", secrets.token_hex(8))
@@ -733,6 +733,6 @@ def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shap
                             "secure_aggregation off?)") from None
     exp = max(exps)
     bits = secagg.server_bits(spec, exp, 0.0, m)
-    init = _with_secagg(Message("init", 0), range(m), bits, public_keys=pks)
+    init = with_secagg(Message("init", 0), range(m), bits, public_keys=pks)
     _, agg = exchange_sum(transport, [init] * m, bits)
     return Aggregate("setup", 0, agg.sums, agg.clients), exp

@@ -92,6 +92,9 @@ _TABLE = [
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
                                   "server's warm-started k-means on V gives the same assignment 5 rounds in a row "
                                   "(docs/speed.md); 'none' = tol only. Off when tol = 0 (all rounds run)."),
+    Param("refine", "kmeans", "Last clustering step: 'kmeans' = federated k-means on the row-normalised views, "
+                              "started from the fit's partition (each client sends only distances; "
+                              "docs/clustering.md); 'none' = the partition of k-means on V."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -112,7 +115,7 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
               "verbose")
 #: the clustering estimator's own parameters
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
-                  "kmeans_max_iter", "early_stop", "engine", "flower_run_dir")
+                  "kmeans_max_iter", "early_stop", "refine", "engine", "flower_run_dir")
 
 #: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01

@@ -114,6 +114,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         ("up", "setup"): setup_up,
         ("down", "round"): down_round,
         ("up", "round"): round_up,
+        # a clustering run's k-means refinement: the partition down, each node's distances up
+        ("down", "refine"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
+        ("up", "refine"): {codec.ARRAYS: {"D": "n*"}},
     }
 
 
@@ -161,6 +164,10 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("up", "init"): {codec.ARRAYS: masked_items("setup")},
         ("down", "round"): down_round,
         ("up", "round"): round_up,
+        # the k-means refinement of a clustering run: the partition down, the masked distances up
+        ("down", "refine"): {codec.ARRAYS: {"labels": "labels"},
+                             codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
+        ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64"}},
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
@@ -187,6 +194,12 @@ def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
         return len(shape or []) == 1 and shape[0] <= n and dtype == "int64"
     if kind == "n":
         return shape == [n] and dtype == "float64"
+    if kind == "labels":
+        return shape == [n] and dtype == "int64"
+    if kind == "n*":
+        return len(shape) == 2 and shape[0] == n and dtype == "float64"
+    if kind == "n*-u64":
+        return len(shape) == 2 and shape[0] == n and dtype == "uint64"
     return False
 
 
@@ -259,6 +272,7 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                         want = {"rn": f"float64 ({r}, {n})", "r*": f"float64 ({r}, k <= {n})",
                                 "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)",
                                 "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "key": "uint8 (32,)",
+                                "labels": f"int64 ({n},)", "n*": f"float64 ({n}, k)", "n*-u64": f"uint64 ({n}, k)",
                                 "keys": "uint8 (k, 32)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "
                                    f"{item.get('dtype')}, declared {want}")

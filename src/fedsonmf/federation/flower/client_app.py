@@ -286,6 +286,12 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                 raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so the new samples are sent "
                                     "masked only; this predict request asks for them in the clear")
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+        if fed_msg.kind == "refine":  # the clustering's k-means refinement: distances from the raw view
+            secure = (fclust.fit_was_secure(sdir, p)
+                      or bool(context.node_config.get("require-secure-aggregation", False)))
+            reply = fclust.node_refine(fed_msg, _read(Path(_data_path(context))), sdir, p,
+                                       fclust.load_steps(clustering), secure=secure)
+            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
             reply = fclust.node_embed_masked(fed_msg, sdir, p)
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)

@@ -81,6 +81,7 @@ def clustering_options(rc) -> dict | None:
         "kmeans_n_init": int(rc.get("kmeans-n-init", default("kmeans_n_init"))),
         "kmeans_max_iter": int(rc.get("kmeans-max-iter", default("kmeans_max_iter"))),
         "early_stop": str(rc.get("early-stop", default("early_stop"))),
+        "refine": str(rc.get("refine", default("refine"))),
     }
 
 
@@ -274,17 +275,81 @@ def read_labels_csv(path) -> np.ndarray:
     return np.array([k for _, k in pairs], dtype=np.int64)
 
 
-def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps) -> dict:
+def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
+    ``refine(labels) -> D`` (optional): the summed distances of one refinement exchange with the
+    nodes (:func:`refine_exchange`); the partition is then refined as the estimator refines it.
     Returns the clustering summary for result.json.
     """
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
+    iters, error = 0, None
+    if refine is not None:
+        try:
+            refined, iters = steps.refine_partition(labels, refine)
+        except FederationError as exc:  # a node lost during the refinement: the fit's partition stands
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            labels = refined
+            centers = steps.embedding_centers(V, labels, opts["n_clusters"],
+                                              normalize_embedding=opts["normalize_embedding"])
     write_labels_csv(out / "labels.csv", labels)
     np.save(out / ".centers.tmp.npy", centers)
     os.replace(out / ".centers.tmp.npy", out / "centers.npy")
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
-            "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv")}
+            "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
+            **({"refine_error": error} if error else {})}
+
+
+# ----------------------------------------------------------------------------- the k-means refinement
+
+#: the one summed item of a refinement exchange: a node's distances D_p (n x c), bounded by 4
+#: (rows of unit norm), so of degree 0 in the data
+REFINE_SPEC = {"D": ("arrays", 0)}
+
+
+def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
+    """The server's driver of the refinement: ``exchange(labels) -> sum_p D_p`` over the nodes,
+    one ``refine`` message each (masked sums under secure aggregation)."""
+    from fedsonmf.federation import secagg
+    from fedsonmf.federation.loop import exchange_sum, with_secagg
+
+    count = [0]
+
+    def exchange(labels):
+        count[0] += 1
+        msg = Message("refine", count[0], {"labels": np.asarray(labels, dtype=np.int64)},
+                      {"n_clusters": int(n_clusters)})
+        if secure:
+            bits = secagg.server_bits(REFINE_SPEC, 0, 0.0, m)
+            _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
+            return np.asarray(agg.sums["D"], dtype=np.float64)
+        replies = transport.exchange([msg] * m)
+        S = np.array(replies[0].arrays["D"], dtype=np.float64, copy=True)
+        for rep in replies[1:]:
+            S += rep.arrays["D"]
+        return S
+
+    return exchange
+
+
+def node_refine(msg: Message, X, sdir: Path, p: int, steps, *, secure: bool) -> Message:
+    """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
+    (n, d_p), masked with the fit's pair keys when the fit ran with secure aggregation."""
+    from fedsonmf.federation import secagg
+
+    labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
+    if labels.shape != (X.shape[0],):
+        raise ProtocolError(f"client {p}: refine labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    D = steps.refine_distances(steps.refine_view(X), labels, int(msg.scalars["n_clusters"]))
+    reply = Message("refine", msg.round, {"D": D})
+    if secagg.SECAGG_KEY in msg.scalars:
+        state, _ = load_latest_client_state(sdir, p, 10**9)
+        _, reply = secagg.client_mask(state, reply, msg, REFINE_SPEC)
+    elif secure:
+        raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so the refinement's distances are "
+                            "sent masked only; this request asks for them in the clear")
+    return reply

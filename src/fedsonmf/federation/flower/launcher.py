@@ -82,7 +82,7 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "normalize_views": default("normalize_views"),
                        "normalize_embedding": default("normalize_embedding"),
                        "kmeans_n_init": default("kmeans_n_init"), "kmeans_max_iter": default("kmeans_max_iter"),
-                       "early_stop": default("early_stop")}
+                       "early_stop": default("early_stop"), "refine": default("refine")}
 
 
 def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
@@ -97,7 +97,7 @@ def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
     return {"n-clusters": int(n_clusters), "rank-rule": str(rank), "preprocess": str(opts["preprocess"]),
             "normalize-views": bool(opts["normalize_views"]), "normalize-embedding": bool(opts["normalize_embedding"]),
             "kmeans-n-init": int(opts["kmeans_n_init"]), "kmeans-max-iter": int(opts["kmeans_max_iter"]),
-            "early-stop": str(opts["early_stop"])}
+            "early-stop": str(opts["early_stop"]), "refine": str(opts["refine"])}
 
 
 def _update_result_json(out_dir: Path, extra: dict) -> None:
@@ -186,7 +186,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         Options of a clustering run, keys of :data:`CLUSTERING_DEFAULTS`
         (``rank``: "auto", "auto-cap", "paper" or an int; ``preprocess``,
         ``normalize_views``, ``normalize_embedding``, ``kmeans_n_init``,
-        ``kmeans_max_iter``, ``early_stop``); missing keys take the estimator's defaults.
+        ``kmeans_max_iter``, ``early_stop``, ``refine``); missing keys take the estimator's defaults.
     labels : array-like of shape (n_samples,) or None, default=None
         True classes (needs ``n_clusters``): this function, the submitting side,
         scores the labels the server wrote; they never enter the federation.

@@ -309,7 +309,9 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             res.extra["flower"]["dropped"] = transport.dropped
         if copts:
             status.write(phase="clustering")
-            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps),
+            refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
+                      if copts["refine"] == "kmeans" else None)
+            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine),
                                        "rank_message": rank_message}
         _write_json(out / "result.json", res.to_json_dict())
         status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
