@@ -278,8 +278,8 @@ def test_compiled_penalty_follows_the_numpy_iteration(rho1):
     rounded patterns, which the solver keeps, are the same.
     """
     from fedsonmf.core import _search_kernel
-    from fedsonmf.core import ustep_penalty as up
     from fedsonmf.core import ustep_patterns as pt
+    from fedsonmf.core import ustep_penalty as up
 
     if not _search_kernel.AVAILABLE:
         pytest.skip("numba not installed")
