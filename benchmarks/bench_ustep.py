@@ -16,6 +16,11 @@ An old-solver call slower than ``--cap`` seconds stops that row (larger d_p
 are then reported as null).  With ``--bbcsport`` also times a BBCSport
 clustering fit (r = 5 and 10) with the old and the new solver patched into
 the local step, and the share of the fit spent in the U-step (cProfile).
+With ``--replay-3sources SEED`` records the U-step inputs of one default 3Sources
+clustering fit and replays the calls that run the exact-penalty stage with its
+NumPy loops and its compiled loops (``ustep_penalty.COMPILED``), interleaved:
+seconds, and whether <U, M> and the support are the same on every call
+(docs/speed.md §3, "The penalty stage compiled").
 
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=src \
         .venv/bin/python benchmarks/bench_ustep.py [--bbcsport] [--out benchmarks/results/ustep.json]
@@ -166,12 +171,64 @@ def bench_bbcsport(old):
     return out
 
 
+def replay_3sources(seed):
+    """Penalty stage, NumPy vs compiled loops, on the U-steps of one 3Sources fit (docs/speed.md §3)."""
+    import fedsonmf.core.vstep as vstep
+    from fedsonmf.core import ustep_penalty
+    from fedsonmf.datasets import default_data_dir, load_mat
+    from fedsonmf.estimators import FedMultiViewClustering
+
+    ds = load_mat(default_data_dir() / "3Sources" / "ChuanbinZhang" / "3Sources.mat")
+    calls = []
+
+    def recording(B, A, U, rho1, opts=None):
+        res = new.solve_u(B, A, U, rho1, opts)
+        if res[1].outer_iterations > 0:
+            calls.append((B.copy(), A.copy(), U.copy(), rho1, opts))
+        return res
+
+    vstep.solve_u = recording
+    try:
+        FedMultiViewClustering(len(np.unique(ds.labels)), random_state=seed).fit(ds.views)
+    finally:
+        vstep.solve_u = new.solve_u
+    secs = {False: 0.0, True: 0.0}
+    worst, same = -np.inf, 0
+    new_compiled = ustep_penalty.COMPILED
+    new.solve_u(*calls[0])  # compile / load the loops outside the timing
+    for B, A, U, rho1, opts in calls:
+        out = {}
+        for compiled in (False, True):
+            ustep_penalty.COMPILED = compiled
+            t0 = time.perf_counter()
+            Un, _ = new.solve_u(B, A, U, rho1, opts)
+            secs[compiled] += time.perf_counter() - t0
+            out[compiled] = (Un, float(np.vdot(Un, B + rho1 * U)))
+        ustep_penalty.COMPILED = new_compiled
+        worst = max(worst, (out[False][1] - out[True][1]) / abs(out[False][1]))
+        same += bool(np.array_equal(out[False][0] > 0, out[True][0] > 0))
+    row = {"seed": seed, "penalty_calls": len(calls), "numpy_seconds": secs[False], "compiled_seconds": secs[True],
+           "ratio": secs[False] / secs[True], "max_rel_score_loss": worst, "same_support": same}
+    print(f"3Sources seed {seed}: {len(calls)} penalty calls, NumPy {secs[False]:.2f} s, compiled "
+          f"{secs[True]:.2f} s ({row['ratio']:.2f}x), max relative loss of <U, M> {worst:.1e}, "
+          f"same support {same}/{len(calls)}", flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cap", type=float, default=2.0, help="stop the old solver's row above this many s/call")
     ap.add_argument("--bbcsport", action="store_true")
+    ap.add_argument("--replay-3sources", type=int, default=None, metavar="SEED")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/ustep.json"))
     args = ap.parse_args()
+    if args.replay_3sources is not None:  # the replay alone (no old solver needed)
+        result = {"python": platform.python_version(), "numpy": np.__version__,
+                  "replay_3sources": replay_3sources(args.replay_3sources)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+        return
     old = load_old()
     result = {"old_commit": OLD_COMMIT, "python": platform.python_version(), "numpy": np.__version__,
               "machine": platform.machine(), "ustep": bench_ustep(old, args.cap)}

@@ -24,7 +24,7 @@ import numpy as np
 
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
-__all__ = ["AVAILABLE", "reweighted", "greedy"]
+__all__ = ["AVAILABLE", "reweighted", "greedy", "penalty"]
 
 
 def _pattern_sums_py(P, a, r):
@@ -247,15 +247,158 @@ def _greedy_py(P, a, max_moves, gain_rel, min_batch):
     return a, False
 
 
+def _fg_py(U, As, B, Uk, rho1, G, cj, U_old, G_old, acc):
+    """P_sigma(U) (constants dropped) and its gradient into ``G``: ``ustep_penalty.penalty``'s ``fg``.
+
+    ``As = A + c2 1 1^T`` (c2 = 2 sigma / r) carries the penalty term: U As = U A + c2 (U 1) 1^T,
+    and <U As, U> = <U A, U> + c2 ||U 1||^2, so
+        f = -<U, B> + 1/2 <U As, U> + rho1/2 ||U - Uk||^2,   G = U As - B + rho1 (U - Uk),
+    the NumPy form's terms regrouped.  U As by BLAS, then one pass over the rows for f, G, the
+    column products cj = sum_i U_ij G_ij (the Riemannian gradient's) and, from the previous
+    iterate (``U_old``, ``G_old``), ss = ||U - U_old||^2 and sy = <U - U_old, G - G_old>.
+    Every sum is accumulated per column (``acc``, 3 x r, so the row loop vectorises), then
+    over the columns.  Returns ``(f, ss, sy)``.
+    """
+    d, r = U.shape
+    UA = np.dot(U, As)  # BLAS, as U @ A in NumPy
+    for j in range(r):
+        cj[j] = 0.0
+        acc[0, j] = 0.0
+        acc[1, j] = 0.0
+        acc[2, j] = 0.0
+    prox = rho1 != 0.0  # rho1 = 0 (the default): the proximal terms are exact zeros, Uk is not read
+    for i in range(d):
+        for j in range(r):
+            u = U[i, j]
+            ua = UA[i, j]
+            g = ua - B[i, j]
+            fij = 0.5 * ua * u - u * B[i, j]
+            if prox:
+                dd = u - Uk[i, j]
+                g += rho1 * dd
+                fij += 0.5 * rho1 * (dd * dd)
+            G[i, j] = g
+            cj[j] += u * g
+            acc[0, j] += fij
+            sv = u - U_old[i, j]
+            acc[1, j] += sv * sv
+            acc[2, j] += sv * (g - G_old[i, j])
+    f = 0.0
+    ss = 0.0
+    sy = 0.0
+    for j in range(r):
+        f += acc[0, j]
+        ss += acc[1, j]
+        sy += acc[2, j]
+    return f, ss, sy
+
+
+def _proj_ob_py(U, G, t, out):
+    """``proj_ob(U - t G)`` into ``out`` (``ustep_patterns.proj_ob``; the column norm is taken
+    of the clipped column itself and applied as one multiplication, not after a division by
+    the column's largest entry: the entries here are O(1), so nothing under- or overflows)."""
+    d, r = U.shape
+    colmax = np.zeros(r)
+    nrm = np.zeros(r)
+    for i in range(d):
+        for j in range(r):
+            y = max(U[i, j] - t * G[i, j], 0.0)
+            out[i, j] = y
+            colmax[j] = max(colmax[j], y)
+            nrm[j] += y * y
+    for j in range(r):
+        if not colmax[j] > 0.0:  # no positive entry: the unit vector at the argmax of Y
+            best, bi = U[0, j] - t * G[0, j], 0
+            for i in range(1, d):
+                y = U[i, j] - t * G[i, j]
+                if y > best:
+                    best, bi = y, i
+            for i in range(d):
+                out[i, j] = 0.0
+            out[bi, j] = 1.0
+            nrm[j] = 1.0
+        nrm[j] = 1.0 / np.sqrt(nrm[j])
+    for i in range(d):
+        for j in range(r):
+            out[i, j] *= nrm[j]
+
+
+def _penalty_py(A, B, Uk, rho1, U0, eps1, sigma, sigma_cap, normA2, omega, feas_tol, max_outer, max_inner,
+                gamma, armijo):
+    """The loops of ``ustep_penalty.penalty`` (see there), fused into few passes over the d x r arrays.
+
+    Returns ``(U, n_inner, outer)``.  Same iteration, same tests, same constants; sums in another order.
+    """
+    d, r = U0.shape
+    U = U0.copy()
+    G = np.empty_like(U)
+    Un = np.empty_like(U)
+    Gn = np.empty_like(U)
+    cj = np.empty(r)
+    cjn = np.empty(r)
+    acc = np.empty((3, r))
+    kkv = np.empty(r)
+    n_inner = 0
+    outer = 0
+    for it in range(1, max_outer + 1):
+        outer = it
+        As = A + 2.0 * sigma / r  # A + c2 1 1^T (see _fg)
+        f, _, _ = _fg(U, As, B, Uk, rho1, G, cj, U, G, acc)
+        Cref, Q = f, 1.0
+        t = 1.0 / (normA2 + rho1 + 2.0 * sigma)
+        t_min, t_max = 1e-12 * t, 1e12 * t  # relative BB clip
+        for _ in range(max_inner):
+            for j in range(r):
+                kkv[j] = 0.0
+            for i in range(d):
+                for j in range(r):
+                    u = U[i, j]
+                    kkv[j] += min(u, G[i, j] - u * cj[j]) ** 2
+            kk = 0.0
+            for j in range(r):
+                kk += kkv[j]
+            if kk <= eps1 * eps1:
+                break
+            n_inner += 1
+            while True:
+                _proj_ob(U, G, t, Un)
+                fn, ss, sy = _fg(Un, As, B, Uk, rho1, Gn, cjn, U, G, acc)
+                if fn <= Cref - (armijo / t) * ss or t < t_min:
+                    break
+                t *= 0.5
+            sy = abs(sy)
+            if sy > 0:
+                t = min(max(ss / sy, t_min), t_max)
+            elif ss == 0:
+                t = t_max
+            Qn = gamma * Q + 1.0
+            Cref = (gamma * Q * Cref + fn) / Qn
+            Q = Qn
+            U, Un = Un, U
+            G, Gn = Gn, G
+            cj, cjn = cjn, cj
+            f = fn
+            if ss == 0:
+                break
+        u1 = np.dot(U, np.ones(r))
+        feas = np.dot(u1, u1)
+        if feas / r - 1.0 <= feas_tol:
+            break
+        sigma = min(sigma_cap, omega * sigma)
+    return U, n_inner, outer
+
+
 # the names the loops call; _build() rebinds them to the compiled versions (numba resolves a
 # called global when it compiles the caller)
 _pattern_sums, _repair, _value, _row_best, _out = _pattern_sums_py, _repair_py, _value_py, _row_best_py, _out_py
-_reweighted_jit = _greedy_jit = None
+_fg, _proj_ob = _fg_py, _proj_ob_py
+_reweighted_jit = _greedy_jit = _penalty_jit = None
 
 
 def _build():
     """Compile (or load from the cache) every loop, once per process."""
     global _pattern_sums, _repair, _value, _row_best, _out, _reweighted_jit, _greedy_jit
+    global _fg, _proj_ob, _penalty_jit
     import numba
 
     def jit(func):
@@ -264,6 +407,8 @@ def _build():
     _pattern_sums, _repair, _value = jit(_pattern_sums_py), jit(_repair_py), jit(_value_py)
     _row_best, _out = jit(_row_best_py), jit(_out_py)
     _reweighted_jit, _greedy_jit = jit(_reweighted_py), jit(_greedy_py)
+    _fg, _proj_ob = jit(_fg_py), jit(_proj_ob_py)
+    _penalty_jit = jit(_penalty_py)
 
 
 def reweighted(P, a, M, has_mass, iters=30, patience=3):
@@ -281,3 +426,13 @@ def greedy(P, a, max_moves, gain_rel, min_batch=-1):
         _build()
     return _greedy_jit(np.ascontiguousarray(P), np.ascontiguousarray(a, dtype=np.int64), int(max_moves),
                        float(gain_rel), int(min_batch))
+
+
+def penalty(A, B, Uk, rho1, U0, eps1, sigma, sigma_cap, normA2, opts):
+    """Compiled loops of :func:`fedsonmf.core.ustep_penalty.penalty`: ``(U, n_inner, outer)``."""
+    if _penalty_jit is None:
+        _build()
+    c = np.ascontiguousarray
+    return _penalty_jit(c(A), c(B), c(Uk), float(rho1), c(U0), float(eps1), float(sigma), float(sigma_cap),
+                        float(normA2), float(opts.omega), float(opts.feas_tol), int(opts.max_outer),
+                        int(opts.max_inner), float(opts.gamma), float(opts.armijo))

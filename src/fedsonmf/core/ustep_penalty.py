@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsonmf.core import _search_kernel as _kernel
 from fedsonmf.core.ustep_patterns import proj_ob
 
 __all__ = ["penalty"]
 
+#: run the penalty loops compiled (numba installed); False: the NumPy loops below
+COMPILED = _kernel.AVAILABLE
 
-def penalty(A, B, Uk, rho1, U0, opts, eps1: float):
+
+def penalty(A, B, Uk, rho1, U0, opts, eps1: float, compiled: bool | None = None):
     """Exact penalty on Ob_+ (EP4Orth's first-order subsolver, ALGORITHM.md §3.4).
 
     P_sigma(U) = -<U,B> + 1/2 <U A, U> + rho1/2 ||U - Uk||^2 + sigma/r ||U 1||^2
@@ -30,6 +34,8 @@ def penalty(A, B, Uk, rho1, U0, opts, eps1: float):
     data_norm = float(np.linalg.norm(B) + np.linalg.norm(A) + rho1)
     sigma = opts.sigma0_rel * data_norm
     sigma = max(sigma, 1e-8 * max(data_norm, np.finfo(float).tiny))
+    if COMPILED if compiled is None else compiled:
+        return _kernel.penalty(A, B, Uk, rho1, U0, eps1, sigma, opts.sigma_max * data_norm, normA2, opts)
     U = U0
     n_inner = 0
     outer = 0
