@@ -29,11 +29,15 @@ def test_constant_view_warns_and_is_not_centred():
 
 
 def test_constant_view_in_a_fit_warns_and_fits():
+    """A view whose samples are all the same after the per-sample scaling (each row a multiple of
+    one row) warns and is not centred; a view of one repeated number is refused before (the
+    silent-cases test): it cannot tell any samples apart."""
     rng = np.random.default_rng(0)
     y = np.repeat([0, 1], 20)
     X0 = np.where(y[:, None] == 0, [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]) + 0.01 * rng.random((40, 4))
+    X1 = rng.uniform(1, 3, size=(40, 1)) * np.ones((40, 5))
     with pytest.warns(UserWarning, match="view 1: the view is constant"):
-        m = FedMultiViewClustering(2, random_state=0, **FAST).fit([X0, np.ones((40, 5))])
+        m = FedMultiViewClustering(2, random_state=0, **FAST).fit([X0, X1])
     assert m.labels_.shape == (40,)
 
 

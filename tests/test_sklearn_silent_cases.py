@@ -56,8 +56,10 @@ def test_a_constant_view_is_named_as_constant_not_all_zero(views, make):
     assert "all zero" not in str(exc.value)
 
 
-def test_a_one_feature_view_says_why_it_is_empty_after_preprocessing(views):
-    with pytest.raises(InputError, match=r"view 1 carries nothing to cluster on.*n_features = 1.*preprocess='none'"):
+def test_a_one_feature_view_says_it_carries_nothing(views):
+    """One positive feature: every sample is the same after scaling it to unit norm -- the client's
+    guard says so (and leaves the view uncentred) instead of fitting it silently."""
+    with pytest.warns(UserWarning, match=r"view 1: the view is constant .* no information about the clusters"):
         FedMultiViewClustering(2, **FAST).fit([views[0], views[1][:, :1] + 1.0])
 
 
