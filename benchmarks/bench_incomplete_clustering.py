@@ -6,14 +6,14 @@
   at random), the same removal for both variants of a seed.
 
 Each variant is :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering` with its
-defaults: ``masks`` = the availability masks (ALGORITHM.md §15.1: a missing sample is never read),
+defaults: ``masks`` = the availability masks (docs/algorithm.md §15.1: a missing sample is never read),
 ``zero_filled`` = the missing samples as all-zero rows and no masks.  ACC/NMI in %.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bench_incomplete_clustering.py --seeds 10 \\
         --json benchmarks/results/incomplete_clustering.json
 
 ``--weights coverage`` (a study, not the library): the masked fit with the weights of the
-weighted objective (ALGORITHM.md §15.1) replaced by c_j / m instead of m / c_j (c_j = views
+weighted objective (docs/algorithm.md §15.1) replaced by c_j / m instead of m / c_j (c_j = views
 holding sample j), patched into the broadcast of this process only; ``--weights ones``: all 1.
 ``docs/clustering.md`` says why this is the mechanism behind zero-filling's lead.
 """

@@ -146,7 +146,7 @@ def test_3sources_run_is_deterministic_under_a_seed():
     assert 0.0 < clustering_scores(ds.labels, a.labels_)["acc"] <= 1.0
 
 
-# ----------------------------------------------------------------------------- issue 10 defaults
+# ----------------------------------------------------------------------------- the label-free defaults
 
 
 def test_default_rank_is_two_c_and_narrow_views_are_padded():

@@ -81,14 +81,14 @@ def test_auto_centres_dense_only_and_keeps_text_sparse():
     T, info_t = preprocess_view(_text_like(rng))
     assert sp.issparse(T) and not info_t["centered"] and info_t["sample_l2"]
     X = _image_like(rng)
-    I, info_i = preprocess_view(X, "auto-std")
+    Y_std, info_i = preprocess_view(X, "auto-std")
     assert info_i["centered"] and info_i["standardized"]
-    np.testing.assert_allclose(I.mean(axis=0), 0.0, atol=1e-12)
-    np.testing.assert_allclose(I.std(axis=0), 1.0)
+    np.testing.assert_allclose(Y_std.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(Y_std.std(axis=0), 1.0)
     A, info_a = preprocess_view(X)  # the default: then every sample to unit norm again
     assert info_a["centered"] and info_a["standardized"] and info_a["resample_l2"]
     np.testing.assert_allclose(np.linalg.norm(A, axis=1), 1.0)
-    np.testing.assert_allclose(A, normalize_rows(I))
+    np.testing.assert_allclose(A, normalize_rows(Y_std))
     C, info_c = preprocess_view(_image_like(rng), "auto-center")
     assert info_c["centered"] and not info_c["standardized"]
     np.testing.assert_allclose(C.mean(axis=0), 0.0, atol=1e-12)
@@ -110,7 +110,8 @@ def test_preprocessing_is_scale_invariant(rule, kind):
     X = _text_like(rng) if kind == "text" else _image_like(rng)
     A, ia = preprocess_view(X, rule)
     B, ib = preprocess_view(X * 37.5, rule)
-    to = (lambda M: M.toarray() if sp.issparse(M) else M)
+    def to(M):
+        return M.toarray() if sp.issparse(M) else M
     np.testing.assert_allclose(to(A), to(B), atol=1e-12)
     assert ia["centered"] == ib["centered"]
 

@@ -77,7 +77,8 @@ RUN_CONFIG_PARAMS = {
     "mu-scale": "mu_scale", "alpha": "alpha", "tau": "tau", "eta-g": "eta_g", "rho1": "rho1",
     "correction": "correction", "init-u": "init_u", "init-v": "init_v", "diagnostics": "diagnostics",
     "preprocess": "preprocess", "normalize-views": "normalize_views", "normalize-embedding": "normalize_embedding",
-    "kmeans-n-init": "kmeans_n_init", "kmeans-max-iter": "kmeans_max_iter", "early-stop": "early_stop", "refine": "refine",
+    "kmeans-n-init": "kmeans_n_init", "kmeans-max-iter": "kmeans_max_iter", "early-stop": "early_stop",
+    "refine": "refine",
 }
 
 

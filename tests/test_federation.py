@@ -163,7 +163,7 @@ def test_messages_are_exactly_the_declared_matrices(small_problem):
     t.log = []
     res = run_federation(t, "fedsonmf", cfg, max_rounds=2, seed=0)
     r, n = 4, views[0].shape[1]
-    for direction, p, msg in t.log:
+    for direction, _p, msg in t.log:
         if msg.kind == "setup":
             continue
         keys = {"down": {"Vbar"}, "up": {"Vhat"}}[direction]

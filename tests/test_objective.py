@@ -1,7 +1,7 @@
 import numpy as np
 import scipy.sparse as sp
-from conftest import random_feasible
 
+from conftest import random_feasible
 from fedsonmf.core._linalg import ut_x, x_vt
 from fedsonmf.core.objective import grad_u, grad_v, loss, objective, stationarity_u
 
@@ -31,7 +31,8 @@ def test_grad_u_taylor():
     U = rng.standard_normal((9, 3))
     V = rng.standard_normal((3, 15))
     G = grad_u(U, X @ V.T, V @ V.T)
-    f = lambda W: float(np.sum((X - W @ V) ** 2))
+    def f(W):
+        return float(np.sum((X - W @ V) ** 2))
     slope = _taylor_slope(f, G, U, rng)
     assert 1.9 < slope < 2.1
 

@@ -59,7 +59,8 @@ def test_dropped_client_rejoins_and_history_records_participants(views, rule):
 
 
 def test_quorum_failure_is_a_federation_error(views):
-    with pytest.raises(FederationError, match=r"round 3: only 2 of the 4 asked clients replied.*quorum min_clients is 3") as ei:
+    with pytest.raises(FederationError,
+                       match=r"round 3: only 2 of the 4 asked clients replied.*quorum min_clients is 3") as ei:
         run_inprocess(views, CFG, max_rounds=5, seed=1, available=down({3: {1, 2}}),
                       participation=Participation(min_clients=0.75))
     assert ei.value.round == 3

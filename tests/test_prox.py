@@ -10,7 +10,8 @@ from fedsonmf.core.prox import l21_norm, prox_l21_nonneg
 
 def _numeric_prox_value(z, t):
     """min_{v>=0} t||v|| + 1/2||v-z||^2 by L-BFGS-B from several starts."""
-    f = lambda v: t * np.sqrt(v @ v + 1e-300) + 0.5 * np.sum((v - z) ** 2)
+    def f(v):
+        return t * np.sqrt(v @ v + 1e-300) + 0.5 * np.sum((v - z) ** 2)
     best = np.inf
     for x0 in (np.maximum(z, 0), np.full_like(z, 0.1), np.zeros_like(z) + 1e-6):
         res = minimize(f, x0, method="L-BFGS-B", bounds=[(0, None)] * len(z), options={"ftol": 1e-14, "gtol": 1e-10})

@@ -232,7 +232,7 @@ def test_partial_rounds_with_dropouts_unmask_the_sum_of_those_who_replied(views)
     assert all(msg.arrays[secagg.PAIR_KEYS].shape == (1, 32) for msg in revealed)  # keys with client 1 only
     # the uploads of those who replied, self-masked, are uniform and uncorrelated with their plain values
     ups = [(msg.kind, msg.round, p, dict(msg.arrays)) for d, p, msg in log if d == "up" and msg.kind == "round"]
-    for kind, rnd, p, arrays in ups:
+    for _kind, rnd, p, arrays in ups:
         plain_v = rec.plain[("round", rnd, p)].arrays["Vhat"]
         rho = np.corrcoef(arrays["secagg.arrays.Vhat"].astype(float).ravel(), plain_v.ravel())[0, 1]
         assert abs(rho) < 6 / np.sqrt(plain_v.size)
@@ -383,11 +383,10 @@ def task_identity():
 
 def test_flower_apps_secure_equal_inprocess_secure_and_pass_the_audit(tmp_path, small_problem, views, monkeypatch,
                                                                      task_identity):
-    from test_flower_apps import FakeGrid, _nodes, _run_config, _server, _strip, _wire
-
     from fedsonmf.federation.flower.audit import audit_wire
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess
+    from test_flower_apps import FakeGrid, _nodes, _run_config, _server, _strip, _wire
 
     cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
     rec = Recorder()
@@ -433,11 +432,10 @@ def wire_transcript(rows, arrays_dir):
 def test_flower_apps_partial_rounds_with_a_dropped_node(tmp_path, small_problem, views, rule, task_identity):
     """A node that stops answering in rounds 2-4 and rejoins under a new node id: the unmask step
     runs over Flower, V equals the in-process secure run with the same availability."""
-    from test_flower_apps import FlakyGrid, _nodes, _run_config, _server, _wire
-
     from fedsonmf.federation.flower.audit import audit_wire
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.inprocess import run_inprocess
+    from test_flower_apps import FlakyGrid, _nodes, _run_config, _server, _wire
 
     cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
     grid = FlakyGrid(make_client_app(), _nodes(tmp_path, small_problem.views[:3]), dead=303, new=404, k=2, back=5)
@@ -481,10 +479,9 @@ def test_estimator_takes_the_parameter(small_problem):
 
 
 def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem, task_identity):
-    from test_flower_apps import FakeGrid, _nodes, _run_config, _server
-
     from fedsonmf.exceptions import FederationError
     from fedsonmf.federation.flower.client_app import make_client_app
+    from test_flower_apps import FakeGrid, _nodes, _run_config, _server
 
     nodes = _nodes(tmp_path, small_problem.views[:3])
     for nc in nodes.values():

@@ -17,14 +17,12 @@ pytest.importorskip("flwr")
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from _waits import STALL  # noqa: E402
-
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.federation.flower import LoopbackDeployment, load_result, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
-
 from test_secagg import Recorder, _rel, _run, check_transcript, wire_transcript  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.deploy]

@@ -14,7 +14,6 @@ Two runs per estimator:
 
 import warnings
 
-import numpy as np
 import pytest
 from sklearn.base import BaseEstimator, TransformerMixin, clone
 from sklearn.utils.estimator_checks import check_estimator

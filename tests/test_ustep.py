@@ -2,8 +2,8 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import random_feasible
 
+from conftest import random_feasible
 from fedsonmf.core.objective import grad_u, stationarity_u
 from fedsonmf.core.ustep import (
     PenaltyOptions,
@@ -45,7 +45,7 @@ def test_u_step_feasible_and_never_worse(seed, rho1):
 
 
 def test_phi_is_affine_on_the_feasible_set():
-    # ALGORITHM.md §3.2: phi(U) = const - <U, 2XV^T + rho1 U^k> on S_+
+    # docs/algorithm.md §3.2: phi(U) = const - <U, 2XV^T + rho1 U^k> on S_+
     rng = np.random.default_rng(5)
     X, V, Uk = _instance(rng, 12, 4, 30)
     M = 2 * X @ V.T + 1.3 * Uk
@@ -165,7 +165,7 @@ def test_penalty_stage_is_scale_free():
 
 
 def test_duality_gap_certifies_brute_force_optimum():
-    """A pattern with zero duality gap is a global optimum (ALGORITHM.md §3.2 relaxation)."""
+    """A pattern with zero duality gap is a global optimum (docs/algorithm.md §3.2 relaxation)."""
     rng = np.random.default_rng(4)
     from fedsonmf.core.ustep import duality_gap
     n_cert = 0

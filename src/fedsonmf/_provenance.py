@@ -102,7 +102,7 @@ def meta(*, inputs=(), seeds=None, call: str | None = None) -> dict:
         "versions": _versions(),
         "command": call if call is not None else _COMMAND or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "cwd": os.getcwd(),
-        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "seeds": None if seeds is None else [int(s) for s in seeds],
         "inputs": hashed,
     }

@@ -19,8 +19,9 @@ import contextvars
 import math
 import numbers
 import os
+from collections.abc import Iterable
 from types import FrameType
-from typing import Iterable, Literal, overload
+from typing import Literal, overload
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,7 +31,8 @@ from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
 __all__ = [
     "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
     "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
-    "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names", "check_constant_views",
+    "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names",
+    "check_constant_views",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -136,7 +138,8 @@ def check_choice(name: str, value, choices: Iterable[str]) -> str:
     choices = tuple(choices)
     if isinstance(value, (str, np.str_)) and str(value) in choices:
         return str(value)
-    listed = ", ".join(repr(c) for c in choices[:-1]) + (f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0]))
+    last = f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
+    listed = ", ".join(repr(c) for c in choices[:-1]) + last
     raise ParameterError(f"{name} must be {listed}, got {value!r}")
 
 

@@ -12,7 +12,8 @@ covers fedsonmf too.
 from __future__ import annotations
 
 __all__ = [
-    "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError", "FederationError",
+    "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError",
+    "FederationError",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
 ]
 

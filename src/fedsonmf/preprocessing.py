@@ -1,6 +1,6 @@
 """Preprocessing of multi-view data before factorization.
 
-The real-data protocol (ALGORITHM.md §10) divides every view by its Frobenius norm,
+The real-data protocol (docs/algorithm.md §10) divides every view by its Frobenius norm,
 ``X_p <- X_p / ||X_p||_F``. Views may hold negative entries (the model only constrains the
 factors), all-zero samples and all-zero features; none of these produces NaN here.
 """
@@ -61,7 +61,7 @@ def normalize_views(views: Sequence, method: str = "frobenius", *, scales: Seque
     views : list of {array-like, sparse matrix}
         ``views[p]`` has shape (n_samples, d_p). Negative entries are allowed.
     method : {"frobenius"}, default="frobenius"
-        ``"frobenius"``: ``X_p / ||X_p||_F`` (ALGORITHM.md §10).
+        ``"frobenius"``: ``X_p / ||X_p||_F`` (docs/algorithm.md §10).
     scales : sequence of float, optional
         Divide view p by ``scales[p]`` instead of its own norm (new samples are
         scaled like the training samples: pass the training views' norms).

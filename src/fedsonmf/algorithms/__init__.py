@@ -7,8 +7,8 @@ same algorithm from the name in the setup message and the run's FedConfig.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from fedsonmf.algorithms.ablations import LocalCopy, ServerUpdateV
 from fedsonmf.algorithms.base import FederatedAlgorithm

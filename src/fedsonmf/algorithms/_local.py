@@ -1,4 +1,4 @@
-"""Pieces shared by the baselines (ALGORITHM.md §9): one alternating local loop.
+"""Pieces shared by the baselines (docs/algorithm.md §9): one alternating local loop.
 
 Every baseline's client runs "U-step (7) against the current local V, then
 (maybe) move the local V" a few times, starting from the broadcast V^s.  The
@@ -9,8 +9,8 @@ reports the same diagnostics and the residuals stay comparable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -78,6 +78,7 @@ def alternating_steps(
             observe(k, U, UtX)
         if v_update is not None:
             V = v_update(k, U, UtX, V)
+    assert UtX is not None and XVt0 is not None and VVt0 is not None  # at least one step ran
     return LocalTrace(U, UtX, V, XVt0, VVt0, steps)
 
 

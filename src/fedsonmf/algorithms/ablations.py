@@ -2,7 +2,7 @@
 
 | registry name        | local V copies | U-steps/round | correction | V step per round                       |
 |----------------------|----------------|---------------|------------|----------------------------------------|
-| ``server_update``    | none           | 1             | --         | server: P_{a_S mu}(V^s - a_S mean grad), a_S = alpha |
+| ``server_update``    | none           | 1             | --         | server: P_{a mu}(V^s - a mean g), a = alpha |
 | ``local_tau1``       | yes            | 1             | (irrelevant) | proposed with tau = 1 (eta~ = eta_g alpha) |
 | ``no_correction``    | yes            | cfg.tau       | C_p^s = 0  | proposed (eta~ = eta_g tau alpha)       |
 | ``fedsonmf``         | yes            | cfg.tau       | yes        | proposed                                 |
@@ -41,7 +41,8 @@ class ServerUpdateV(FedMGS):
 
     def __init__(self, server_step: str | float = "alpha", *, name: str | None = None):
         names = {"alpha": "server_update", "eta_g_alpha": "server_update_etag"}
-        default = names.get(server_step, "server_update_custom") if isinstance(server_step, str) else "server_update_custom"
+        default = names.get(server_step, "server_update_custom") if isinstance(server_step, str) \
+            else "server_update_custom"
         super().__init__(gradient="last", server_step=server_step, local_steps=1, name=name or default)
 
 

@@ -84,12 +84,13 @@ class _Client:
         else:
             self.V = rng.random((X.shape[1], c))
         self.Phi = np.zeros_like(self.V)
-        self.U = None
+        self.U: np.ndarray | None = None
 
     def round(self, V: np.ndarray, weight: float, rho: float, n_views: int):
         X, Vm = self.X, self.V
         self.U = np.linalg.lstsq(Vm.T @ Vm, (X @ Vm).T, rcond=None)[0].T  # X V_m (V_m^T V_m)^-1
         U = self.U
+        assert U is not None
         R = X - U @ Vm.T
         rhs = rho * (V - Vm) - self.Phi + 2.0 * weight * (R.T @ U)
         lhs = n_views * (U.T @ U) + rho * np.eye(U.shape[1])

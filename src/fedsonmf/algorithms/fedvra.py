@@ -50,7 +50,8 @@ class FedVRA(FederatedAlgorithm):
     summed_uplink_keys = ("W",)
     downlink_keys = ("V",)
 
-    def __init__(self, rho_scale: float = 1.0, dual_step: float = 1.0, relaxation: float = 1.0, *, name: str = "fedvra"):
+    def __init__(self, rho_scale: float = 1.0, dual_step: float = 1.0, relaxation: float = 1.0, *,
+                 name: str = "fedvra"):
         if not rho_scale > 0:
             raise ValueError(f"rho_scale must be > 0, got {rho_scale!r}")
         if not 0 < dual_step <= 1:

@@ -1,5 +1,5 @@
 """The proposed method: federated alternating minimisation with variable
-splitting and drift correction (ALGORITHM.md §4–§6).
+splitting and drift correction (docs/algorithm.md §4–§6).
 
 Downlink: Vbar^s (r x n, pre-proximal).  Uplink: Vhat_p^{s,tau} (r x n).
 Each client recomputes V^s = P_{eta_tilde mu}(Vbar^s) and its correction C_p^s
@@ -8,8 +8,8 @@ itself; C_p^1 = 0 [C].  ``FedConfig.correction = False`` gives the
 
 Incomplete views (§15.1, [C]): a client holding only the samples ``cols``
 sends its sample indices once (setup: the server learns membership in the
-clear; the content only through the uploads, see docs/privacy.md), receives the weights m/c_j with every broadcast, and uploads the
-r x |Omega_p| block of its held columns; the server averages column j over
+clear; the content only through the uploads, see docs/privacy.md), receives the weights m/c_j with
+every broadcast, and uploads the r x |Omega_p| block of its held columns; the server averages column j over
 the clients holding it.  Complete data takes exactly the code of §4–§6.
 
 Partial participation (§15.2, [C]): ``server_round(..., clients=...)``
@@ -36,9 +36,9 @@ __all__ = ["FedSONMFAlgorithm", "REJOIN_RULES"]
 
 #: correction of a client returning after missed rounds (§15.2); the measured choice ("server",
 #: the default of Participation) is in docs/incomplete-and-partial.md.  "refresh" (a): local term
-#: from one gradient at V^s with the client's current U (free: U^T X is in its state); "server" (b): SCAFFOLD-style, the server keeps
-#: every client's last G_p and broadcasts their mean after a partial round; "drop" (c): C = 0 for
-#: the returning round; "stale": the client's old G_p (no special handling).
+#: from one gradient at V^s with the client's current U (free: U^T X is in its state); "server" (b):
+#: SCAFFOLD-style, the server keeps every client's last G_p and broadcasts their mean after a partial
+#: round; "drop" (c): C = 0 for the returning round; "stale": the client's old G_p (no special handling).
 REJOIN_RULES = ("refresh", "server", "drop", "stale")
 
 
@@ -58,7 +58,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         so the noise covers the client's change of V (its held columns with masks)."""
         if msg.kind == "setup":
             return super().dp_references(msg, cfg, cols)
-        V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu)
+        V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu_value)
         return {"Vhat": V if cols is None else V[:, cols]}
 
     def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
@@ -80,7 +80,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         eta = cfg.eta_tilde
         Vbar = msg.arrays["Vbar"]
-        V = prox_l21_nonneg(Vbar, eta * cfg.mu)
+        V = prox_l21_nonneg(Vbar, eta * cfg.mu_value)
         st = state.arrays
         rejoin = msg.scalars.get("rejoin")
         sel = (lambda A: A) if cols is None else (lambda A: A[:, cols])
@@ -96,11 +96,11 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             # "drop" (c): no correction in the returning round
         if cols is None:
             res = local_round(
-                X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep
+                X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu_value, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep
             )
         else:
             w = np.asarray(msg.arrays["w"], dtype=np.float64)[cols]
-            res = local_round(X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu, tau=cfg.tau, rho1=cfg.rho1,
+            res = local_round(X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu_value, tau=cfg.tau, rho1=cfg.rho1,
                               ustep=cfg.ustep, cols=cols, weights=w)
         diag = {}
         if cfg.diagnostics:
@@ -151,7 +151,9 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     def broadcast(self, state: ServerState) -> Message:
         msg = super().broadcast(state)
         if bool(state.arrays.get("partial_prev", False)):  # rule (b) after a partial round
-            msg = Message(msg.kind, msg.round, {**msg.arrays, "Gk": self.kept_mean(state)}, msg.scalars)
+            kept = self.kept_mean(state)
+            assert kept is not None  # a partial round kept the clients' corrections
+            msg = Message(msg.kind, msg.round, {**msg.arrays, "Gk": kept}, msg.scalars)
         member = state.arrays.get("membership")
         if member is None:
             return msg
@@ -186,11 +188,13 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             raise ValueError("the server-kept correction (rejoin='server') needs each client's own upload, "
                              "or the sum of their kept-G changes dG")
         if member is None and clients is None and not keep_g:
-            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
+            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde,
+                                             cfg.mu_value)
             return state.next({"Vbar": Vbar, "V": Vn})
         idx = list(range(len(replies))) if clients is None else list(clients)
         if member is None:
-            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde, cfg.mu)
+            Vbar, Vn = server_step_from_mean(V, self.mean_of("Vhat", replies, agg), cfg.eta_g, cfg.eta_tilde,
+                                             cfg.mu_value)
         else:
             # column j: mean over the (replying) clients holding j; a column no one sent keeps V_j
             if agg is not None and "Vhat" in agg.sums:
@@ -199,7 +203,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                 mean, _ = column_mean([rep.arrays["Vhat"] for rep in replies], self.reply_columns(state, idx),
                                       V.shape, fill=V)
             Vbar = V + cfg.eta_g * (mean - V)
-            Vn = prox_l21_nonneg(Vbar, cfg.eta_tilde * cfg.mu)
+            Vn = prox_l21_nonneg(Vbar, cfg.eta_tilde * cfg.mu_value)
         arrays = {"Vbar": Vbar, "V": Vn}
         if member is not None:
             arrays["membership"] = member
@@ -207,6 +211,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             arrays["V_prev"] = V  # V^{s}: for clients returning later, and rule (b)'s bookkeeping
         if keep_g:
             if kept_sum:
+                assert agg is not None  # kept sums come from secure aggregation's aggregate
                 arrays.update(self._kept_sum(state, agg, idx, n_clients or len(replies)))
             else:
                 arrays.update(self._kept_g(state, replies, idx, cfg, n_clients or len(replies)))

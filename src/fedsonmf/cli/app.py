@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -48,7 +48,7 @@ def _run_label(doc: dict, path: Path) -> str:
 
 @app.command("plot")
 def plot(
-    results: List[Path] = typer.Argument(..., help="Results JSON files (--json of synthetic / flower run)."),
+    results: list[Path] = typer.Argument(..., help="Results JSON files (--json of synthetic / flower run)."),
     out: Path = typer.Option(..., "--out", "-o", help="The PNG to write."),
     target: float = typer.Option(1e-2, "--target", help="Draw (and label) this R/R1 level; 0: none."),
     title: Optional[str] = typer.Option(None, "--title", help="Figure title."),

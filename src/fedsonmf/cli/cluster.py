@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Optional
 
 import numpy as np
 import typer
@@ -90,9 +90,10 @@ def _table(results, title: str):
     from fedsonmf.experiments.table1 import rows_for
 
     t = Table(title=title)
-    for col, just in (("dataset", "left"), ("method", "left"), ("ACC %", "right"), ("NMI %", "right"),
-                      ("purity %", "right"), ("s / seed", "right")):
-        t.add_column(col, justify=just)
+    for col in ("dataset", "method"):
+        t.add_column(col, justify="left")
+    for col in ("ACC %", "NMI %", "purity %", "s / seed"):
+        t.add_column(col, justify="right")
     for res in results:
         for i, row in enumerate(rows_for(res)):
             style = "dim" if row["method"].startswith("paper") else None
@@ -112,7 +113,7 @@ def _describe_defaults(res, params) -> str:
     r = sorted({i.get("n_components") for i in rep.info})
     rounds = [i["n_rounds"] for i in rep.info]
     ranks = sorted({i["effective_rank"] for i in rep.info})
-    how = "label-free rule mu_scale=%g" % params.get("mu_scale", 0.1) if params.get("mu", "auto") == "auto" else "given"
+    how = f"label-free rule mu_scale={params.get('mu_scale', 0.1):g}" if params.get("mu", "auto") == "auto" else "given"
     return (f"{res.label}: r={r}, mu={np.mean([i['mu'] for i in rep.info]):.4g} ({how}), "
             f"rounds {min(rounds)}-{max(rounds)}, effective rank {ranks}, "
             f"embedding {'row-normalised' if params.get('normalize_embedding', True) else 'raw'}")
@@ -213,7 +214,7 @@ def register(app, reproduce_app) -> None:
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
                  "n_init", *DP_OPTIONS)
     def cluster(
-        paths: List[Path] = typer.Argument(..., help="A multi-view .mat file, or one file per view: .csv, .tsv, "
+        paths: list[Path] = typer.Argument(..., help="A multi-view .mat file, or one file per view: .csv, .tsv, "
                                            ".npy, .npz (scipy.sparse), .mtx, .mat (samples x features)."),
         clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Clusters (default: #classes)."),
         rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1,
@@ -248,7 +249,7 @@ def register(app, reproduce_app) -> None:
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write every score and parameter here."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
-        params: dict = None,
+        params: Any = None,  # filled by @with_params from the table-backed options
     ):
         """Cluster the samples of a multi-view .mat file, or of one file per view (one client per view); with
         labels, score them (ACC/NMI/purity over seeds)."""
@@ -290,10 +291,11 @@ def register(app, reproduce_app) -> None:
                 if algorithm not in res.reports:  # the method could not run (e.g. r above a view's width)
                     raise InputError(res.note or f"{algorithm} did not run")
                 if labels_out is not None:  # seed 0's fit again: the report keeps scores, not partitions
-                    assignments, _ = _fit_assignments(ds, clusters or ds.n_classes, algorithm, params, 0)
+                    assignments, _ = _fit_assignments(ds, int(clusters or ds.n_classes or 0), algorithm, params, 0)
             else:
                 prog.start(algorithm)
-                assignments, model = _fit_assignments(ds, clusters, algorithm, params, 0, on_round=prog.on_round)
+                assignments, model = _fit_assignments(ds, int(clusters or 0), algorithm, params, 0,
+                                                      on_round=prog.on_round)
         if ds.labels is not None:
             console.print(_table([res], f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, c={ds.n_classes}, "
                                         f"{n_seeds} seeds (mean ± std, %)"))
@@ -305,6 +307,7 @@ def register(app, reproduce_app) -> None:
                 console.print(privacy)
             doc = {"params": params, "result": res.to_dict()}
         else:
+            assert assignments is not None and clusters is not None  # no labels: --clusters was required
             sizes = np.bincount(assignments, minlength=clusters).tolist()
             console.print(f"{ds.name}: n={ds.n_samples}, views={ds.n_features}, {clusters} clusters of sizes "
                           f"{sizes} (seed 0; r={model.n_components_}, mu={model.mu_:.4g}, {model.n_rounds_} rounds, "
@@ -325,17 +328,20 @@ def register(app, reproduce_app) -> None:
     @reproduce_app.command("table1")
     @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding", "preprocess", "n_init")
     def table1(
-        data_dir: Optional[Path] = typer.Option(None, "--data", help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
+        data_dir: Optional[Path] = typer.Option(None, "--data",
+                                                help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),
         seeds: int = typer.Option(10, "--seeds", help="Seeds 0..seeds-1."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
-        method: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all): "
+        method: Optional[list[str]] = typer.Option(None, "--method", "-m", help="Methods (repeatable; default all): "
                                                    "fedsonmf, the references kmeans-rownorm, kmeans-frobenius, "
                                                    "nmf-kmeans, mv-spectral, the other federated algorithms."),
-        include: Optional[List[str]] = typer.Option(None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for one source."),
+        include: Optional[list[str]] = typer.Option(
+            None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for "
+                                 "one source."),
         threads: int = typer.Option(1, help="BLAS threads."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
-        params: dict = None,
+        params: Any = None,  # filled by @with_params from the table-backed options
     ):
         """Every dataset of the data folder, our rows beside the paper's Table 1 rows."""
         from rich.console import Console

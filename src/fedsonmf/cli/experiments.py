@@ -20,7 +20,8 @@ def register(app, reproduce_app) -> None:
         out: Optional[Path] = typer.Option(
             None, "--out", "-o", help="Output folder (default results/synthetic-study[-quick])."
         ),
-        quick: bool = typer.Option(False, "--quick", help="Small fast version (2 seeds, 5 clients, n=60, tau<=20, 20 rounds)."),
+        quick: bool = typer.Option(False, "--quick",
+                                   help="Small fast version (2 seeds, 5 clients, n=60, tau<=20, 20 rounds)."),
         jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Worker processes (cells run in parallel)."),
         seeds: Optional[int] = typer.Option(None, help="Number of seeds (0..k-1) instead of the default."),
         rounds: Optional[int] = typer.Option(None, help="Round budget of every cell except the one-step variants."),

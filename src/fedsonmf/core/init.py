@@ -75,7 +75,7 @@ def kmeans_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
     if np.unique(a).size < r:
         return random_basis(d, r, rng)
     C = normalize(km.cluster_centers_, norm="l2", axis=1)
-    w = np.asarray(R @ C.T)[np.arange(d), a] if not sp.issparse(R) else np.asarray((R @ C.T))[np.arange(d), a]
+    w = np.asarray(R @ C.T)[np.arange(d), a] if not sp.issparse(R) else np.asarray(R @ C.T)[np.arange(d), a]
     U = np.zeros((d, r))
     U[np.arange(d), a] = np.maximum(w, 0.0)
     norms = np.linalg.norm(U, axis=0)

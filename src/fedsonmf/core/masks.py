@@ -16,7 +16,7 @@ so client p's weights are ``w_j = m / c_j`` (all ones for complete data).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -16,7 +16,7 @@ rounds divided by ref, for ref in {R^1 (paper), R^0 (at initialisation)}.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

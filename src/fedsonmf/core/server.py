@@ -9,7 +9,7 @@ with the trajectory-average gradient.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

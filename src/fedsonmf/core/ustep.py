@@ -1,4 +1,4 @@
-"""The local U-subproblem (ALGORITHM.md §3) and its exact-penalty solver.
+"""The local U-subproblem (docs/algorithm.md §3) and its exact-penalty solver.
 
 At local step k a client solves
 
@@ -87,12 +87,12 @@ _GAP_REL = 1e-4  # relative duality gap below which a pattern is accepted as opt
 
 @dataclass(frozen=True)
 class PenaltyOptions:
-    """Parameters of the U-solver (ALGORITHM.md §3.4, §3.5 and §11).
+    """Parameters of the U-solver (docs/algorithm.md §3.4, §3.5 and §11).
 
     ``eps1_rel`` scales the KKT tolerance: eps1 = eps1_rel * ||M||_F (on the
     normalised data, so scale-free: an absolute floor would make small data
     solve to an absolute tolerance).
-    Default 1e-2 [C] (ALGORITHM.md proposes 1e-6): the candidate is rounded
+    Default 1e-2 [C] (docs/algorithm.md proposes 1e-6): the candidate is rounded
     and polished afterwards; the same brute-force optimality rate and no worse
     residuals were measured at 1e-2, for fewer penalty iterations (docs/speed.md).
     ``sigma0_rel`` scales sigma0 = sigma0_rel * (||B|| + ||A|| + rho1).

@@ -1,4 +1,4 @@
-"""Support patterns of the nonnegative Stiefel set S_+ and the rounding onto it (ALGORITHM.md §3.2-§3.4).
+"""Support patterns of the nonnegative Stiefel set S_+ and the rounding onto it (docs/algorithm.md §3.2-§3.4).
 
 A U in S_+ has at most one positive entry per row, so it is a *pattern* (row i -> column a_i,
 or -1 for an empty row) plus positive values.  Here: the projection onto the oblique set

@@ -1,4 +1,4 @@
-"""The exact-penalty stage of the U-step (ALGORITHM.md §3.3-§3.4; Jiang et al. 2023, EP4Orth).
+"""The exact-penalty stage of the U-step (docs/algorithm.md §3.3-§3.4; Jiang et al. 2023, EP4Orth).
 
 min over Ob_+ of phi(U) + sigma (||U v||^2 - 1), v = 1_r / sqrt(r): projected gradient with
 Barzilai-Borwein steps and the Zhang-Hager nonmonotone line search, sigma raised until the
@@ -20,7 +20,7 @@ COMPILED = _kernel.AVAILABLE
 
 
 def penalty(A, B, Uk, rho1, U0, opts, eps1: float, compiled: bool | None = None):
-    """Exact penalty on Ob_+ (EP4Orth's first-order subsolver, ALGORITHM.md §3.4).
+    """Exact penalty on Ob_+ (EP4Orth's first-order subsolver, docs/algorithm.md §3.4).
 
     P_sigma(U) = -<U,B> + 1/2 <U A, U> + rho1/2 ||U - Uk||^2 + sigma/r ||U 1||^2
     (constants dropped; v = 1/sqrt(r) 1, p = 1, eps = 0).  A (r x r), B, Uk,
@@ -39,10 +39,10 @@ def penalty(A, B, Uk, rho1, U0, opts, eps1: float, compiled: bool | None = None)
     U = U0
     n_inner = 0
     outer = 0
-    for outer in range(1, opts.max_outer + 1):
+    for outer in range(1, opts.max_outer + 1):  # noqa: B007 - the count is returned after the loop
         c2 = 2.0 * sigma / r
 
-        def fg(U):
+        def fg(U, c2=c2):  # bound now: the closure is used within this outer iteration
             UA = U @ A
             u1 = U.sum(axis=1)
             D = U - Uk

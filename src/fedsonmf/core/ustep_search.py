@@ -1,4 +1,4 @@
-"""The support search of the U-step: maximise sum_j ||[M_{J_j, j}]_+|| over patterns (ALGORITHM.md §3.5).
+"""The support search of the U-step: maximise sum_j ||[M_{J_j, j}]_+|| over patterns (docs/algorithm.md §3.5).
 
 For a fixed pattern the best U is known in closed form (§3.2), so the U-subproblem (7) is a
 search over row -> column assignments.  Three phases, each monotone: reweighting sweeps

@@ -1,4 +1,4 @@
-"""The local V update: variable splitting and drift correction (ALGORITHM.md §4).
+"""The local V update: variable splitting and drift correction (docs/algorithm.md §4).
 
 Within round s a client keeps two copies of V:
 
@@ -120,6 +120,7 @@ def local_round(
     G_avg *= 1.0 / (alpha * tau)
     if C is not None:
         G_avg -= C
+    assert UtX is not None and XVt0 is not None and VVt0 is not None  # tau >= 1 steps ran
     return LocalResult(U, UtX, Vhat, G_avg, XVt0, VVt0, inner)
 
 
@@ -150,4 +151,5 @@ def _local_round_cols(X, U, V_start, C, *, alpha, mu, tau, rho1, ustep, cols, we
     G_avg = (V_start[:, cols] - Vhat_c) * (1.0 / (alpha * tau))
     if C is not None:
         G_avg -= C
+    assert UtX is not None and XVt0 is not None and VVt0 is not None  # tau >= 1 steps ran
     return LocalResult(U, UtX, Vhat_c, G_avg, XVt0, VVt0, inner)

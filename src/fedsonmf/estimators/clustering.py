@@ -1,10 +1,10 @@
 """Federated multi-view clustering: federated sparse ONMF, then k-means on V^T.
 
-Each view is one client's private data (ALGORITHM.md §10).  The clients and the
+Each view is one client's private data (docs/algorithm.md §10).  The clients and the
 server run :class:`~fedsonmf.estimators.sonmf.FedSONMF`; k-means runs on the shared
 representation V^T (n x r), which every party holds after the last round.
 
-Label-free defaults (issue 10; the rules and their measured effect are in
+Label-free defaults (the rules and their measured effect are in
 ``docs/clustering.md``) -- nothing here looks at labels.
 The mechanism they answer: for fixed bases the best V is mean_p U_p^T X_p, so
 the fit maximises the energy of the shared projection, and for nonnegative data
@@ -45,6 +45,7 @@ import os
 import secrets
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -78,8 +79,8 @@ from fedsonmf.estimators.clustering_steps import (
 )
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.refine import REFINE_RULES, client_distances, refine_partition, refine_view
+from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.exceptions import InputError, ParameterError
@@ -228,7 +229,8 @@ default="auto"
         n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
         normalize_views=default("normalize_views"), n_init=default("n_init"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
-        early_stop=default("early_stop"), refine=default("refine"), engine=default("engine"), flower_run_dir=default("flower_run_dir"), mu=default("mu"),
+        early_stop=default("early_stop"), refine=default("refine"), engine=default("engine"),
+        flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
         diagnostics=default("diagnostics"), ustep=default("ustep"),
@@ -279,9 +281,9 @@ default="auto"
         self.verbose = verbose
 
     @classmethod
-    def paper(cls, n_clusters=default("n_clusters"), **params) -> "FedMultiViewClustering":
+    def paper(cls, n_clusters=default("n_clusters"), **params) -> FedMultiViewClustering:
         """The paper's literal protocol: r = c, no preprocessing besides the Frobenius
-        scaling, k-means on the raw V^T (ALGORITHM.md §10)."""
+        scaling, k-means on the raw V^T (docs/algorithm.md §10)."""
         base = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
         return cls(n_clusters, **{**base, **params})
 
@@ -339,11 +341,11 @@ default="auto"
             out.append(Y)
         return out, scales
 
-    def fit(self, Xs, y=None, *, callback=None, masks=None) -> "FedMultiViewClustering":
+    def fit(self, Xs, y=None, *, callback=None, masks=None) -> FedMultiViewClustering:
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
         ``callback(row)`` is called with every round's history row (progress display).
-        ``masks`` (incomplete views, ALGORITHM.md §15.1): per view None, a boolean array of
+        ``masks`` (incomplete views, docs/algorithm.md §15.1): per view None, a boolean array of
         length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
         refuse_list_split_by_sklearn(Xs)
@@ -381,7 +383,7 @@ default="auto"
             if masks is not None:
                 raise ParameterError("engine='flower' does not support incomplete views (masks)")
             return self._fit_flower(views, models, seeds)
-        self.preprocessing_ = []
+        self.preprocessing_: Any = []  # None on the Flower engine (node-local)
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
         for model, s in zip(models, seeds):
@@ -408,7 +410,7 @@ default="auto"
             centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
             labels, centers = partitions[0], km.cluster_centers_
-        self.factorization_ = model
+        self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
         self.seed_ = res.seed
@@ -444,7 +446,7 @@ default="auto"
         return exchange
 
     # ------------------------------------------------------------------ engine="flower"
-    def _fit_flower(self, views, models, seeds) -> "FedMultiViewClustering":
+    def _fit_flower(self, views, models, seeds) -> FedMultiViewClustering:
         """``fit`` on a loopback Flower deployment (:func:`~fedsonmf.federation.flower.run_flower`).
 
         Each view is written to its own client folder ``<flower_run_dir>/clients/p<i>/`` and

@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
+
 # the federated k-means refinement: a node's half (refine_view, refine_distances) and the server's
 from fedsonmf.estimators.refine import assign as refine_assign
 from fedsonmf.estimators.refine import client_distances as refine_distances
@@ -31,7 +32,8 @@ from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_v
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
-__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule", "embedding_centers",
+__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
+           "embedding_centers",
            "refine_view", "refine_distances", "refine_assign", "refine_partition",
            "normalize_rows", "kmeans_on_embedding"]
 

@@ -20,6 +20,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from fedsonmf._provenance import sha256_array
 from fedsonmf._validation import (
     as_view_list,
     check_callback,
@@ -33,7 +34,6 @@ from fedsonmf._validation import (
     refuse_list_split_by_sklearn,
     view_feature_names,
 )
-from fedsonmf._provenance import sha256_array
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.masks import held_columns
@@ -44,7 +44,7 @@ from fedsonmf.exceptions import InputError, ParameterError
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
-from fedsonmf.protocol.params import FED_PARAMS, RUN_PARAMS, default
+from fedsonmf.protocol.params import FED_PARAMS, default
 
 __all__ = ["FedSONMF", "federated_sonmf"]
 
@@ -354,7 +354,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         self.privacy_ = res.extra.get("privacy")
         return res
 
-    def fit(self, Xs, y=None, *, masks=None) -> "FedSONMF":
+    def fit(self, Xs, y=None, *, masks=None) -> FedSONMF:
         """Fit on the list of views ``Xs``; ``y`` is ignored.
 
         ``masks`` (incomplete views, docs/algorithm.md §15.1): one entry per view, None

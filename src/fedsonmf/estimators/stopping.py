@@ -13,7 +13,6 @@ import warnings
 
 import numpy as np
 
-
 __all__ = ["STOPPING_RULES", "LabelStability"]
 
 #: FedMultiViewClustering's ``early_stop``: "labels" (this rule, and R/R1 <= tol) or "none" (tol only)

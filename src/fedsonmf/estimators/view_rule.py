@@ -137,7 +137,7 @@ default="auto"
         Y = np.array(X, dtype=np.float64)
     l2, center, standardize, renorm, split = _STEPS[rule]
     empty = _empty_share(Y)
-    info = {"rule": rule, "sample_l2": False, "mean_share": None, "centered": False, "standardized": False,
+    info: dict = {"rule": rule, "sample_l2": False, "mean_share": None, "centered": False, "standardized": False,
             "split": False, "empty_share": empty, "warnings": []}
     if empty > EMPTY_ROWS_WARN:
         info["warnings"].append(

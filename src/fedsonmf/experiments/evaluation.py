@@ -1,4 +1,4 @@
-"""The real-data evaluation protocol (ALGORITHM.md §10) and the centralized context methods.
+"""The real-data evaluation protocol (docs/algorithm.md §10) and the centralized context methods.
 
 :func:`evaluate_clustering` runs :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
 over seeds and scores it (labels are used for scoring only); :func:`evaluate_method`
@@ -10,8 +10,8 @@ and :func:`concat_nmf` (= ``references.nmf_kmeans``) stay here for existing call
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -103,7 +103,7 @@ def evaluate_method(
 ) -> ClusteringReport:
     """Score ``fit_predict(seed) -> (labels, info)`` against ``y`` for every seed."""
     seeds = [int(s) for s in seeds]
-    scores = {"acc": [], "nmi": [], "purity": []}
+    scores: dict[str, list[float]] = {"acc": [], "nmi": [], "purity": []}
     seconds, infos = [], []
     for seed in seeds:
         t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def evaluate_clustering(
     masks=None,
     **params,
 ) -> ClusteringReport:
-    """Run the real-data protocol of ALGORITHM.md §10 for :class:`FedMultiViewClustering`.
+    """Run the real-data protocol of docs/algorithm.md §10 for :class:`FedMultiViewClustering`.
 
     For every seed: fit on ``Xs`` with ``random_state=seed`` (federation and
     k-means), then score ACC / NMI / purity against ``y``.  Labels are used for
@@ -153,7 +153,7 @@ def evaluate_clustering(
     round_callback : callable(history_row), optional
         Called after every federated round (progress display).
     masks : list, optional
-        Incomplete views (ALGORITHM.md §15.1), as :meth:`FedMultiViewClustering.fit` takes them.
+        Incomplete views (docs/algorithm.md §15.1), as :meth:`FedMultiViewClustering.fit` takes them.
     **params
         :class:`FedMultiViewClustering` parameters.
 

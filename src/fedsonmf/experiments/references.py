@@ -28,7 +28,7 @@ k-means everywhere: scikit-learn, 10 replicates, 300 iterations, ``random_state`
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -169,8 +169,10 @@ def write_report(out_dir, cfg: StudyConfig, figs: dict[str, list[Cell]], records
     fig3 = {h: {_label(a): recs_of(figs["fig3"], h=h, algorithm=a) for a in methods3} for h in hs}
     fig4 = {h: {_label(a): recs_of(figs["fig4"], h=h, algorithm=a) for a in cfg.ablations} for h in hs}
     mname = METRICS[metric]
-    _panel_plot(out / "fig2_tau.png", fig2, metric, target, f"Fig. 2: proposed method, tau = {list(cfg.taus)} ({mname})")
-    _panel_plot(out / "fig3_baselines.png", fig3, metric, target, f"Fig. 3: proposed vs adapted baselines, tau = {cfg.tau_main}")
+    _panel_plot(out / "fig2_tau.png", fig2, metric, target,
+                f"Fig. 2: proposed method, tau = {list(cfg.taus)} ({mname})")
+    _panel_plot(out / "fig3_baselines.png", fig3, metric, target,
+                f"Fig. 3: proposed vs adapted baselines, tau = {cfg.tau_main}")
     _panel_plot(out / "fig4_ablation.png", fig4, metric, target,
                 f"Fig. 4: ablation variants, tau = {cfg.tau_main} (first {cfg.rounds} of the one-step variants' "
                 f"{cfg.rounds_one_step} rounds shown)", xmax=cfg.rounds)

@@ -76,7 +76,7 @@ class StudyConfig:
             raise ParameterError(f"figure_metric must be one of {sorted(METRICS)}, got {self.figure_metric!r}")
 
     @classmethod
-    def quick(cls, **changes) -> "StudyConfig":
+    def quick(cls, **changes) -> StudyConfig:
         """A small, fast version: 2 seeds, 5 clients, n = 60, tau in {5, 10, 20}, 20 rounds (40 one-step)."""
         base = dict(seeds=(0, 1), taus=(5, 10, 20), rounds=20, rounds_one_step=40, n_clients=5, n_samples=60)
         return cls(**{**base, **changes})
@@ -85,7 +85,7 @@ class StudyConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StudyConfig":
+    def from_dict(cls, d: dict) -> StudyConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in fields}
         return cls(**kwargs)

@@ -21,14 +21,13 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
 from fedsonmf._provenance import meta as provenance_meta
-
 from fedsonmf.experiments.study_design import (
     METRICS,
     Cell,
@@ -155,7 +154,8 @@ class RichPrinter(_NullPrinter):
     def cell_done(self, cell, seconds):
         if self._p is not None:
             self._n += 1
-            self._p.update(self._task, advance=cell.cost, info=f"{self._n}/{self._n_todo}  last: {cell.key} {seconds:.1f}s")
+            self._p.update(self._task, advance=cell.cost,
+                           info=f"{self._n}/{self._n_todo}  last: {cell.key} {seconds:.1f}s")
 
     def stop(self):
         if self._p is not None:

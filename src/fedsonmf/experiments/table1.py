@@ -1,4 +1,4 @@
-"""The real-data experiment of the paper's Table 1 (ALGORITHM.md §10), over every dataset found.
+"""The real-data experiment of the paper's Table 1 (docs/algorithm.md §10), over every dataset found.
 
 Every method sees the same views as loaded and the same seeds; each applies its own
 scaling.  Methods:
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -123,7 +123,7 @@ def run_dataset(
     params = dict(params or {})
     seeds = [int(s) for s in seeds]
     methods = [METHOD_ALIASES.get(m, m) for m in methods]
-    c = n_clusters or ds.n_classes
+    c = int(n_clusters or ds.n_classes or 0)
     out = DatasetResult(key, label, ds.n_samples, ds.n_views, ds.n_features, c)
     masks = None
     if ds.mask is not None:  # the proposed method takes the file's availability mask (§15.1)
@@ -136,12 +136,18 @@ def run_dataset(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning of capped runs: rounds are reported
             if method in CLUSTERING_METHODS:  # a federated comparison method with its own model
+                def fit_predict(s, _m=method):
+                    return np.asarray(CLUSTERING_METHODS[_m](ds.views, c, random_state=s)), {}
+
                 rep = evaluate_method(
-                    method, lambda s, _m=method: (np.asarray(CLUSTERING_METHODS[_m](ds.views, c, random_state=s)), {}),
+                    method, fit_predict,
                     ds.labels, seeds, average_method=average_method, callback=cb, params={"method": method})
             elif method in REFERENCES:
+                def reference(s, _m=method):
+                    return run_reference(_m, ds.views, c, random_state=s), {}
+
                 rep = evaluate_method(
-                    method, lambda s, _m=method: (run_reference(_m, ds.views, c, random_state=s), {}),
+                    method, reference,
                     ds.labels, seeds, average_method=average_method, callback=cb,
                     params={"reference": method, "centralized": True})
             else:

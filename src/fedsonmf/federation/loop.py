@@ -21,8 +21,9 @@ import json
 import secrets
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import Any, Callable, Mapping, Protocol, Sequence, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -32,13 +33,13 @@ from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
 from fedsonmf.core.residuals import effective_rank, round_metrics_from_sums
-from fedsonmf.federation import secagg
 from fedsonmf.exceptions import (
     DivergenceWarning,
     FederationError,
     ParameterError,
     ProtocolError,
 )
+from fedsonmf.federation import secagg
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult, History
 from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
@@ -125,7 +126,7 @@ class ClientRuntime:
         (reproducible runs).  Kept in the client state (resume), never sent.
     """
 
-    upload_hook: Callable[[Message, Message, "ClientRuntime"], Message] | None = None
+    upload_hook: Callable[[Message, Message, ClientRuntime], Message] | None = None
 
     def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None,
                  x_sqnorm: float | None = None, upload_hook=None, dp_seed=None):
@@ -499,7 +500,8 @@ def run_federation(
                 replies = transport.exchange([msg] * m)
             who = list(range(m))
         else:
-            replies, who, msgs, agg, extra_up = _partial_exchange(cast(PartialTransport, transport), alg, state, msg, participation, history,
+            replies, who, msgs, agg, extra_up = _partial_exchange(cast(PartialTransport, transport), alg, state, msg,
+                                                                  participation, history,
                                                                   m, seed, round_spec if secure else None,
                                                                   sa_exp_arr, V_s)
         for p, rep in zip(who, replies):
@@ -601,7 +603,8 @@ def _last_rounds(history: History, m: int) -> np.ndarray:
     return last
 
 
-def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, state: ServerState, msg: Message, participation: Participation,
+def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, state: ServerState, msg: Message,
+                      participation: Participation,
                       history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None):
     """One partial round (§15.2): ask the sampled clients, keep those that replied.
 

@@ -1,4 +1,4 @@
-"""Hyper-parameters of a federated run, validated in one place (ALGORITHM.md §11).
+"""Hyper-parameters of a federated run, validated in one place (docs/algorithm.md §11).
 
 Defaults come from the parameter table :data:`fedsonmf.protocol.params.PARAMS`.
 """
@@ -21,7 +21,7 @@ __all__ = ["FedConfig", "ParameterError", "resolve_mu", "auto_alpha", "STEP_CONT
 
 #: the per-round contraction of the V-error that ``alpha="auto"`` aims at (docs/speed.md)
 STEP_CONTRACTION = 0.3
-#: the Lipschitz constant of grad_V f_p = 2 (V - U_p^T X_p) for orthonormal U_p (ALGORITHM.md §1)
+#: the Lipschitz constant of grad_V f_p = 2 (V - U_p^T X_p) for orthonormal U_p (docs/algorithm.md §1)
 L_V = 2.0
 
 
@@ -74,7 +74,7 @@ class FedConfig:
         Local step size.  "auto" (the default): :func:`auto_alpha` from the known
         curvature L = 2 of the V-block and this config's ``tau`` and ``eta_g``; the
         field then holds that number and ``alpha_rule == "auto"``.  ``replace`` keeps
-        the number (the ablations change tau at the same alpha, ALGORITHM.md §9.4, and
+        the number (the ablations change tau at the same alpha, docs/algorithm.md §9.4, and
         every party of a deployment rebuilds the config from its JSON, which holds it).
     tau : int >= 1
         Local steps per round.
@@ -125,7 +125,7 @@ class FedConfig:
 
     n_components: int = default("n_components")
     mu: float | str = default("mu")
-    alpha: float | str = default("alpha")
+    alpha: float = default("alpha")  # a number or "auto" when given; always the number after __post_init__
     tau: int = default("tau")
     eta_g: float = default("eta_g")
     rho1: float = default("rho1")
@@ -153,7 +153,7 @@ class FedConfig:
         """``"auto"`` when ``alpha`` was derived by :func:`auto_alpha`, else None (a given number)."""
         return self.__dict__.get("_alpha_rule")
 
-    def replace(self, **changes) -> "FedConfig":
+    def replace(self, **changes) -> FedConfig:
         return dataclasses.replace(self, **changes)
 
     @property
@@ -243,7 +243,7 @@ class FedConfig:
             raise ParameterError(
                 f"ustep must be None or a fedsonmf.core.ustep.PenaltyOptions instance, got {type(self.ustep).__name__}")
 
-    def resolved(self, mu: float) -> "FedConfig":
+    def resolved(self, mu: float) -> FedConfig:
         """This config with ``mu="auto"`` replaced by the number the server computed."""
         return self.replace(mu=float(mu)) if self.mu_is_auto else self
 
@@ -254,7 +254,7 @@ class FedConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FedConfig":
+    def from_dict(cls, d: dict) -> FedConfig:
         """The config of :meth:`to_dict` (or of its JSON): unknown and derived keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names and k != "ustep"}

@@ -9,8 +9,9 @@ and are counted separately so the algorithm's traffic stays visible.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -113,6 +114,6 @@ class ServerState:
     arrays: dict[str, np.ndarray]
     mu: float | None = None
 
-    def next(self, arrays: dict[str, np.ndarray]) -> "ServerState":
+    def next(self, arrays: dict[str, np.ndarray]) -> ServerState:
         """The state of the following round: new ``arrays``, the same ``mu``."""
         return ServerState(self.round + 1, arrays, self.mu)

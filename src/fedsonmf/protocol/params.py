@@ -16,7 +16,7 @@ V-bar^1, which it builds anyway, and sends the number with each round: one
 scalar); ``rho1=0`` (the U-step's proximal term) is trivially scale-free --
 with it the U-solver's descent safeguard gives the monotonicity the proximal
 term was for, and a positive ``rho1`` on Frobenius-normalised data freezes the
-U-steps (ALGORITHM.md §11 proposes 1.0 for its synthetic generator's scale).
+U-steps (docs/algorithm.md §11 proposes 1.0 for its synthetic generator's scale).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ _TABLE = [
 PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
 #: the algorithm's parameters (the fields of FedConfig)
 FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
-              "diagnostics", "ustep", "secure_aggregation", "dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
+              "diagnostics", "ustep", "secure_aggregation", "dp_epsilon", "dp_noise_multiplier", "dp_clip",
+              "dp_clip_setup", "dp_delta",
               "dp_rounds")
 #: the differential-privacy parameters (a subset of FED_PARAMS; fedsonmf.protocol.privacy)
 DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
@@ -117,7 +118,7 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
                   "kmeans_max_iter", "early_stop", "refine", "engine", "flower_run_dir")
 
-#: the setting of the paper's synthetic study (ALGORITHM.md §8, §11): the generator's data have a
+#: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01
 #: is the step with which the study reproduces the paper's rounds to target (not the 'auto' rule)
 SYNTHETIC_STUDY = {"mu": 1.0, "rho1": 1.0, "alpha": 0.01}

@@ -80,7 +80,8 @@ class Participation:
 
     def check(self, m: int) -> None:
         if self.quorum(m) > self.n_asked(m):
-            raise ParameterError(f"min_clients = {self.quorum(m)} exceeds the {self.n_asked(m)} clients asked per round")
+            raise ParameterError(
+                f"min_clients = {self.quorum(m)} exceeds the {self.n_asked(m)} clients asked per round")
 
     def asked(self, m: int, round: int, run_seed: int) -> list[int]:
         """The clients asked in ``round`` (sorted)."""

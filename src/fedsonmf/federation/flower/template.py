@@ -77,8 +77,8 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "normalize-embedding": default("normalize_embedding"),
     "kmeans-n-init": default("kmeans_n_init"),
     "kmeans-max-iter": default("kmeans_max_iter"),
-    "early-stop": default("early_stop"),
-    "refine": default("refine"),                # kmeans: the server refines the partition with the nodes       # labels: the server stops when its k-means of V has settled
+    "early-stop": default("early_stop"),       # labels: the server stops when its k-means of V has settled
+    "refine": default("refine"),               # kmeans: the server refines the partition with the nodes
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
