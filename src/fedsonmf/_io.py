@@ -174,12 +174,12 @@ def write_json_atomic(path, obj, *, default=None, indent: int | None = 1, mode: 
     indent : int or None, default=1
         ``json.dumps``'s ``indent``.
     mode : int, default=0o600
-        The file's permission bits.
+        Permission bits, as for :func:`write_atomic`.
 
     Returns
     -------
     Path
-        ``path``.
+        The file written.
     """
     return write_atomic(path, json.dumps(obj, indent=indent, default=default), mode=mode)
 
@@ -194,12 +194,12 @@ def save_npy_atomic(path, array, *, mode: int = FILE_MODE) -> Path:
     array : array-like
         The array (object arrays are refused, as ``allow_pickle=False`` does).
     mode : int, default=0o600
-        The file's permission bits.
+        As for :func:`write_atomic`.
 
     Returns
     -------
     Path
-        ``path``.
+        The ``.npy`` file.
     """
     import numpy as np
 

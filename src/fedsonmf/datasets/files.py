@@ -366,18 +366,25 @@ def _resolve_id_column(path: Path, id_column, names: list[str] | None, d: int) -
     return int(id_column) % d
 
 
+def _row_width(path: Path, rows, lines, empty: str, hint: str = "") -> int:
+    """The number of fields every row has; InputError (naming ``path`` and the line) for no rows
+    (message ``empty``) or ragged rows (``hint`` appended, e.g. the delimiter)."""
+    if not rows:
+        raise InputError(f"{path}: {empty}")
+    width = len(rows[0])
+    for row, line in zip(rows, lines):
+        if len(row) != width:
+            raise InputError(f"{path}: line {line} has {len(row)} fields, line {lines[0]} has {width} (ragged rows"
+                             f"{hint})")
+    return width
+
+
 def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
     delim = delimiter if delimiter is not None else ("," if ext == ".csv" else "\t")
     if not isinstance(delim, str) or len(delim) != 1:
         raise ParameterError(f"delimiter must be a single character, got {delimiter!r}")
     rows, lines = _read_rows(path, delim)
-    if not rows:
-        raise InputError(f"{path}: the file holds no rows (blank)")
-    width = len(rows[0])
-    for row, line in zip(rows, lines):
-        if len(row) != width:
-            raise InputError(f"{path}: line {line} has {len(row)} fields, line {lines[0]} has {width} (ragged rows; "
-                             f"delimiter {delim!r})")
+    width = _row_width(path, rows, lines, "the file holds no rows (blank)", f"; delimiter {delim!r}")
     if width > 1 and all(not row[-1].strip() for row in rows):  # a trailing delimiter on every line
         rows = [row[:-1] for row in rows]
         width -= 1
@@ -625,12 +632,7 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
         rows, nums = [r for _, r in lines], [k for k, _ in lines]
     else:
         rows, nums = _read_rows(path, delimiter)
-    if not rows:
-        raise InputError(f"{path}: the labels file holds no labels")
-    width = len(rows[0])
-    for row, line in zip(rows, nums):
-        if len(row) != width:
-            raise InputError(f"{path}: line {line} has {len(row)} fields, line {nums[0]} has {width} (ragged rows)")
+    width = _row_width(path, rows, nums, "the labels file holds no labels")
     if width not in (1, 2):
         raise InputError(f"{path}: a labels file has one column (a label per sample) or two (id, label); "
                          f"this one has {width}")

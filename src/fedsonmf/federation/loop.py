@@ -27,7 +27,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from fedsonmf._validation import check_int, check_real, check_seed
+from fedsonmf._validation import check_seed
 from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
@@ -40,6 +40,7 @@ from fedsonmf.exceptions import (
     ProtocolError,
 )
 from fedsonmf.federation import secagg
+from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult, History
 from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
@@ -416,18 +417,9 @@ def run_federation(
         memory is not checkpointed: after a resume it starts afresh.
     """
     alg = _algorithm(algorithm)
-    max_rounds = check_int("max_rounds", max_rounds, min=1)
-    tol = check_real("tol", tol, min=0.0, desc="a real number >= 0")
-    if cfg.dp_enabled:
-        if not alg.supports_dp:
-            raise ParameterError(f"algorithm {alg.name!r} does not implement differential privacy")
-        if max_rounds > cfg.dp_rounds:
-            raise ParameterError(f"max_rounds={max_rounds} exceeds dp_rounds={cfg.dp_rounds}: the noise is "
-                                 "calibrated for dp_rounds rounds")
-        if tol > 0:
-            raise ParameterError("a differentially private run needs tol=0 (its clients send no diagnostics)")
-    if tol > 0 and not cfg.diagnostics:
-        raise ParameterError("tol > 0 needs diagnostics=True (the residual is computed from them)")
+    if cfg.dp_enabled and not alg.supports_dp:
+        raise ParameterError(f"algorithm {alg.name!r} does not implement differential privacy")
+    max_rounds, tol = resolve_budget(cfg, max_rounds, tol)  # given values: validated by the one rule
     seed = check_seed(seed)
     if seed is None:
         seed = secrets.randbits(32)

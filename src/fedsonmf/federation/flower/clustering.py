@@ -36,11 +36,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import write_atomic
 from fedsonmf.exceptions import FederationError, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
@@ -109,20 +109,9 @@ def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int, steps) 
 
 
 def _atomic_write(path: Path, write) -> None:
-    """``write(fh)`` into a 0600 temporary file beside ``path``, fsync, rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """``write(fh)`` into a 0600 temporary file beside ``path``, fsync, rename over ``path``
+    (:func:`fedsonmf._io.write_atomic`)."""
+    write_atomic(path, write)
 
 
 def prepared_view_path(sdir: Path, p: int) -> Path | None:

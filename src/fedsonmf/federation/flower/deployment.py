@@ -4,34 +4,7 @@ processes on 127.0.0.1, and a ``flwr run`` of the shipped app on them.
 :func:`~.launcher.run_flower` and :func:`~.launcher.predict_flower` drive it; the view
 files it serves are checked by :mod:`.viewfiles`.
 
-Everything lives in one run folder::
-
-    <run_dir>/flwr-home/      FLWR_HOME (config.toml with the "fedsonmf" connection, installed FABs)
-    <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
-    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
-    <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
-    <run_dir>/logs/           superlink.log, gate-superlink.log, flwr-run-<k>.log
-    <run_dir>/gate/           the gate's files (all 0600): coordinator.key, the SuperLink's
-                              superexec.secret, pin.json and ledger.json (nodes: nodes/p<i>/gate/)
-    <run_dir>/job.json        job id and run config (reused by ``resume``)
-    <run_dir>/security/       (0700) tls/ (per-deployment CA + server certificate), pins.json (0600)
-    <run_dir>/nodes/p<i>/key/ (0700) SuperNode i's key pair (private key 0600)
-    <run_dir>/.lock           held (fcntl.flock) while a launch uses the folder
-
-Only our code runs (:mod:`.gate`): the SuperLink and the SuperNodes run with
-``--isolation process`` and a per-process SuperExec secret, and the launcher
-starts one gate executor per SuperNode and one for the SuperLink in their
-process groups; each runs only the pinned fedsonmf app, for runs the
-launcher's coordinator key authorised.  Folders are 0700 and files 0600.
-
-Secure by default (:mod:`.security`): TLS with a per-deployment CA, SuperNode
-authentication with one registered key per node, and each view pinned to its
-node's key (the ServerApp refuses any other node).  ``tls=False, auth=False``
-opt out (with a warning).
-
-Telemetry, update checks and run-time dependency installation are switched off,
-BLAS is pinned to one thread (bit-identical results across engines), and
-:meth:`LoopbackDeployment.stop` stops exactly the process groups it started.
+The run folder's layout is described in :mod:`.launcher`.
 """
 
 from __future__ import annotations
@@ -128,6 +101,23 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def wait_health(proc: subprocess.Popen, url: str, deadline: float, log, *, context=None,
+                what: str = "flower-superlink") -> None:
+    """Poll a SuperLink's ``/health`` until it answers 200 (an event); fail at once when ``proc``
+    (the SuperLink) exits, and with TimeoutError at ``deadline`` (``time.monotonic()``)."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0, context=context) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not healthy at {url}; see {log}")
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -362,18 +352,7 @@ class LoopbackDeployment:
 
             ctx = ssl.create_default_context(cafile=self.tls[0])
         assert self.superlink is not None  # started by start()
-        while time.monotonic() < deadline:
-            if self.superlink.poll() is not None:
-                raise RuntimeError(f"flower-superlink exited with code {self.superlink.returncode}; "
-                                   f"see {self.run_dir / 'logs' / 'superlink.log'}")
-            try:
-                with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"SuperLink not healthy at {url} after {timeout:g} s")
+        wait_health(self.superlink, url, deadline, self.run_dir / "logs" / "superlink.log", context=ctx)
 
     def node_dir(self, p: int) -> Path:
         """SuperNode ``p``'s folder: its state, key, gate files and log."""
@@ -435,15 +414,7 @@ class LoopbackDeployment:
         if p in self.executors:  # the node's executor dies with it (as Flower's own SuperExec would)
             _kill_group(self.executors[p], signal.SIGKILL)
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            _kill_group(proc, sig)
 
     def stop(self) -> None:
         """Stop exactly the process groups this object started (TERM, then KILL)."""

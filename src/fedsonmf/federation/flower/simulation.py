@@ -36,14 +36,20 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
-from fedsonmf.federation.flower.deployment import STARTUP_TIMEOUT, _bin, _free_port, _read_status, flower_env
+from fedsonmf.federation.flower.deployment import (
+    STARTUP_TIMEOUT,
+    _bin,
+    _free_port,
+    _read_status,
+    flower_env,
+    wait_health,
+)
 from fedsonmf.federation.flower.launcher import load_result
 from fedsonmf.federation.flower.nodeconfig import SIM_DATA_DIR, sim_view_path
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, _toml_value, write_app_dir
@@ -158,18 +164,7 @@ class SimulationSuperLink:
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.port}/health"
         assert self.proc is not None  # started by start()
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"flower-superlink --simulation exited with code {self.proc.returncode}; "
-                                   f"see {self.log}")
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"simulation SuperLink not healthy at {url} after {timeout:g} s; see {self.log}")
+        wait_health(self.proc, url, deadline, self.log, what="flower-superlink --simulation")
 
     def stop(self) -> None:
         """TERM the SuperLink and its descendants, then KILL what is left; remove Ray's temp folder."""
