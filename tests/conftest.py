@@ -17,3 +17,17 @@ def random_feasible(d, r, rng):
     U = np.zeros((d, r))
     U[np.arange(d), cols] = rng.uniform(0.5, 1.0, d)
     return U / np.linalg.norm(U, axis=0)
+
+
+def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
+    """Views whose features are split into c disjoint blocks, one per cluster."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(c), n_per)
+    views = []
+    for d in dims:
+        X = 0.01 * rng.random((y.size, d))
+        blocks = np.array_split(np.arange(d), c)
+        for k in range(c):
+            X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
+        views.append(X)
+    return views, y

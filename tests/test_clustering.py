@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import planted
 from fedsonmf import ParameterError
 from fedsonmf.datasets.mat import default_data_dir
 from fedsonmf.estimators.clustering import (
@@ -23,20 +24,6 @@ from fedsonmf.experiments.evaluation import (
 from fedsonmf.metrics import clustering_scores
 
 FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
-
-
-def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
-    """Views whose features are split into c disjoint blocks, one per cluster."""
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(c), n_per)
-    views = []
-    for d in dims:
-        X = 0.01 * rng.random((y.size, d))
-        blocks = np.array_split(np.arange(d), c)
-        for k in range(c):
-            X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
-        views.append(X)
-    return views, y
 
 
 def test_planted_problem_is_clustered_perfectly():

@@ -5,22 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import planted
 from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.algorithms.fedmvl import _solve_low_rank, _standardize_samples, fedmvl, fedmvl_cluster
 from fedsonmf.experiments.table1 import available_methods
-
-
-def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(c), n_per)
-    views = []
-    for d in dims:
-        X = 0.01 * rng.random((y.size, d))
-        blocks = np.array_split(np.arange(d), c)
-        for k in range(c):
-            X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
-        views.append(X)
-    return views, y
 
 
 def test_low_rank_solve_is_the_inverse():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from conftest import planted
 from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.experiments.references import (
     REFERENCES,
@@ -17,19 +18,6 @@ from fedsonmf.experiments.references import (
 )
 from fedsonmf.experiments.table1 import CONTEXT_METHODS, rows_for, run_dataset, standing
 from fedsonmf.metrics import clustering_scores
-
-
-def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(c), n_per)
-    views = []
-    for d in dims:
-        X = 0.01 * rng.random((y.size, d))
-        blocks = np.array_split(np.arange(d), c)
-        for k in range(c):
-            X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
-        views.append(X)
-    return views, y
 
 
 @pytest.mark.parametrize("name", list(REFERENCES))
