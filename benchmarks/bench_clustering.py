@@ -40,6 +40,14 @@ FILES = {
 FLOORS = {"BBCSport": 92.0, "3Sources": 75.0}
 
 
+def data_folder(ap: argparse.ArgumentParser, given: Path | None) -> Path:
+    """``--data``, else the default data folder; a usage error when there is none."""
+    root = given or default_data_dir()
+    if root is None:
+        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
+    return root
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=None, help="data folder (default: FEDSONMF_DATA or ../shared/data)")
@@ -50,9 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-references", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    args.data = args.data or default_data_dir()
-    if args.data is None:
-        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
+    args.data = data_folder(ap, args.data)
     params = json.loads(args.params)
     methods = ["fedsonmf"] + ([] if args.no_references else list(REFERENCES))
     out = {"params": params, "seeds": list(range(args.seeds)), "tag": args.tag, "results": {}}

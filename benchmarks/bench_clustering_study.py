@@ -34,19 +34,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
+from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data files, one map)
+
+from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators import clustering as _clustering  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
 from fedsonmf.estimators.rank_rule import resolve_rank  # noqa: E402
 from fedsonmf.experiments.references import multiview_spectral, row_normalize_view  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
-
-FILES = {
-    "3Sources": "3Sources/ChuanbinZhang/3Sources.mat",
-    "BBCSport": "BBCSport/zskong/BBCSport.mat",
-    "MSRC-v1": "MSRC-v1/youweiliang/MSRC_v1.mat",
-    "Handwritten": "Handwritten/ChuanbinZhang/Handwritten.mat",
-}
 
 
 def _km(E, c, seed):
@@ -86,9 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    root = args.data or default_data_dir()
-    if root is None:
-        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
+    root = data_folder(ap, args.data)
     out = {"seeds": args.seeds, "variants": {}}
     for spec in args.variant:
         name, _, js = spec.partition("=")

@@ -33,11 +33,13 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
+from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data files, one map)
+
+from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 
-REMOVED = {"BBCSport": "BBCSport/zskong/BBCSport.mat", "MSRC-v1": "MSRC-v1/youweiliang/MSRC_v1.mat"}
+REMOVED = {name: FILES[name] for name in ("BBCSport", "MSRC-v1")}
 
 
 def removal_masks(m: int, n: int, frac: float, rng) -> list[np.ndarray]:
@@ -113,9 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", default=",".join(REMOVED), help="data sets of the 'removed' part")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    args.data = args.data or default_data_dir()
-    if args.data is None:
-        ap.error("no data folder: pass --data or set FEDSONMF_DATA")
+    args.data = data_folder(ap, args.data)
     params = json.loads(args.params)
     out = {"params": params, "seeds": args.seeds, "weights": args.weights}
     global VARIANTS
