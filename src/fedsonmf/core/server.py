@@ -15,16 +15,22 @@ import numpy as np
 
 from fedsonmf.core.prox import prox_l21_nonneg
 
-__all__ = ["aggregate", "server_step", "server_step_from_mean", "embed_new_samples"]
+__all__ = ["total", "aggregate", "server_step", "server_step_from_mean", "embed_new_samples"]
 
 
-def aggregate(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Plain mean of the clients' matrices, summed in the given (client) order."""
+def total(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum of the clients' matrices in the given (client) order, as float64 (a new array)."""
     if len(arrays) == 0:
         raise ValueError("no client replies to aggregate")
     out = np.array(arrays[0], dtype=np.float64, copy=True)
     for a in arrays[1:]:
         out += a
+    return out
+
+
+def aggregate(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Plain mean of the clients' matrices, summed in the given (client) order."""
+    out = total(arrays)
     out /= len(arrays)
     return out
 

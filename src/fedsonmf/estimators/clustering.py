@@ -68,6 +68,7 @@ from fedsonmf._validation import (
     views_checked,
 )
 from fedsonmf.core.masks import held_columns
+from fedsonmf.core.server import total
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
@@ -438,10 +439,7 @@ default="auto"
                 from fedsonmf.federation.secagg import fixed_point_sum
 
                 return fixed_point_sum(Ds, degree=0)
-            S = np.array(Ds[0], dtype=np.float64, copy=True)
-            for D in Ds[1:]:
-                S += D
-            return S
+            return total(Ds)
 
         return exchange
 

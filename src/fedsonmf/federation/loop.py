@@ -33,6 +33,7 @@ from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
 from fedsonmf.core.residuals import effective_rank, round_metrics_from_sums
+from fedsonmf.core.server import total
 from fedsonmf.exceptions import (
     DivergenceWarning,
     FederationError,
@@ -675,10 +676,7 @@ def plain_aggregate(replies: Sequence[Message], clients, spec: dict, kind: str, 
         elif masked:
             sums[key], _ = scatter_columns(vals, cols, shape)
         else:
-            S = np.array(vals[0], dtype=np.float64, copy=True)
-            for a in vals[1:]:
-                S += a
-            sums[key] = S
+            sums[key] = total(vals)
     return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import write_atomic
+from fedsonmf.core.server import total
 from fedsonmf.exceptions import FederationError, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
@@ -316,11 +317,7 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
             bits = secagg.server_bits(REFINE_SPEC, 0, 0.0, m)
             _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
             return np.asarray(agg.sums["D"], dtype=np.float64)
-        replies = transport.exchange([msg] * m)
-        S = np.array(replies[0].arrays["D"], dtype=np.float64, copy=True)
-        for rep in replies[1:]:
-            S += rep.arrays["D"]
-        return S
+        return total([rep.arrays["D"] for rep in transport.exchange([msg] * m)])
 
     return exchange
 
