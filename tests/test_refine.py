@@ -73,7 +73,7 @@ def test_the_estimator_refines_by_default_and_not_with_none():
         FedMultiViewClustering(3, refine="spectral").fit(views)
 
 
-def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit(tmp_path):
+def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit():
     pytest.importorskip("flwr")
     from fedsonmf.estimators import clustering_steps
     from fedsonmf.federation.flower import clustering as fclust
@@ -82,6 +82,6 @@ def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit(tmp_pa
     X = np.random.default_rng(0).random((6, 3))
     msg = Message("refine", 1, {"labels": np.zeros(6, dtype=np.int64)}, {"n_clusters": 2})
     with pytest.raises(ProtocolError, match="masked only"):
-        fclust.node_refine(msg, X, tmp_path, 0, clustering_steps, secure=True)
-    plain = fclust.node_refine(msg, X, tmp_path, 0, clustering_steps, secure=False)
+        fclust.node_refine(msg, X, None, 0, clustering_steps, secure=True)
+    plain = fclust.node_refine(msg, X, None, 0, clustering_steps, secure=False)
     assert set(plain.arrays) == {"D"} and plain.arrays["D"].shape == (6, 2)

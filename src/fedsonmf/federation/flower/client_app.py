@@ -274,23 +274,20 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         mask = load_mask(context)
-        if fed_msg.kind == "embed":  # predict: the fitted bases fixed (no state change)
-            reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, fclust.load_steps(clustering))
+        if fed_msg.kind in ("embed", "refine"):  # after a fit: predict, or the k-means refinement
+            state, fit_secure = fclust.fitted_state(sdir, p)
             # masked when this node's fit was (its own record) or its policy asks: a server cannot
-            # downgrade the new samples' upload to the clear
-            secure = (fclust.fit_was_secure(sdir, p)
-                      or bool(context.node_config.get("require-secure-aggregation", False)))
-            if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
-                reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
-            elif secure:
-                raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so the new samples are sent "
-                                    "masked only; this predict request asks for them in the clear")
-            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
-        if fed_msg.kind == "refine":  # the clustering's k-means refinement: distances from the raw view
-            secure = (fclust.fit_was_secure(sdir, p)
-                      or bool(context.node_config.get("require-secure-aggregation", False)))
-            reply = fclust.node_refine(fed_msg, _read(Path(_data_path(context))), sdir, p,
-                                       fclust.load_steps(clustering), secure=secure)
+            # downgrade these uploads to the clear
+            secure = fit_secure or bool(context.node_config.get("require-secure-aggregation", False))
+            steps = fclust.load_steps(clustering)
+            if fed_msg.kind == "refine":  # distances from the raw view
+                reply = fclust.node_refine(fed_msg, _read(Path(_data_path(context))), state, p, steps, secure=secure)
+            else:  # predict: the fitted bases fixed (no state change)
+                reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
+                if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
+                    reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
+                else:
+                    fclust.refuse_clear(secure, p, "the new samples are", "this predict request")
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
             reply = fclust.node_embed_masked(fed_msg, sdir, p)

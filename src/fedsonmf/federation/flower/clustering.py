@@ -171,9 +171,10 @@ def _load_info(sdir: Path, p: int) -> dict:
     return {**meta, **arrays}
 
 
-def node_embed(X_new, sdir: Path, p: int, steps) -> Message:
+def node_embed(X_new, sdir: Path, p: int, steps, state) -> Message:
     """The node's half of ``predict``: its new samples ``X_new`` (n_new, d_p) through its saved
-    transform, then ``U_p^T X_p^new`` (r x n_new) with the fitted (final) basis U_p."""
+    transform, then ``U_p^T X_p^new`` (r x n_new) with the fitted (final) basis U_p of ``state``
+    (:func:`fitted_state`)."""
     from fedsonmf._validation import check_views
     from fedsonmf.core._linalg import ut_x
 
@@ -181,7 +182,6 @@ def node_embed(X_new, sdir: Path, p: int, steps) -> Message:
     r = int(info["n_components"])
     Y = steps.apply_view(X_new, info, n_components=r, normalize_views=bool(info["normalize_views"]))
     (Xi,) = check_views([Y])
-    state, _ = load_latest_client_state(sdir, p, 10**9)
     U = np.ascontiguousarray(state.arrays["U"], dtype=np.float64)  # as FedSONMF._bases
     if U.shape[0] != Xi.shape[0]:
         raise ProtocolError(f"client {p}: the new samples have {Xi.shape[0]} features after preprocessing, "
@@ -201,13 +201,20 @@ def _embed_key_file(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"predict-secagg-{p}.npz"
 
 
-def fit_was_secure(sdir: Path, p: int) -> bool:
-    """Whether this node's fit ran with secure aggregation (from its own saved state, not from
-    anything the server says now)."""
+def fitted_state(sdir: Path, p: int):
+    """``(state, secure)``: this node's newest saved client state and whether its fit ran with
+    secure aggregation (its own record, not anything the server says now); read once per message."""
     from fedsonmf.protocol.config import FedConfig
 
-    _, smeta = load_latest_client_state(sdir, p, 10**9)
-    return bool(FedConfig.from_dict(json.loads(str(smeta["config"]))).secure_aggregation)
+    state, smeta = load_latest_client_state(sdir, p, 10**9)
+    return state, bool(FedConfig.from_dict(json.loads(str(smeta["config"]))).secure_aggregation)
+
+
+def refuse_clear(secure: bool, p: int, what: str, request: str) -> None:
+    """A node whose uploads must be masked (``secure``) refuses a request for ``what`` in the clear."""
+    if secure:
+        raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so {what} sent masked only; "
+                            f"{request} asks for them in the clear")
 
 
 def node_embed_keys(reply: Message, sdir: Path, p: int, seed: int) -> Message:
@@ -322,9 +329,10 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
     return exchange
 
 
-def node_refine(msg: Message, X, sdir: Path, p: int, steps, *, secure: bool) -> Message:
+def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
-    (n, d_p), masked with the fit's pair keys when the fit ran with secure aggregation."""
+    (n, d_p), masked with the pair keys of the fit's ``state`` when the request is masked; a
+    plain request is refused when ``secure``."""
     from fedsonmf.federation import secagg
 
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
@@ -333,9 +341,7 @@ def node_refine(msg: Message, X, sdir: Path, p: int, steps, *, secure: bool) -> 
     D = steps.refine_distances(steps.refine_view(X), labels, int(msg.scalars["n_clusters"]))
     reply = Message("refine", msg.round, {"D": D})
     if secagg.SECAGG_KEY in msg.scalars:
-        state, _ = load_latest_client_state(sdir, p, 10**9)
         _, reply = secagg.client_mask(state, reply, msg, REFINE_SPEC)
-    elif secure:
-        raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so the refinement's distances are "
-                            "sent masked only; this request asks for them in the clear")
+    else:
+        refuse_clear(secure, p, "the refinement's distances are", "this request")
     return reply
