@@ -9,6 +9,7 @@ the mean of the best references, no set more than 3 points behind, BBCSport >= 9
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bench_clustering.py --seeds 10 \\
         --json benchmarks/results/clustering.json
     ... --params '{"preprocess": "auto-std-split"}' --tag split   # a variant, same table
+    ... --extra ../more-data/ --only BBC4view --only MNIST-4        # other .mat files (not in CI)
 
 ``docs/clustering.md`` gives the results and the study behind the defaults.
 """
@@ -57,16 +58,24 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="fedsonmf", help="name of the federated row")
     ap.add_argument("--no-references", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--extra", type=Path, action="append", default=[],
+                    help="further .mat files or folders of them (each file a data set named by its stem), "
+                         "measured after the shared four; --only selects among them too")
     args = ap.parse_args(argv)
     args.data = data_folder(ap, args.data)
     params = json.loads(args.params)
     methods = ["fedsonmf"] + ([] if args.no_references else list(REFERENCES))
     out = {"params": params, "seeds": list(range(args.seeds)), "tag": args.tag, "results": {}}
     t0 = time.perf_counter()
-    for name, rel in FILES.items():
+    files = {name: args.data / rel for name, rel in FILES.items()}
+    for extra in args.extra:
+        for f in (sorted(extra.glob("*.mat")) if extra.is_dir() else [extra]):
+            files[f.stem] = f
+    for name, path in files.items():
         if args.only and name not in args.only:
             continue
-        ds = load_mat(args.data / rel)
+        rel = FILES.get(name, str(path))
+        ds = load_mat(path)
         res = run_dataset(ds, key=name, label=rel, methods=methods, seeds=range(args.seeds), params=params)
         row = {m: {**{k: round(v, 2) for k, v in r.summary().items()},
                    "acc_per_seed": [round(100 * a, 2) for a in r.scores["acc"]]} for m, r in res.reports.items()}

@@ -61,8 +61,9 @@ def blobs(n_per=20, seed=0):
 
 def reference(views, rounds=ROUNDS, seed=SEED, **kw):
     """The in-process estimator with secure aggregation, as a deployment runs by default (the
-    masked sums decode to the same V bit for bit)."""
+    masked sums decode to the same V bit for bit); one fit, as one ServerApp run."""
     kw.setdefault("secure_aggregation", True)
+    kw.setdefault("n_init", 1)
     with threadpool_limits(1):
         return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views)
 
@@ -145,6 +146,9 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
     result = json.loads((out / "result.json").read_text())
     assert result["clustering"]["n_components"] == ref.n_components_ == 2 * C
     assert "padded" in result["clustering"]["rank_message"]
+    # the same starts refined, the same one kept (the dense views score them on both engines)
+    assert result["clustering"]["refine_start"] == ref.refine_start_[0]
+    assert result["clustering"]["refine_iterations"] == ref.refine_iter_[0]
     # every node kept its prepared view and its preprocessing info, private (0600)
     for p in range(3):
         sdir = tmp_path / f"node{p}" / "job-c"
@@ -222,7 +226,8 @@ def test_flower_stops_where_the_estimator_stops_with_the_default_stopping_rules(
     rule on its V as the in-process estimator, so both stop at the same round with the same labels."""
     views, _ = blobs()
     with threadpool_limits(1), pytest.warns(UserWarning, match="padded"):
-        ref = FedMultiViewClustering(C, max_rounds=60, tol=1e-12, random_state=SEED, secure_aggregation=True).fit(views)
+        ref = FedMultiViewClustering(C, max_rounds=60, tol=1e-12, random_state=SEED, secure_aggregation=True,
+                                     n_init=1).fit(views)
     assert "unchanged" in ref.result_.stopping_reason and ref.result_.n_rounds < 60
     _, rc = _fake_run(tmp_path, views, **{"num-rounds": 60, "tol": 1e-12})
     res = json.loads((Path(rc["out-dir"]) / "result.json").read_text())
@@ -334,10 +339,11 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     nodes read the new samples from their own folders) equals the in-process predict."""
     views, y = blobs()
     new, _ = blobs(n_per=5, seed=3)
-    ref = reference(views, rounds=3)
+    ref = reference(views, rounds=3, n_init=2)  # two restarts: one deployment each, the lower objective kept
     with pytest.warns(UserWarning, match="padded"):
-        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower",
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=2,
                                        flower_run_dir=tmp_path / "fl").fit(views)
+    assert model.best_restart_ == ref.best_restart_ is not None and model.seeds_ == ref.seeds_
     assert np.array_equal(model.result_.V, ref.result_.V)
     assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
     assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None
@@ -413,7 +419,8 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
     c = int(np.unique(ds.labels).size)
     paths = [write_views([X], tmp_path / f"client{p}")[0] for p, X in enumerate(ds.views)]
     with threadpool_limits(1):
-        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, secure_aggregation=True).fit(ds.views)
+        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, secure_aggregation=True,
+                                     n_init=1).fit(ds.views)
     res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
                      labels=ds.labels)
     assert np.array_equal(res.extra["labels"], ref.labels_)

@@ -10,7 +10,16 @@ from sklearn.cluster import KMeans
 from sklearn.preprocessing import normalize
 
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.estimators.refine import assign, client_distances, refine_partition, refine_view
+from fedsonmf.estimators.refine import (
+    assign,
+    client_distances,
+    client_refine,
+    client_score,
+    refine_best,
+    refine_partition,
+    refine_view,
+    scores_partitions,
+)
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
 
@@ -51,7 +60,7 @@ def test_the_summed_distances_give_lloyd_on_the_pooled_row_normalised_views():
     views, y = _views()
     start = np.random.default_rng(1).integers(0, 3, size=y.size)
     Ys = [refine_view(X) for X in views]
-    labels, iters = refine_partition(start, lambda lab: sum(client_distances(Y, lab, 3) for Y in Ys))
+    labels, iters, _ = refine_partition(start, lambda lab: (sum(client_distances(Y, lab, 3) for Y in Ys), 0.0))
     Z = np.hstack([normalize(X) for X in views])
     C0 = np.array([Z[start == k].mean(axis=0) for k in range(3)])
     km = KMeans(3, init=C0, n_init=1, algorithm="lloyd", max_iter=300, tol=0).fit(Z)
@@ -59,12 +68,64 @@ def test_the_summed_distances_give_lloyd_on_the_pooled_row_normalised_views():
     assert np.array_equal(assign(sum(client_distances(Y, labels, 3) for Y in Ys)), labels)  # a fixed point
 
 
+def test_only_dense_views_score_and_the_score_is_their_kmeans_objective():
+    rng = np.random.default_rng(0)
+    dense = rng.random((40, 6)) + 1.0  # every sample near the mean direction: mean share > 0.5
+    text = sp.random(40, 300, density=0.02, random_state=1, format="csr") + sp.eye(40, 300, format="csr")
+    assert scores_partitions(refine_view(dense)) and not scores_partitions(refine_view(text))
+    labels = rng.integers(0, 3, size=40)
+    Y = refine_view(dense)
+    D, score = client_refine(Y, labels, 3)
+    km_objective = sum(((Y[labels == k] - Y[labels == k].mean(axis=0)) ** 2).sum() for k in range(3))
+    np.testing.assert_allclose(score, [km_objective / 40], rtol=1e-10)
+    assert client_refine(Y, labels, 3, scores=False)[1].tolist() == [0.0]
+    held = np.arange(0, 40, 2)  # incomplete view: the mean over the held samples only
+    Dh = client_distances(refine_view(dense, held=held), labels, 3, held=held)
+    np.testing.assert_allclose(client_score(Dh, labels, held), [Dh[held, labels[held]].mean()])
+
+
+def test_refine_best_keeps_the_lowest_score_and_stops_early_when_nobody_scores():
+    views, y = _views(seed=3)
+    Ys = [refine_view(X) for X in views]
+    starts = [np.random.default_rng(s).integers(0, 3, size=y.size) for s in range(4)]
+
+    def exchange(lab, scoring=True):
+        replies = [client_refine(Y, lab, 3, scores=scoring) for Y in Ys]
+        return sum(D for D, _ in replies), sum(S for _, S in replies)
+
+    refined = [refine_partition(s, exchange) for s in starts]
+    labels, iters, index = refine_best(starts, exchange)
+    assert index == int(np.argmin([sc for _, _, sc in refined]))  # first of the lowest on ties
+    assert np.array_equal(labels, refined[index][0]) and iters == sum(it for _, it, _ in refined)
+    calls = []
+    silent = lambda lab: (calls.append(1), exchange(lab, scoring=False))[1]  # noqa: E731
+    labels0, iters0, index0 = refine_best(starts, silent)
+    assert index0 == 0 and np.array_equal(labels0, refine_partition(starts[0], silent)[0])
+    assert iters0 == len(calls) // 2  # only the first start was refined
+    with pytest.raises(ValueError):
+        refine_best([], exchange)
+
+
+def test_sparse_views_never_pay_for_more_starts():
+    rng = np.random.default_rng(4)
+    y = np.repeat(np.arange(3), 20)
+    views = []
+    for _ in range(2):
+        X = sp.random(60, 200, density=0.03, random_state=int(rng.integers(1 << 30)), format="csr")
+        topics = sp.csr_matrix((np.ones(60), (np.arange(60), 10 * y + rng.integers(0, 10, size=60))), shape=(60, 200))
+        views.append(X + 3 * topics)
+    one = FedMultiViewClustering(3, random_state=0, max_rounds=15, n_init=1, refine_starts=1).fit(views)
+    ten = FedMultiViewClustering(3, random_state=0, max_rounds=15, n_init=1).fit(views)
+    assert ten.refine_start_ == [0] and ten.refine_iter_ == one.refine_iter_
+    assert np.array_equal(one.labels_, ten.labels_)
+
+
 def test_the_estimator_refines_by_default_and_not_with_none():
     views, y = _views(seed=2)
     with pytest.warns(UserWarning):  # narrow views padded to r = 2c
         on = FedMultiViewClustering(3, random_state=0, max_rounds=20).fit(views)
         off = FedMultiViewClustering(3, random_state=0, max_rounds=20, refine="none").fit(views)
-    assert on.refine_iter_ and off.refine_iter_ == []
+    assert on.refine_iter_ and off.refine_iter_ == [] and len(on.refine_start_) == 1
     assert np.array_equal(off.labels_, off.kmeans_.labels_)
     Ys = [refine_view(X) for X in views]  # the refined partition is a fixed point of the pooled k-means
     assert np.array_equal(assign(sum(client_distances(Y, on.labels_, 3) for Y in Ys)), on.labels_)
@@ -84,4 +145,5 @@ def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit():
     with pytest.raises(ProtocolError, match="masked only"):
         fclust.node_refine(msg, X, None, 0, clustering_steps, secure=True)
     plain = fclust.node_refine(msg, X, None, 0, clustering_steps, secure=False)
-    assert set(plain.arrays) == {"D"} and plain.arrays["D"].shape == (6, 2)
+    assert set(plain.arrays) == {"D", "score"} and plain.arrays["D"].shape == (6, 2)
+    assert plain.arrays["score"].shape == (1,) and plain.arrays["score"][0] > 0  # a dense view scores

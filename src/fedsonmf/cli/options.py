@@ -28,7 +28,7 @@ _FLAGS = {"correction": ("--correction/--no-correction",), "diagnostics": ("--di
           "normalize_embedding": ("--normalize-embedding/--raw-embedding",), "max_rounds": ("--rounds",),
           "n_components": ("--rank", "-r")}
 #: option types that the default does not tell
-_TYPES = {"mu": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
+_TYPES = {"mu": str, "n_init": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
           "dp_epsilon": Optional[float], "dp_noise_multiplier": Optional[float]}
 #: the differential-privacy options (fedsonmf.protocol.privacy)
 DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta", "dp_rounds")
@@ -140,6 +140,8 @@ def with_params(*names: str):
             params = {n: kwargs.pop(n) for n in names}
             if "mu" in params:
                 params["mu"] = parse_mu(params["mu"])
+            if isinstance(params.get("n_init"), str) and params["n_init"].strip().isdigit():
+                params["n_init"] = int(params["n_init"])  # "auto" or an int; the estimator checks it
             return func(params=params, **kwargs)
 
         del command.__wrapped__  # typer must see the new signature, not func's

@@ -29,9 +29,12 @@ feature exclusive to one component, it steals them from the others.
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
   before k-means (its direction over the components, not its length).
-* ``n_init=1`` federated fit; with ``n_init > 1`` the restarts' partitions are
-  combined by their co-association consensus (no restart is "chosen": the one
-  with the lowest objective has the strongest background and clusters worst).
+* ``n_init="auto"``: three federated fits with different seeds, and the one of
+  lowest final objective F is kept (``restart_rule="objective"``, as k-means keeps
+  its best replicate): the factorisation has seed-dependent local minima, and with
+  these defaults the lower F is, the better it clusters (docs/clustering.md; one
+  fit under differential privacy). ``restart_rule="consensus"`` combines the
+  restarts' partitions by their co-association consensus instead.
 
 :meth:`FedMultiViewClustering.paper` gives the literal protocol of the paper
 (r = c, no preprocessing besides the Frobenius scaling, k-means on raw V^T).
@@ -76,11 +79,13 @@ from fedsonmf.estimators.clustering_steps import (
     kmeans_on_embedding,
     normalize_rows,
     prepare_view,
+    refine_starts,
     stop_rule,
 )
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.estimators.refine import REFINE_RULES, client_distances, refine_partition, refine_view
+from fedsonmf.estimators.refine import REFINE_RULES, client_refine, refine_best, refine_view, scores_partitions
+from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, best_restart
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
@@ -152,8 +157,16 @@ default="auto"
         Row-normalise V^T before k-means.
     normalize_views : bool, default=True
         Divide each (preprocessed) view by its Frobenius norm.
-    n_init : int, default=1
-        Federated fits with different seeds; their partitions are combined by consensus.
+    n_init : "auto" or int, default="auto"
+        Federated fits with different seeds: ``"auto"`` = 3, or 1 when no objective is
+        reported to choose by (``diagnostics=False``, or differential privacy: there every
+        fit would also spend budget).  ``n_init_`` is the number used.
+    restart_rule : {"objective", "consensus"}, default="objective"
+        How the fits are combined.  ``"objective"``: the fit of lowest final objective F
+        (the clients' summed losses the server receives anyway, plus mu ||V||_{2,1}) is kept
+        and refined (``best_restart_`` its index); when a fit reports no objective
+        (``diagnostics=False``) the rule falls back to ``"consensus"``: every fit's partition
+        is refined and the co-association consensus of the partitions is taken.
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
     early_stop : {"labels", "none"}, default="labels"
@@ -166,6 +179,11 @@ default="auto"
         sample scaled to unit norm, started from it (:mod:`fedsonmf.estimators.refine`: the
         clients learn the partition and send only their n x c distance matrices, masked under
         secure aggregation); ``"none"``: the partition of k-means on V.
+    refine_starts : int, default=10
+        Starts of the refinement: the fit's partition and ``refine_starts - 1`` partitions of
+        k-means on V (one replicate each).  The refined partition of lowest summed score is
+        kept; a client scores (its k-means objective) only when its view is dense, so with no
+        dense view only the fit's partition is refined.  ``refine_start_`` says which start won.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -193,11 +211,12 @@ default="auto"
     ----------
     labels_ : ndarray of shape (n_samples,)
     embedding_ : ndarray of shape (n_samples, n_components_)
-        V^T of the (first) fit, as learned (not row-normalised).
+        V^T of the fit kept (``best_restart_``; the first under consensus), as learned (not
+        row-normalised).
     cluster_centers_ : ndarray of shape (n_clusters, n_components_)
-        Centres of ``labels_`` in the (normalised) embedding of the first fit; ``predict`` uses them.
+        Centres of ``labels_`` in the (normalised) embedding of the fit kept; ``predict`` uses them.
     factorization_ : FedSONMF
-        The first fit (``transform`` embeds new samples).
+        The fit kept (``transform`` embeds new samples).
     n_components_ : int
     preprocessing_ : list of dict
         What each client did to its view (``preprocess_view``'s info; never sent).
@@ -207,7 +226,7 @@ default="auto"
     view_scales_ : list of float
         The Frobenius divisor of each view (1.0 without ``normalize_views``).
     mu_, seed_, result_, history_, n_rounds_, kmeans_
-        Of the first fit.
+        Of the fit kept.
     privacy_ : dict or None
         With DP, the (epsilon, delta) of the whole fit: one restart's report, with
         ``n_init > 1`` composed over the restarts (each sees the same views).
@@ -215,6 +234,14 @@ default="auto"
         The seed of every restart.
     effective_rank_ : int
         Nonzero rows of V.
+    n_init_ : int
+        The number of fits run (``n_init`` resolved).
+    best_restart_ : int or None
+        With ``restart_rule="objective"``, the index of the fit kept (lowest final objective);
+        None when the partitions were combined by consensus.
+    refine_iter_, refine_start_ : list of int
+        With ``refine="kmeans"``, per restart: the refinement's exchanges (over all its starts)
+        and the index of the start whose refined partition was kept (0: the fit's partition).
     n_iter_ : int
         Rounds of the (first) fit (``n_rounds_``).
     n_features_in_ : list of int
@@ -229,8 +256,10 @@ default="auto"
         *,
         n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
         normalize_views=default("normalize_views"), n_init=default("n_init"),
+        restart_rule=default("restart_rule"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
-        early_stop=default("early_stop"), refine=default("refine"), engine=default("engine"),
+        early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
+        engine=default("engine"),
         flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
@@ -248,10 +277,12 @@ default="auto"
         self.normalize_embedding = normalize_embedding
         self.normalize_views = normalize_views
         self.n_init = n_init
+        self.restart_rule = restart_rule
         self.kmeans_n_init = kmeans_n_init
         self.kmeans_max_iter = kmeans_max_iter
         self.early_stop = early_stop
         self.refine = refine
+        self.refine_starts = refine_starts
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -290,8 +321,11 @@ default="auto"
 
     # ------------------------------------------------------------------ fit
     def _validate(self, n_samples: int) -> None:
-        for name in ("n_clusters", "n_init", "kmeans_n_init", "kmeans_max_iter"):
+        if self.n_init != "auto":
+            check_int("n_init", self.n_init, min=1, desc="'auto' or a positive integer")
+        for name in ("n_clusters", "kmeans_n_init", "kmeans_max_iter", "refine_starts"):
             check_int(name, getattr(self, name), min=1, desc="a positive integer")
+        check_choice("restart_rule", self.restart_rule, RESTART_RULES)
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
         r = self.n_components
@@ -300,7 +334,7 @@ default="auto"
         check_choice("preprocess", self.preprocess, PREPROCESS_RULES)
         check_bool("normalize_embedding", self.normalize_embedding)
         check_bool("normalize_views", self.normalize_views)
-        if self.dp_epsilon is not None and self.n_init > 1:
+        if self.dp_epsilon is not None and self._n_init() > 1:
             raise ParameterError(f"dp_epsilon={self.dp_epsilon!r} is the budget of one federated fit; n_init="
                                  f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
                                  "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
@@ -310,10 +344,17 @@ default="auto"
         if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
 
+    def _n_init(self) -> int:
+        """The number of fits: ``n_init``, with ``"auto"`` resolved (3; 1 when no objective is reported)."""
+        if self.n_init != "auto":
+            return int(self.n_init)
+        no_objective = self.dp_epsilon is not None or self.dp_noise_multiplier is not None or not self.diagnostics
+        return 1 if no_objective else AUTO_N_INIT
+
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
         params["random_state"] = seed
-        if self.checkpoint_dir is not None and self.n_init > 1:
+        if self.checkpoint_dir is not None and self._n_init() > 1:
             params["checkpoint_dir"] = Path(self.checkpoint_dir) / f"restart-{restart}"
         return FedSONMF(r, **params)
 
@@ -374,7 +415,8 @@ default="auto"
             warnings.warn(message, UserWarning, stacklevel=2)
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
-        seeds = [seed] + [int(s) for s in np.random.default_rng(seed).integers(2**32, size=self.n_init - 1)]
+        self.n_init_ = n_init = self._n_init()
+        seeds = [seed] + [int(s) for s in np.random.default_rng(seed).integers(2**32, size=n_init - 1)]
         models = [self._factorization(r, s, i) for i, s in enumerate(seeds)]
         for m in models:
             m._validate()  # every parameter checked before any computation
@@ -399,18 +441,30 @@ default="auto"
             )
             partitions.append(labels)
             fits.append((model, res, km))
-        self.refine_iter_ = []
+        # the restarts: keep the one of lowest objective, or (consensus) refine them all and combine
+        best = best_restart([res for _, res, _ in fits]) if self.restart_rule == "objective" else None
+        self.best_restart_ = best
+        keep = range(len(fits)) if best is None else [best]
+        self.refine_iter_, self.refine_start_ = [], []
         if self.refine == "kmeans":
             exchange = self._refine_exchange(views, masks, secure=bool(models[0].secure_aggregation))
-            for i, part in enumerate(partitions):
-                partitions[i], iters = refine_partition(part, exchange)
+            for i in keep:
+                starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
+                                       n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
+                                       kmeans_max_iter=self.kmeans_max_iter)
+                partitions[i], iters, index = refine_best(starts, exchange)
                 self.refine_iter_.append(iters)
-        model, res, km = fits[0]
-        if self.n_init > 1 or self.refine == "kmeans":
-            labels = consensus_labels(partitions, self.n_clusters) if self.n_init > 1 else partitions[0]
+                self.refine_start_.append(index)
+        first = keep[0]  # the fit whose V, bases and centres the model keeps
+        model, res, km = fits[first]
+        if len(keep) > 1:
+            labels = consensus_labels(partitions, self.n_clusters)
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
+        elif self.refine == "kmeans":
+            labels = partitions[first]
             centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
-            labels, centers = partitions[0], km.cluster_centers_
+            labels, centers = partitions[first], km.cluster_centers_
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -432,14 +486,17 @@ default="auto"
         n = views[0].shape[0]
         held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
         rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
+        scores = [scores_partitions(Y, held=h) for Y, h in zip(rviews, held)]  # each client from its own view
 
         def exchange(labels):
-            Ds = [client_distances(Y, labels, self.n_clusters, held=h) for Y, h in zip(rviews, held)]
+            replies = [client_refine(Y, labels, self.n_clusters, held=h, scores=sc)
+                       for Y, h, sc in zip(rviews, held, scores)]
+            Ds, Ss = [D for D, _ in replies], [S for _, S in replies]
             if secure and len(Ds) > 1:
                 from fedsonmf.federation.secagg import fixed_point_sum
 
-                return fixed_point_sum(Ds, degree=0)
-            return total(Ds)
+                return fixed_point_sum(Ds, degree=0), fixed_point_sum(Ss, degree=0)
+            return total(Ds), total(Ss)
 
         return exchange
 
@@ -464,24 +521,27 @@ default="auto"
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
-                   "refine": self.refine}
+                   "refine": self.refine, "refine_starts": self.refine_starts}
         partitions, fits = [], []
         for i, (model, s) in enumerate(zip(models, seeds)):
             cfg, run, _ = model._validate()
-            run_dir = base / ("run" if self.n_init == 1 else f"run-restart-{i}")
+            run_dir = base / ("run" if len(models) == 1 else f"run-restart-{i}")
             res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
                              tol=run["tol"], seed=s, n_clusters=self.n_clusters, clustering=options)
             partitions.append(res.extra["labels"])
             fits.append((res, run_dir))
-        res, run_dir = fits[0]
+        # as in-process: the run of lowest objective (its ServerApp refined its partition), or consensus
+        best = best_restart([res for res, _ in fits]) if self.restart_rule == "objective" else None
+        self.best_restart_ = best
+        res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])
-        if self.n_init > 1:
+        if best is None and len(fits) > 1:
             labels = consensus_labels(partitions, self.n_clusters)
             E = normalize_rows(res.V.T) if self.normalize_embedding else res.V.T
             centers = np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(r)
                                 for k in range(self.n_clusters)])
         else:
-            labels, centers = partitions[0], res.extra["cluster_centers"]
+            labels, centers = partitions[best or 0], res.extra["cluster_centers"]
         self.n_components_ = r
         self.flower_run_dir_ = run_dir
         self.flower_view_paths_ = paths
@@ -513,7 +573,7 @@ default="auto"
                 old.unlink()
             new.append(write_views([X], folder)[0])
         out = predict_flower(self.flower_view_paths_, new, run_dir=self.flower_run_dir_)
-        if self.n_init > 1:  # the consensus centres live here, not in the ServerApp
+        if self.best_restart_ is None and self.n_init_ > 1:  # the consensus centres live here, not in the ServerApp
             return assign_to_centers(out.V.T, self.cluster_centers_,
                                      normalize_embedding=self.normalize_embedding), out.V
         return out.labels, out.V

@@ -23,10 +23,13 @@ import scipy.sparse as sp
 
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
 
-# the federated k-means refinement: a node's half (refine_view, refine_distances) and the server's
+# the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply) and the
+# server's (refine_starts, refine_partition, refine_best)
 from fedsonmf.estimators.refine import assign as refine_assign
 from fedsonmf.estimators.refine import client_distances as refine_distances
-from fedsonmf.estimators.refine import refine_partition, refine_view
+from fedsonmf.estimators.refine import client_refine as refine_reply
+from fedsonmf.estimators.refine import refine_best, refine_partition, refine_view
+from fedsonmf.estimators.refine import scores_partitions as refine_scores
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
@@ -34,7 +37,8 @@ from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the pa
 
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
            "embedding_centers",
-           "refine_view", "refine_distances", "refine_assign", "refine_partition",
+           "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign", "refine_partition",
+           "refine_best", "refine_starts",
            "normalize_rows", "kmeans_on_embedding"]
 
 
@@ -147,6 +151,19 @@ def cluster_embedding(V, n_clusters: int, *, seed: int, normalize_embedding: boo
     labels, km = kmeans_on_embedding(np.asarray(V).T, n_clusters, normalize=normalize_embedding,
                                      n_init=kmeans_n_init, max_iter=kmeans_max_iter, random_state=seed)
     return np.asarray(labels), np.asarray(km.cluster_centers_, dtype=np.float64), km
+
+
+def refine_starts(V, labels, n_clusters: int, *, seed: int, n_starts: int, normalize_embedding: bool = True,
+                  kmeans_max_iter: int = 300) -> list[np.ndarray]:
+    """The starts of the refinement: the fit's partition ``labels`` first, then ``n_starts - 1``
+    partitions of k-means on V (one replicate each, seeds ``(1000 seed + j) mod 2^32``: diverse starts,
+    from V alone; docs/clustering.md).  Shape of each: (n_samples,)."""
+    starts = [np.asarray(labels, dtype=np.int64)]
+    for j in range(1, int(n_starts)):
+        lab, _ = kmeans_on_embedding(np.asarray(V).T, n_clusters, normalize=normalize_embedding, n_init=1,
+                                     max_iter=kmeans_max_iter, random_state=(1000 * int(seed) + j) % 2**32)
+        starts.append(np.asarray(lab, dtype=np.int64))
+    return starts
 
 
 def assign_to_centers(E, centers, *, normalize_embedding: bool = True) -> np.ndarray:

@@ -86,7 +86,13 @@ _TABLE = [
                                 "'l2', 'none' (docs/clustering.md)."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
-    Param("n_init", 1, "Federated fits with different seeds, combined by the consensus of their partitions."),
+    Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 3 (1 under differential privacy, where "
+                            "every fit spends budget and no objective is reported), or an int; combined by "
+                            "restart_rule."),
+    Param("restart_rule", "objective", "How the n_init fits are combined: 'objective' = keep the fit of lowest final "
+                                       "objective F (as k-means keeps its best replicate), then refine it; "
+                                       "'consensus' = refine every fit's partition and take their co-association "
+                                       "consensus (docs/clustering.md)."),
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
@@ -95,6 +101,10 @@ _TABLE = [
     Param("refine", "kmeans", "Last clustering step: 'kmeans' = federated k-means on the row-normalised views, "
                               "started from the fit's partition (each client sends only distances; "
                               "docs/clustering.md); 'none' = the partition of k-means on V."),
+    Param("refine_starts", 10, "Starts of the refinement: the fit's partition and refine_starts - 1 partitions of "
+                               "k-means on V; the refined one with the lowest score is kept, where only clients "
+                               "with a dense view score (their k-means objective); with no dense view only the "
+                               "fit's partition is refined (docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -115,8 +125,9 @@ DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "d
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")
 #: the clustering estimator's own parameters
-CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
-                  "kmeans_max_iter", "early_stop", "refine", "engine", "flower_run_dir")
+CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "restart_rule",
+                  "kmeans_n_init",
+                  "kmeans_max_iter", "early_stop", "refine", "refine_starts", "engine", "flower_run_dir")
 
 #: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01

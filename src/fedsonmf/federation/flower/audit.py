@@ -116,7 +116,7 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         ("up", "round"): round_up,
         # a clustering run's k-means refinement: the partition down, each node's distances up
         ("down", "refine"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
-        ("up", "refine"): {codec.ARRAYS: {"D": "n*"}},
+        ("up", "refine"): {codec.ARRAYS: {"D": "n*", "score": "1"}},
     }
 
 
@@ -167,7 +167,8 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         # the k-means refinement of a clustering run: the partition down, the masked distances up
         ("down", "refine"): {codec.ARRAYS: {"labels": "labels"},
                              codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
-        ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64"}},
+        ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64",
+                                          f"{MASKED_PREFIX}arrays.score": "1-u64"}},
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
@@ -182,6 +183,8 @@ def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
         return shape == [r, n] and dtype == "uint64"
     if kind == "1-u64":
         return shape == [1] and dtype == "uint64"
+    if kind == "1":
+        return shape == [1] and dtype == "float64"
     if kind == "key":
         return shape == [32] and dtype == "uint8"
     if kind == "keys":
@@ -271,7 +274,8 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                     if not _shape_ok(kind_k, item, r, n):
                         want = {"rn": f"float64 ({r}, {n})", "r*": f"float64 ({r}, k <= {n})",
                                 "ids": f"int64 (k <= {n},)", "n": f"float64 ({n},)",
-                                "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "key": "uint8 (32,)",
+                                "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "1": "float64 (1,)",
+                                "key": "uint8 (32,)",
                                 "labels": f"int64 ({n},)", "n*": f"float64 ({n}, k)", "n*-u64": f"uint64 ({n}, k)",
                                 "keys": "uint8 (k, 32)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "

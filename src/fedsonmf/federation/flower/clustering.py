@@ -83,6 +83,7 @@ def clustering_options(rc) -> dict | None:
         "kmeans_max_iter": int(rc.get("kmeans-max-iter", default("kmeans_max_iter"))),
         "early_stop": str(rc.get("early-stop", default("early_stop"))),
         "refine": str(rc.get("refine", default("refine"))),
+        "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
     }
 
 
@@ -275,17 +276,20 @@ def read_labels_csv(path) -> np.ndarray:
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
-    ``refine(labels) -> D`` (optional): the summed distances of one refinement exchange with the
-    nodes (:func:`refine_exchange`); the partition is then refined as the estimator refines it.
-    Returns the clustering summary for result.json.
+    ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
+    exchange with the nodes (:func:`refine_exchange`); the partition is then refined from the
+    estimator's starts as the estimator refines it.  Returns the clustering summary for result.json.
     """
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, error = 0, None
+    iters, index, error = 0, None, None
     if refine is not None:
+        starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
+                                     normalize_embedding=opts["normalize_embedding"],
+                                     kmeans_max_iter=opts["kmeans_max_iter"])
         try:
-            refined, iters = steps.refine_partition(labels, refine)
+            refined, iters, index = steps.refine_best(starts, refine)
         except FederationError as exc:  # a node lost during the refinement: the fit's partition stands
             error = f"{type(exc).__name__}: {exc}"
         else:
@@ -298,19 +302,19 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
-            **({"refine_error": error} if error else {})}
+            "refine_start": index, **({"refine_error": error} if error else {})}
 
 
 # ----------------------------------------------------------------------------- the k-means refinement
 
-#: the one summed item of a refinement exchange: a node's distances D_p (n x c), bounded by 4
-#: (rows of unit norm), so of degree 0 in the data
-REFINE_SPEC = {"D": ("arrays", 0)}
+#: the summed items of a refinement exchange: a node's distances D_p (n x c) and its score (1,)
+#: (a mean of its distances, or 0), both bounded by 4 (rows of unit norm), so of degree 0 in the data
+REFINE_SPEC = {"D": ("arrays", 0), "score": ("arrays", 0)}
 
 
 def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
-    """The server's driver of the refinement: ``exchange(labels) -> sum_p D_p`` over the nodes,
-    one ``refine`` message each (masked sums under secure aggregation)."""
+    """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
+    over the nodes, one ``refine`` message each (masked sums under secure aggregation)."""
     from fedsonmf.federation import secagg
     from fedsonmf.federation.loop import exchange_sum, with_secagg
 
@@ -323,23 +327,26 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
         if secure:
             bits = secagg.server_bits(REFINE_SPEC, 0, 0.0, m)
             _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
-            return np.asarray(agg.sums["D"], dtype=np.float64)
-        return total([rep.arrays["D"] for rep in transport.exchange([msg] * m)])
+            return np.asarray(agg.sums["D"], dtype=np.float64), np.asarray(agg.sums["score"], dtype=np.float64)
+        replies = transport.exchange([msg] * m)
+        return total([rep.arrays["D"] for rep in replies]), total([rep.arrays["score"] for rep in replies])
 
     return exchange
 
 
 def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
-    (n, d_p), masked with the pair keys of the fit's ``state`` when the request is masked; a
+    (n, d_p) and its score (its k-means objective when its view is dense, else 0: decided from
+    its own view), masked with the pair keys of the fit's ``state`` when the request is masked; a
     plain request is refused when ``secure``."""
     from fedsonmf.federation import secagg
 
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
     if labels.shape != (X.shape[0],):
         raise ProtocolError(f"client {p}: refine labels of shape {labels.shape} for a view of {X.shape[0]} samples")
-    D = steps.refine_distances(steps.refine_view(X), labels, int(msg.scalars["n_clusters"]))
-    reply = Message("refine", msg.round, {"D": D})
+    Y = steps.refine_view(X)
+    D, score = steps.refine_reply(Y, labels, int(msg.scalars["n_clusters"]), scores=steps.refine_scores(Y))
+    reply = Message("refine", msg.round, {"D": D, "score": score})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, REFINE_SPEC)
     else:
