@@ -29,12 +29,13 @@ feature exclusive to one component, it steals them from the others.
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
   before k-means (its direction over the components, not its length).
-* ``n_init="auto"``: three federated fits with different seeds, and the one of
-  lowest final objective F is kept (``restart_rule="objective"``, as k-means keeps
-  its best replicate): the factorisation has seed-dependent local minima, and with
-  these defaults the lower F is, the better it clusters (docs/clustering.md; one
-  fit under differential privacy). ``restart_rule="consensus"`` combines the
-  restarts' partitions by their co-association consensus instead.
+* ``n_init="auto"``: three federated fits with different seeds, each partition
+  refined, and the fit whose partition the others agree with most is kept
+  (``restart_rule="medoid"``): the factorisation has seed-dependent local minima,
+  some of which cluster far worse, and a bad one rarely has company
+  (docs/clustering.md; one fit when no objective is reported, e.g. under
+  differential privacy).  ``"objective"`` keeps the fit of lowest F, ``"consensus"``
+  combines the partitions by co-association.
 
 :meth:`FedMultiViewClustering.paper` gives the literal protocol of the paper
 (r = c, no preprocessing besides the Frobenius scaling, k-means on raw V^T).
@@ -85,7 +86,7 @@ from fedsonmf.estimators.clustering_steps import (
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.estimators.refine import REFINE_RULES, client_refine, refine_best, refine_view, scores_partitions
-from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, best_restart
+from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, best_restart, medoid_restart
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
@@ -161,12 +162,14 @@ default="auto"
         Federated fits with different seeds: ``"auto"`` = 3, or 1 when no objective is
         reported to choose by (``diagnostics=False``, or differential privacy: there every
         fit would also spend budget).  ``n_init_`` is the number used.
-    restart_rule : {"objective", "consensus"}, default="objective"
-        How the fits are combined.  ``"objective"``: the fit of lowest final objective F
-        (the clients' summed losses the server receives anyway, plus mu ||V||_{2,1}) is kept
-        and refined (``best_restart_`` its index); when a fit reports no objective
-        (``diagnostics=False``) the rule falls back to ``"consensus"``: every fit's partition
-        is refined and the co-association consensus of the partitions is taken.
+    restart_rule : {"medoid", "objective", "consensus"}, default="medoid"
+        How the fits are combined.  ``"medoid"``: every fit's partition is refined and the fit
+        whose partition has the highest summed adjusted Rand index to the others is kept
+        (``best_restart_``; ties, always with two fits, go to the lower final objective).
+        ``"objective"``: the fit of lowest final objective F (the clients' summed losses the
+        server receives anyway, plus mu ||V||_{2,1}) is kept and refined; when a fit reports
+        no objective (``diagnostics=False``) it falls back to ``"consensus"``: the
+        co-association consensus of the refined partitions (n x n memory).
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
     early_stop : {"labels", "none"}, default="labels"
@@ -237,8 +240,8 @@ default="auto"
     n_init_ : int
         The number of fits run (``n_init`` resolved).
     best_restart_ : int or None
-        With ``restart_rule="objective"``, the index of the fit kept (lowest final objective);
-        None when the partitions were combined by consensus.
+        The index of the fit kept (the medoid, or the lowest final objective); None when the
+        partitions were combined by consensus.
     refine_iter_, refine_start_ : list of int
         With ``refine="kmeans"``, per restart: the refinement's exchanges (over all its starts)
         and the index of the start whose refined partition was kept (0: the fit's partition).
@@ -441,30 +444,33 @@ default="auto"
             )
             partitions.append(labels)
             fits.append((model, res, km))
-        # the restarts: keep the one of lowest objective, or (consensus) refine them all and combine
-        best = best_restart([res for _, res, _ in fits]) if self.restart_rule == "objective" else None
-        self.best_restart_ = best
-        keep = range(len(fits)) if best is None else [best]
+        # the restarts: keep the one of lowest objective (refined alone), or refine them all and keep
+        # their medoid, or combine them by consensus
+        results = [res for _, res, _ in fits]
+        best = best_restart(results) if self.restart_rule == "objective" else None
+        refined = range(len(fits)) if best is None else [best]
         self.refine_iter_, self.refine_start_ = [], []
         if self.refine == "kmeans":
             exchange = self._refine_exchange(views, masks, secure=bool(models[0].secure_aggregation))
-            for i in keep:
+            for i in refined:
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
                                        n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
                                        kmeans_max_iter=self.kmeans_max_iter)
                 partitions[i], iters, index = refine_best(starts, exchange)
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
-        first = keep[0]  # the fit whose V, bases and centres the model keeps
-        model, res, km = fits[first]
-        if len(keep) > 1:
+        if self.restart_rule == "medoid" or len(fits) == 1:
+            best = medoid_restart(partitions, results) if len(fits) > 1 else 0
+        self.best_restart_ = best
+        model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
+        if best is None:
             labels = consensus_labels(partitions, self.n_clusters)
             centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         elif self.refine == "kmeans":
-            labels = partitions[first]
+            labels = partitions[best]
             centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
-            labels, centers = partitions[first], km.cluster_centers_
+            labels, centers = partitions[best], km.cluster_centers_
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -530,8 +536,14 @@ default="auto"
                              tol=run["tol"], seed=s, n_clusters=self.n_clusters, clustering=options)
             partitions.append(res.extra["labels"])
             fits.append((res, run_dir))
-        # as in-process: the run of lowest objective (its ServerApp refined its partition), or consensus
-        best = best_restart([res for res, _ in fits]) if self.restart_rule == "objective" else None
+        # as in-process (each ServerApp refined its own partition): the run of lowest objective, the
+        # medoid of the runs' partitions, or their consensus
+        results = [res for res, _ in fits]
+        best: int | None = 0
+        if self.restart_rule == "medoid" or len(fits) == 1:
+            best = medoid_restart(partitions, results) if len(fits) > 1 else 0
+        else:
+            best = best_restart(results) if self.restart_rule == "objective" else None
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])

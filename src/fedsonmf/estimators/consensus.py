@@ -33,9 +33,8 @@ def consensus_labels(partitions, n_clusters: int, random_state=None) -> np.ndarr
     together) is clustered with average-linkage agglomerative clustering on
     the distance 1 - A into ``n_clusters`` groups -- the classic
     evidence-accumulation consensus (Fred & Jain 2005); it needs no labels and
-    no choice among restarts (picking the restart with the lowest objective
-    picks the *worst* on BBCSport, because a lower objective means a stronger
-    background component).  Average linkage is deterministic;
+    no choice among restarts (``restart_rule="consensus"``; the default keeps the
+    medoid restart instead, :mod:`fedsonmf.estimators.restarts`).  Average linkage is deterministic;
     ``random_state`` is accepted for API symmetry (unused).
 
     Identical partitions give that partition back (up to renaming of the

@@ -86,13 +86,14 @@ _TABLE = [
                                 "'l2', 'none' (docs/clustering.md)."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
-    Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 3 (1 under differential privacy, where "
-                            "every fit spends budget and no objective is reported), or an int; combined by "
-                            "restart_rule."),
-    Param("restart_rule", "objective", "How the n_init fits are combined: 'objective' = keep the fit of lowest final "
-                                       "objective F (as k-means keeps its best replicate), then refine it; "
-                                       "'consensus' = refine every fit's partition and take their co-association "
-                                       "consensus (docs/clustering.md)."),
+    Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 3 (1 when no objective is reported: "
+                            "diagnostics off or differential privacy, where every fit also spends budget), or an "
+                            "int; combined by restart_rule."),
+    Param("restart_rule", "medoid", "How the n_init fits are combined: 'medoid' = refine every fit's partition and "
+                                    "keep the fit the others agree with most (summed adjusted Rand index); "
+                                    "'objective' = keep the fit of lowest final objective F, then refine it; "
+                                    "'consensus' = the co-association consensus of the refined partitions "
+                                    "(docs/clustering.md)."),
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "

@@ -1,0 +1,87 @@
+"""How the restarts of a clustering fit are combined (fedsonmf.estimators.restarts): the medoid
+(default), the lowest objective, or the consensus; label-free, from what the server has."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import adjusted_rand_score
+
+from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.restarts import best_restart, final_objective, medoid_restart
+from fedsonmf.exceptions import ParameterError
+from fedsonmf.protocol.history import History
+
+
+class _Res:  # the part of a FitResult the rules read
+    def __init__(self, objective):
+        self.history = History([{"round": 1, "objective": objective}])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(3, 6))
+def test_the_medoid_maximises_the_summed_agreement(seed, k):
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 3, size=30)
+    parts = []
+    for _ in range(k):  # noisy copies of one partition, some far noisier
+        p = truth.copy()
+        flip = rng.random(30) < rng.choice([0.05, 0.6])
+        p[flip] = rng.integers(0, 3, size=int(flip.sum()))
+        parts.append(p)
+    i = medoid_restart(parts)
+    agree = [sum(adjusted_rand_score(a, b) for j, b in enumerate(parts) if j != m) for m, a in enumerate(parts)]
+    assert agree[i] == pytest.approx(max(agree))
+    assert medoid_restart([p[::-1] for p in parts]) == i  # the same samples reordered: the same restart
+    relabel = [(p + 1) % 3 for p in parts]  # renaming the clusters changes nothing
+    assert medoid_restart(relabel) == i
+
+
+def test_a_lone_bad_restart_is_never_the_medoid_and_two_tie_on_the_objective():
+    good = np.repeat(np.arange(3), 10)
+    bad = np.tile(np.arange(3), 10)
+    assert medoid_restart([bad, good, good.copy()]) in (1, 2)
+    assert medoid_restart([good, bad], [_Res(2.0), _Res(1.0)]) == 1  # a tie: the lower objective
+    assert medoid_restart([good, bad]) == 0  # no objective: the first
+    with pytest.raises(ValueError):
+        medoid_restart([])
+
+
+def test_the_objective_rule_needs_every_objective():
+    assert best_restart([_Res(3.0), _Res(1.0), _Res(2.0)]) == 1
+    assert best_restart([_Res(3.0), _Res(float("nan"))]) is None
+    assert np.isnan(final_objective(type("R", (), {"history": History()})()))
+
+
+def _views(seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(3), 15)
+    return [rng.normal(size=(3, d))[y] * 2 + rng.normal(size=(45, d)) for d in (8, 6)], y
+
+
+def test_the_estimator_keeps_one_real_fit_under_every_rule():
+    views, _ = _views()
+    for rule in ("medoid", "objective", "consensus"):
+        m = FedMultiViewClustering(3, random_state=0, max_rounds=15, restart_rule=rule).fit(views)
+        assert m.n_init_ == 3 and len(m.seeds_) == 3
+        if rule == "consensus":
+            assert m.best_restart_ is None and len(m.refine_iter_) == 3
+        else:
+            assert m.best_restart_ in (0, 1, 2) and m.seed_ == m.seeds_[m.best_restart_]
+            assert len(m.refine_iter_) == (3 if rule == "medoid" else 1)
+            seed = m.seeds_[m.best_restart_]
+            alone = FedMultiViewClustering(3, random_state=seed, max_rounds=15, n_init=1).fit(views)
+            assert np.array_equal(alone.result_.V, m.result_.V)  # the kept restart is that seed's fit
+            assert np.array_equal(alone.labels_, m.labels_)
+            assert np.array_equal(alone.predict(views), m.predict(views))  # and its bases and centres
+
+
+def test_n_init_auto_is_one_fit_without_an_objective_and_checks_its_input():
+    views, _ = _views(1)
+    assert FedMultiViewClustering(3, random_state=0, max_rounds=5, diagnostics=False, tol=0.0).fit(views).n_init_ == 1
+    assert FedMultiViewClustering(3, random_state=0, max_rounds=5, n_init=2).fit(views).n_init_ == 2
+    for bad in (0, "three", 1.5):
+        with pytest.raises(ParameterError, match="n_init"):
+            FedMultiViewClustering(3, n_init=bad).fit(views)
+    with pytest.raises(ParameterError, match="restart_rule"):
+        FedMultiViewClustering(3, restart_rule="best").fit(views)
