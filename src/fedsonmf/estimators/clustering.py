@@ -29,7 +29,7 @@ feature exclusive to one component, it steals them from the others.
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
   before k-means (its direction over the components, not its length).
-* ``n_init="auto"``: three federated fits with different seeds, each partition
+* ``n_init="auto"``: five federated fits with different seeds, each partition
   refined, and the fit whose partition the others agree with most is kept
   (``restart_rule="medoid"``): the factorisation has seed-dependent local minima,
   some of which cluster far worse, and a bad one rarely has company
@@ -159,7 +159,7 @@ default="auto"
     normalize_views : bool, default=True
         Divide each (preprocessed) view by its Frobenius norm.
     n_init : "auto" or int, default="auto"
-        Federated fits with different seeds: ``"auto"`` = 3, or 1 when no objective is
+        Federated fits with different seeds: ``"auto"`` = 5, or 1 when no objective is
         reported to choose by (``diagnostics=False``, or differential privacy: there every
         fit would also spend budget).  ``n_init_`` is the number used.
     restart_rule : {"medoid", "objective", "consensus"}, default="medoid"

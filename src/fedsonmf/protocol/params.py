@@ -86,7 +86,7 @@ _TABLE = [
                                 "'l2', 'none' (docs/clustering.md)."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
-    Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 3 (1 when no objective is reported: "
+    Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 5 (1 when no objective is reported: "
                             "diagnostics off or differential privacy, where every fit also spends budget), or an "
                             "int; combined by restart_rule."),
     Param("restart_rule", "medoid", "How the n_init fits are combined: 'medoid' = refine every fit's partition and "
