@@ -29,8 +29,8 @@ feature exclusive to one component, it steals them from the others.
 * ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
 * ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
   before k-means (its direction over the components, not its length).
-* ``n_init="auto"``: five federated fits with different seeds, each partition
-  refined, and the fit whose partition the others agree with most is kept
+* ``n_init="auto"``: five federated fits with different seeds, and the fit whose
+  partition (k-means of its V) the others agree with most is kept and refined
   (``restart_rule="medoid"``): the factorisation has seed-dependent local minima,
   some of which cluster far worse, and a bad one rarely has company
   (docs/clustering.md; one fit when no objective is reported, e.g. under
@@ -76,6 +76,7 @@ from fedsonmf.core.server import total
 from fedsonmf.estimators.clustering_steps import (
     apply_view,
     assign_to_centers,
+    cluster_embedding,
     embedding_centers,
     kmeans_on_embedding,
     normalize_rows,
@@ -86,7 +87,7 @@ from fedsonmf.estimators.clustering_steps import (
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.estimators.refine import REFINE_RULES, client_refine, refine_best, refine_view, scores_partitions
-from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, best_restart, medoid_restart
+from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_restart
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
@@ -163,9 +164,9 @@ default="auto"
         reported to choose by (``diagnostics=False``, or differential privacy: there every
         fit would also spend budget).  ``n_init_`` is the number used.
     restart_rule : {"medoid", "objective", "consensus"}, default="medoid"
-        How the fits are combined.  ``"medoid"``: every fit's partition is refined and the fit
-        whose partition has the highest summed adjusted Rand index to the others is kept
-        (``best_restart_``; ties, always with two fits, go to the lower final objective).
+        How the fits are combined.  ``"medoid"``: the fit whose partition (k-means of its V)
+        has the highest summed adjusted Rand index to the others is kept (``best_restart_``;
+        ties, always with two fits, go to the lower final objective), then refined.
         ``"objective"``: the fit of lowest final objective F (the clients' summed losses the
         server receives anyway, plus mu ||V||_{2,1}) is kept and refined; when a fit reports
         no objective (``diagnostics=False``) it falls back to ``"consensus"``: the
@@ -444,10 +445,11 @@ default="auto"
             )
             partitions.append(labels)
             fits.append((model, res, km))
-        # the restarts: keep the one of lowest objective (refined alone), or refine them all and keep
-        # their medoid, or combine them by consensus
+        # the restarts, chosen from what the server has before any refinement exchange: the medoid of
+        # the fits' partitions (k-means of each V) or the lowest objective; only the kept fit is
+        # refined.  Consensus refines them all and combines them.
         results = [res for _, res, _ in fits]
-        best = best_restart(results) if self.restart_rule == "objective" else None
+        best = choose_restart(self.restart_rule, partitions, results)
         refined = range(len(fits)) if best is None else [best]
         self.refine_iter_, self.refine_start_ = [], []
         if self.refine == "kmeans":
@@ -459,8 +461,6 @@ default="auto"
                 partitions[i], iters, index = refine_best(starts, exchange)
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
-        if self.restart_rule == "medoid" or len(fits) == 1:
-            best = medoid_restart(partitions, results) if len(fits) > 1 else 0
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
         if best is None:
@@ -536,14 +536,14 @@ default="auto"
                              tol=run["tol"], seed=s, n_clusters=self.n_clusters, clustering=options)
             partitions.append(res.extra["labels"])
             fits.append((res, run_dir))
-        # as in-process (each ServerApp refined its own partition): the run of lowest objective, the
-        # medoid of the runs' partitions, or their consensus
+        # as in-process: chosen from the runs' partitions before refinement (the k-means of each V,
+        # as its ServerApp computed it) or their objectives; the kept run's labels are refined (by
+        # its ServerApp); consensus combines the refined ones
         results = [res for res, _ in fits]
-        best: int | None = 0
-        if self.restart_rule == "medoid" or len(fits) == 1:
-            best = medoid_restart(partitions, results) if len(fits) > 1 else 0
-        else:
-            best = best_restart(results) if self.restart_rule == "objective" else None
+        unrefined = [cluster_embedding(res.V, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding,
+                                       kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
+                     for (res, _), s in zip(fits, seeds)]
+        best = choose_restart(self.restart_rule, unrefined, results)
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])
