@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from fedsonmf._provenance import meta  # noqa: E402
 from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
 from fedsonmf.experiments.references import REFERENCES, best_reference  # noqa: E402
 from fedsonmf.experiments.table1 import run_dataset  # noqa: E402
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
     out["seconds"] = time.perf_counter() - t0
+    out["meta"] = meta(inputs=[(name, files[name]) for name in out["results"]], seeds=out["seeds"])
     out["targets"] = targets(out["results"])
     print(json.dumps(out["targets"], indent=1))
     print(markdown(out["results"], args.tag))
