@@ -349,7 +349,7 @@ default="auto"
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
 
     def _n_init(self) -> int:
-        """The number of fits: ``n_init``, with ``"auto"`` resolved (3; 1 when no objective is reported)."""
+        """The number of fits: ``n_init``, with ``"auto"`` resolved (5; 1 when no objective is reported)."""
         if self.n_init != "auto":
             return int(self.n_init)
         no_objective = self.dp_epsilon is not None or self.dp_noise_multiplier is not None or not self.diagnostics
