@@ -89,8 +89,9 @@ _TABLE = [
     Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 5 (1 when no objective is reported: "
                             "diagnostics off or differential privacy, where every fit also spends budget), or an "
                             "int; combined by restart_rule."),
-    Param("restart_rule", "medoid", "How the n_init fits are combined: 'medoid' = refine every fit's partition and "
-                                    "keep the fit the others agree with most (summed adjusted Rand index); "
+    Param("restart_rule", "medoid", "How the n_init fits are combined: 'medoid' = keep the fit whose partition "
+                                    "(k-means of its V) the others agree with most (summed adjusted Rand "
+                                    "index), then refine it; "
                                     "'objective' = keep the fit of lowest final objective F, then refine it; "
                                     "'consensus' = the co-association consensus of the refined partitions "
                                     "(docs/clustering.md)."),
