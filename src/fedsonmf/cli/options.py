@@ -117,6 +117,16 @@ def check_output_path(path: Path | None, flag: str) -> None:
         raise typer.BadParameter(f"{path} is a folder, not a file", param_hint=flag)
 
 
+def _parse_auto_int(text: str):
+    """A table value that is ``"auto"`` or an int, typed as text: the int when it is digits (the
+    estimator checks everything else and names the parameter)."""
+    return int(text) if isinstance(text, str) and text.strip().isdigit() else text
+
+
+#: parameters typed as text on the command line, and how their text becomes the value
+_PARSERS = {"mu": parse_mu, "n_init": _parse_auto_int}
+
+
 def with_params(*names: str):
     """Decorator: add the table parameters ``names`` as options of a typer command.
 
@@ -138,10 +148,9 @@ def with_params(*names: str):
         @functools.wraps(func)
         def command(**kwargs):
             params = {n: kwargs.pop(n) for n in names}
-            if "mu" in params:
-                params["mu"] = parse_mu(params["mu"])
-            if isinstance(params.get("n_init"), str) and params["n_init"].strip().isdigit():
-                params["n_init"] = int(params["n_init"])  # "auto" or an int; the estimator checks it
+            for n, parse in _PARSERS.items():
+                if n in params:
+                    params[n] = parse(params[n])
             return func(params=params, **kwargs)
 
         del command.__wrapped__  # typer must see the new signature, not func's

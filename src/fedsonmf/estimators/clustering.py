@@ -463,14 +463,11 @@ default="auto"
                 self.refine_start_.append(index)
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
-        if best is None:
-            labels = consensus_labels(partitions, self.n_clusters)
-            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
-        elif self.refine == "kmeans":
-            labels = partitions[best]
-            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
-        else:
+        if best is not None and self.refine != "kmeans":  # the kept fit's own k-means
             labels, centers = partitions[best], km.cluster_centers_
+        else:  # a refined or a consensus partition: its centres in the kept fit's embedding
+            labels = partitions[best] if best is not None else consensus_labels(partitions, self.n_clusters)
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -540,18 +537,18 @@ default="auto"
         # as its ServerApp computed it) or their objectives; the kept run's labels are refined (by
         # its ServerApp); consensus combines the refined ones
         results = [res for res, _ in fits]
-        unrefined = [cluster_embedding(res.V, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding,
-                                       kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
-                     for (res, _), s in zip(fits, seeds)]
+        unrefined = partitions  # only the medoid reads the partitions, and it needs the unrefined ones
+        if self.restart_rule == "medoid" and len(fits) > 1:
+            unrefined = [cluster_embedding(res.V, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding,
+                                           kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
+                         for (res, _), s in zip(fits, seeds)]
         best = choose_restart(self.restart_rule, unrefined, results)
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])
-        if best is None and len(fits) > 1:
+        if best is None:  # consensus (choose_restart keeps a lone fit)
             labels = consensus_labels(partitions, self.n_clusters)
-            E = normalize_rows(res.V.T) if self.normalize_embedding else res.V.T
-            centers = np.array([E[labels == k].mean(axis=0) if np.any(labels == k) else np.zeros(r)
-                                for k in range(self.n_clusters)])
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
             labels, centers = partitions[best or 0], res.extra["cluster_centers"]
         self.n_components_ = r

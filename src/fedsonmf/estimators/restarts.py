@@ -36,7 +36,7 @@ AUTO_N_INIT = 5
 
 def final_objective(result) -> float:
     """The objective F of the last round of a fit (``FitResult``), NaN when it was not reported."""
-    F = result.history.column("objective") if len(result.history) else np.array([])
+    F = result.history.column("objective")  # NaN in rows without it; empty without rows
     return float(F[-1]) if F.size else float("nan")
 
 
