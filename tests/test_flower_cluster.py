@@ -149,10 +149,11 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
     # the same starts refined, the same one kept (the dense views score them on both engines)
     assert result["clustering"]["refine_start"] == ref.refine_start_[0]
     assert result["clustering"]["refine_iterations"] == ref.refine_iter_[0]
+    assert result["clustering"]["graph_iterations"] == ref.graph_iter_[0] > 0  # then the same graph exchanges
     # every node kept its prepared view and its preprocessing info, private (0600)
     for p in range(3):
         sdir = tmp_path / f"node{p}" / "job-c"
-        files = [sdir / f"preprocessing-{p}.npz", next(sdir.glob(f"view-{p}.np[yz]"))]
+        files = [sdir / f"preprocessing-{p}.npz", next(sdir.glob(f"view-{p}.np[yz]")), sdir / f"graph-{p}.npz"]
         for f in files:
             assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
         with np.load(files[0]) as z:
@@ -279,10 +280,11 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
                                                                  "setup-at-handshake": at_hello})
         wire = [json.loads(line) for line in open(Path(rc["out-dir"]) / "wire.jsonl")]
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
-        # after the rounds, the k-means refinement: one refine message per node and iteration
-        refines = len(kinds) - len([k for k in kinds if k != "refine"])
-        assert refines % 3 == 0 and refines > 0 and kinds[-refines:] == ["refine"] * refines
-        kinds = kinds[:-refines]
+        # after the rounds, the k-means refinement then the graph refinement: one message per node and iteration
+        refines, graphs = kinds.count("refine"), kinds.count("graph")
+        assert refines % 3 == 0 and graphs % 3 == 0 and refines > 0 and graphs > 0
+        assert kinds[-refines - graphs:] == ["refine"] * refines + ["graph"] * graphs
+        kinds = kinds[:-refines - graphs]
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)
         audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True),

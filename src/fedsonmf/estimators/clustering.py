@@ -78,6 +78,9 @@ from fedsonmf.estimators.clustering_steps import (
     assign_to_centers,
     cluster_embedding,
     embedding_centers,
+    graph_refine,
+    graph_reply,
+    graph_view,
     kmeans_on_embedding,
     normalize_rows,
     prepare_view,
@@ -86,7 +89,14 @@ from fedsonmf.estimators.clustering_steps import (
 )
 from fedsonmf.estimators.consensus import consensus_labels
 from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.estimators.refine import REFINE_RULES, client_refine, refine_best, refine_view, scores_partitions
+from fedsonmf.estimators.refine import (
+    REFINE_RULES,
+    client_refine,
+    refine_best,
+    refine_stages,
+    refine_view,
+    scores_partitions,
+)
 from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_restart
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
@@ -451,9 +461,11 @@ default="auto"
         results = [res for _, res, _ in fits]
         best = choose_restart(self.restart_rule, partitions, results)
         refined = range(len(fits)) if best is None else [best]
-        self.refine_iter_, self.refine_start_ = [], []
-        if self.refine == "kmeans":
-            exchange = self._refine_exchange(views, masks, secure=bool(models[0].secure_aggregation))
+        self.refine_iter_, self.refine_start_, self.graph_iter_ = [], [], []
+        stages = refine_stages(self.refine)
+        secure = bool(models[0].secure_aggregation)
+        if "kmeans" in stages:
+            exchange = self._refine_exchange(views, masks, secure=secure)
             for i in refined:
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
                                        n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
@@ -461,9 +473,14 @@ default="auto"
                 partitions[i], iters, index = refine_best(starts, exchange)
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
+        if "graph" in stages:
+            exchange = self._graph_exchange(views, masks, secure=secure)
+            for i in refined:
+                partitions[i], iters, _ = graph_refine(partitions[i], exchange, self.n_clusters)
+                self.graph_iter_.append(iters)
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
-        if best is not None and self.refine != "kmeans":  # the kept fit's own k-means
+        if best is not None and not stages:  # the kept fit's own k-means
             labels, centers = partitions[best], km.cluster_centers_
         else:  # a refined or a consensus partition: its centres in the kept fit's embedding
             labels = partitions[best] if best is not None else consensus_labels(partitions, self.n_clusters)
@@ -500,6 +517,23 @@ default="auto"
 
                 return fixed_point_sum(Ds, degree=0), fixed_point_sum(Ss, degree=0)
             return total(Ds), total(Ss)
+
+        return exchange
+
+    def _graph_exchange(self, views, masks, secure: bool):
+        """The in-process driver of the graph refinement: each client's neighbour counts A_p Z / n from
+        its own k-NN graph (built once, on the client), summed as the server sums them."""
+        n = views[0].shape[0]
+        held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
+        graphs = [graph_view(X, held=h) for X, h in zip(views, held)]
+
+        def exchange(labels):
+            links = [graph_reply(A, labels, self.n_clusters) for A in graphs]
+            if secure and len(links) > 1:
+                from fedsonmf.federation.secagg import fixed_point_sum
+
+                return fixed_point_sum(links, degree=0, exp=0)  # the Flower exchange's public scale
+            return total(links)
 
         return exchange
 

@@ -49,12 +49,23 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, mean_energy_share
+from fedsonmf.exceptions import ParameterError
 
-__all__ = ["REFINE_RULES", "refine_view", "scores_partitions", "client_distances", "client_score", "client_refine",
-           "assign", "refine_partition", "refine_best"]
+__all__ = ["REFINE_RULES", "refine_stages", "refine_view", "scores_partitions", "client_distances", "client_score",
+           "client_refine", "assign", "refine_partition", "refine_best"]
 
-#: FedMultiViewClustering's ``refine``: "kmeans" (this module) or "none"
-REFINE_RULES = ("kmeans", "none")
+#: FedMultiViewClustering's ``refine``: the stages run after the fit, in order -- "kmeans" (this
+#: module), "graph" (:mod:`fedsonmf.estimators.graph`), both (the default), or "none"
+REFINE_RULES = ("kmeans+graph", "kmeans", "graph", "none")
+
+
+def refine_stages(rule: str) -> tuple[str, ...]:
+    """The stages of a ``refine`` rule (a value of :data:`REFINE_RULES`), in order: ``("kmeans", "graph")``,
+    ``("kmeans",)``, ``("graph",)`` or ``()``; any other value is refused (a Flower run config's
+    ``refine`` reaches the ServerApp unchecked)."""
+    if rule not in REFINE_RULES:
+        raise ParameterError(f"refine must be one of {', '.join(map(repr, REFINE_RULES))}, got {rule!r}")
+    return () if rule == "none" else tuple(rule.split("+"))
 
 
 def refine_view(X, held=None):

@@ -442,16 +442,18 @@ def server_bits(spec: Mapping[str, tuple[str, int]], exp: int, vnorm: float, m: 
     return {f"{field}.{key}": frac_bits(item_bound(deg, L, vnorm), m) for key, (field, deg) in spec.items()}
 
 
-def fixed_point_sum(items: Sequence[np.ndarray], degree: int = 1) -> np.ndarray:
+def fixed_point_sum(items: Sequence[np.ndarray], degree: int = 1, exp: int | None = None) -> np.ndarray:
     """The sum the server decodes from the masked ``items`` (one per client) of an exchange in
-    which each client's exponent is that of its own item's norm (a predict's ``U_p^T X_p^new``):
-    the masks cancel in the ring, so this is ``decode(sum_p encode(item_p))`` at the exchange's
-    fixed point -- what an in-process run with secure aggregation reproduces bit for bit."""
+    which each client's exponent is that of its own item's norm (a predict's ``U_p^T X_p^new``),
+    or the public ``exp`` when given (the graph refinement's: 0): the masks cancel in the ring, so
+    this is ``decode(sum_p encode(item_p))`` at the exchange's fixed point -- what an in-process
+    run with secure aggregation reproduces bit for bit."""
     from fedsonmf.core._linalg import sqnorm
 
     m = len(items)
-    norms = [math.sqrt(max(float(sqnorm(a)), 0.0)) for a in items]  # as each client computes its E_p
-    exp = max(math.frexp(v)[1] if v > 0 else 0 for v in norms)
+    if exp is None:
+        norms = [math.sqrt(max(float(sqnorm(a)), 0.0)) for a in items]  # as each client computes its E_p
+        exp = max(math.frexp(v)[1] if v > 0 else 0 for v in norms)
     bits = server_bits({"x": ("arrays", degree)}, exp, 0.0, m)["arrays.x"]
     return decode(ring_sum([encode(a, bits, m) for a in items]), bits)
 

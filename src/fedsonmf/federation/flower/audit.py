@@ -117,6 +117,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         # a clustering run's k-means refinement: the partition down, each node's distances up
         ("down", "refine"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
         ("up", "refine"): {codec.ARRAYS: {"D": "n*", "score": "1"}},
+        # its graph refinement: the partition down, each node's neighbour counts per cluster up
+        ("down", "graph"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
+        ("up", "graph"): {codec.ARRAYS: {"L": "n*"}},
     }
 
 
@@ -169,6 +172,10 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
                              codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
         ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64",
                                           f"{MASKED_PREFIX}arrays.score": "1-u64"}},
+        # the graph refinement: the partition down, the masked neighbour counts up
+        ("down", "graph"): {codec.ARRAYS: {"labels": "labels"},
+                            codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
+        ("up", "graph"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.L": "n*-u64"}},
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}

@@ -154,6 +154,7 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
     sdir = Path(sdir)
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     drop_prepared_view(sdir, p)
+    _graph_path(sdir, p).unlink(missing_ok=True)  # a new fit of this job: the graph is built again from X
     if sp.issparse(Y):
         path = sdir / f"view-{p}.npz"
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(Y), compressed=False))
@@ -273,36 +274,41 @@ def read_labels_csv(path) -> np.ndarray:
     return np.array([k for _, k in pairs], dtype=np.int64)
 
 
-def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None) -> dict:
+def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None,
+                             graph=None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
     ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
     exchange with the nodes (:func:`refine_exchange`); the partition is then refined from the
-    estimator's starts as the estimator refines it.  Returns the clustering summary for result.json.
+    estimator's starts as the estimator refines it.  ``graph(labels) -> L`` (optional): the summed
+    neighbour counts of one graph exchange (:func:`graph_exchange`); the partition is then refined
+    on the nodes' graphs, after the k-means refinement, as the estimator does.  A node lost during
+    either keeps the partition reached before it.  Returns the clustering summary for result.json.
     """
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, index, error = 0, None, None
-    if refine is not None:
-        starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
-                                     normalize_embedding=opts["normalize_embedding"],
-                                     kmeans_max_iter=opts["kmeans_max_iter"])
-        try:
-            refined, iters, index = steps.refine_best(starts, refine)
-        except FederationError as exc:  # a node lost during the refinement: the fit's partition stands
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            labels = refined
-            centers = steps.embedding_centers(V, labels, opts["n_clusters"],
-                                              normalize_embedding=opts["normalize_embedding"])
+    iters, index, graph_iters, error = 0, None, 0, None
+    try:
+        if refine is not None:
+            starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
+                                         normalize_embedding=opts["normalize_embedding"],
+                                         kmeans_max_iter=opts["kmeans_max_iter"])
+            labels, iters, index = steps.refine_best(starts, refine)
+        if graph is not None:
+            labels, graph_iters, _ = steps.graph_refine(labels, graph, opts["n_clusters"])
+    except FederationError as exc:  # a node lost during a refinement: the partition reached stands
+        error = f"{type(exc).__name__}: {exc}"
+    if refine is not None or graph is not None:
+        centers = steps.embedding_centers(V, labels, opts["n_clusters"],
+                                          normalize_embedding=opts["normalize_embedding"])
     write_labels_csv(out / "labels.csv", labels)
     np.save(out / ".centers.tmp.npy", centers)
     os.replace(out / ".centers.tmp.npy", out / "centers.npy")
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
-            "refine_start": index, **({"refine_error": error} if error else {})}
+            "refine_start": index, "graph_iterations": graph_iters, **({"refine_error": error} if error else {})}
 
 
 # ----------------------------------------------------------------------------- the k-means refinement
@@ -332,6 +338,63 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
         return total([rep.arrays["D"] for rep in replies]), total([rep.arrays["score"] for rep in replies])
 
     return exchange
+
+
+# ----------------------------------------------------------------------------- the graph refinement
+
+#: the summed item of a graph exchange: a node's neighbour counts per cluster A_p Z / n (n x c),
+#: entries at most 1, so of degree 0 in the data (the fixed point's public scale: exponent 0)
+GRAPH_SPEC = {"L": ("arrays", 0)}
+
+
+def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
+    """The server's driver of the graph refinement: ``exchange(labels) -> sum_p A_p Z / n`` over the
+    nodes, one ``graph`` message each (a masked sum under secure aggregation)."""
+    from fedsonmf.federation import secagg
+    from fedsonmf.federation.loop import exchange_sum, with_secagg
+
+    count = [0]
+
+    def exchange(labels):
+        count[0] += 1
+        msg = Message("graph", count[0], {"labels": np.asarray(labels, dtype=np.int64)},
+                      {"n_clusters": int(n_clusters)})
+        if secure:
+            bits = secagg.server_bits(GRAPH_SPEC, 0, 0.0, m)
+            _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
+            return np.asarray(agg.sums["L"], dtype=np.float64)
+        return total([rep.arrays["L"] for rep in transport.exchange([msg] * m)])
+
+    return exchange
+
+
+def _graph_path(sdir: Path, p: int) -> Path:
+    return Path(sdir) / f"graph-{int(p)}.npz"
+
+
+def node_graph(msg: Message, X, sdir: Path, state, p: int, steps, *, secure: bool) -> Message:
+    """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
+    its own raw view ``X`` (n, d_p), built at the first exchange of the job and kept in the node's
+    state folder (``graph-<p>.npz``, mode 0600; it never leaves the node), masked with the pair keys
+    of the fit's ``state`` when the request is masked; a plain request is refused when ``secure``."""
+    import scipy.sparse as sp
+
+    from fedsonmf.federation import secagg
+
+    labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
+    if labels.shape != (X.shape[0],):
+        raise ProtocolError(f"client {p}: graph labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    if secagg.SECAGG_KEY not in msg.scalars:
+        refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
+    path = _graph_path(sdir, p)
+    A = sp.csr_array(sp.load_npz(path)) if path.is_file() else None
+    if A is None or A.shape != (X.shape[0], X.shape[0]):
+        A = steps.graph_view(X)
+        _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
+    reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, int(msg.scalars["n_clusters"]))})
+    if secagg.SECAGG_KEY in msg.scalars:
+        _, reply = secagg.client_mask(state, reply, msg, GRAPH_SPEC)
+    return reply
 
 
 def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:

@@ -252,6 +252,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     last_round = {"completed": 0}
     try:
         steps = fclust.load_steps(clustering) if copts else None
+        # the refinement stages, checked before any round (a run config's value is unchecked so far)
+        stages = steps.refine_stages(copts["refine"]) if copts and steps is not None else ()
         saved = ckpt.load_server_checkpoint(ckpt_dir) if bool(rc.get("resume", False)) else None
         if saved is not None and not str(rc.get("job-id", "") or ""):
             job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
@@ -310,8 +312,10 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         if copts:
             status.write(phase="clustering")
             refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
-                      if copts["refine"] == "kmeans" else None)
-            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine),
+                      if "kmeans" in stages else None)
+            graph = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
+                     if "graph" in stages else None)
+            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine, graph),
                                        "rank_message": rank_message}
         _write_json(out / "result.json", res.to_json_dict())
         status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)

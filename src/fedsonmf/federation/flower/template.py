@@ -78,7 +78,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "kmeans-n-init": default("kmeans_n_init"),
     "kmeans-max-iter": default("kmeans_max_iter"),
     "early-stop": default("early_stop"),       # labels: the server stops when its k-means of V has settled
-    "refine": default("refine"),               # kmeans: the server refines the partition with the nodes
+    "refine": default("refine"),               # kmeans+graph: the server refines the partition with the nodes
     "refine-starts": default("refine_starts"),  # starts of the refinement; only dense views score them
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }

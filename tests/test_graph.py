@@ -1,0 +1,173 @@
+"""The federated graph refinement (fedsonmf.estimators.graph): each client's neighbour counts from
+its own k-NN graph, summed by the server, are weighted kernel k-means for the normalized cut of
+the summed graph."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedsonmf.core.server import total
+from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.graph import (
+    client_graph,
+    client_links,
+    graph_assign,
+    graph_neighbors,
+    graph_refine,
+    normalized_cut,
+)
+from fedsonmf.estimators.refine import refine_stages
+from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.metrics import clustering_scores
+
+
+def _views(seed=0, n_per=15, c=3):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(c), n_per)
+    views = []
+    for d in (7, 5):
+        centers = rng.normal(size=(c, d)) * 2
+        views.append(centers[y] + rng.normal(size=(y.size, d)))  # signed, dense
+    return views, y
+
+
+def _exchange(graphs, c):
+    return lambda labels: total([client_links(A, labels, c) for A in graphs])
+
+
+def test_the_graph_is_the_symmetric_knn_graph_of_the_unit_rows():
+    views, _ = _views()
+    X = views[0]
+    n, k = X.shape[0], 4
+    A = client_graph(X, n_neighbors=k).toarray()
+    assert np.array_equal(A, A.T) and set(np.unique(A)) <= {0.0, 1.0} and not np.any(np.diag(A))
+    Y = X / np.linalg.norm(X, axis=1, keepdims=True)
+    dist = ((Y[:, None, :] - Y[None, :, :]) ** 2).sum(-1) + np.diag(np.full(n, np.inf))
+    knn = np.argsort(dist, axis=1)[:, :k]
+    for i in range(n):  # every sample joined to its k nearest by cosine, and nothing else chosen by it
+        assert A[i, knn[i]].all()
+        chosen_by_others = {j for j in range(n) if i in knn[j]}
+        assert set(np.flatnonzero(A[i])) == set(knn[i]) | chosen_by_others
+    assert np.array_equal(client_graph(sp.csr_matrix(X), n_neighbors=k).toarray(), A)  # dense = sparse
+    assert np.array_equal(client_graph(3.0 * X, n_neighbors=k).toarray(), A)  # per-sample scale-free
+
+
+def test_missing_and_empty_samples_get_no_edges_and_k_follows_the_rule():
+    views, _ = _views()
+    X = views[0].copy()
+    X[3] = 0.0
+    A = client_graph(X, held=np.arange(1, X.shape[0])).toarray()
+    assert not A[[0, 3]].any() and not A[:, [0, 3]].any()
+    assert (A.sum(axis=1)[np.r_[1, 2, 4:X.shape[0]]] >= min(graph_neighbors(X.shape[0]), X.shape[0] - 3)).all()
+    assert graph_neighbors(100) == 10 and graph_neighbors(2**14) == 14 and graph_neighbors(5) == 4
+    assert client_graph(np.ones((1, 3))).nnz == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_assignment_is_weighted_kernel_kmeans_for_the_normalized_cut(seed):
+    """graph_assign from the summed links = argmin over k of the weighted kernel k-means distance
+    with weights d and kernel D^-1 A D^-1, computed here from the whole graph (Dhillon et al. 2004)."""
+    rng = np.random.default_rng(seed)
+    n, c = int(rng.integers(6, 30)), int(rng.integers(2, 5))
+    graphs = []
+    for _ in range(2):
+        B = (rng.random((n, n)) < 0.3).astype(float)
+        B = np.triu(B, 1)
+        graphs.append(sp.csr_array(B + B.T + np.eye(n)))  # self-loops: every degree positive
+    labels = rng.integers(0, c, size=n)
+    L = _exchange(graphs, c)(labels)
+    A = sum(g.toarray() for g in graphs)
+    d = A.sum(axis=1)
+    assert np.allclose(L.sum(axis=1) * n, d)
+    K = A / np.outer(d, d)
+    dist = np.full((n, c), np.inf)
+    for k in range(c):
+        members = labels == k
+        if not members.any():
+            continue
+        w = d[members]
+        dist[:, k] = (np.diag(K) - 2 * K[:, members] @ w / w.sum()
+                      + w @ K[np.ix_(members, members)] @ w / w.sum() ** 2)
+    new = graph_assign(L, labels, c)
+    assert np.allclose(dist[np.arange(n), new], dist.min(axis=1))
+    # the cut from the links is the normalized cut of the summed graph
+    cut = sum((d[labels == k].sum() - A[np.ix_(labels == k, labels == k)].sum()) / d[labels == k].sum()
+              for k in range(c) if (labels == k).any())
+    assert normalized_cut(L, labels, c) == pytest.approx(cut)
+    assert np.array_equal(graph_assign(0.125 * L, labels, c), new)  # sums or means (exact scale): the same step
+
+
+def test_planted_communities_are_recovered_from_a_scrambled_start():
+    rng = np.random.default_rng(1)
+    c, n_per = 4, 25
+    y = np.repeat(np.arange(c), n_per)
+    graphs = []
+    for _ in range(3):  # each view: dense within a community, a few edges across
+        P = np.where(y[:, None] == y[None, :], 0.4, 0.02)
+        B = np.triu(rng.random(P.shape) < P, 1).astype(float)
+        graphs.append(sp.csr_array(B + B.T))
+    start = y.copy()
+    flip = rng.choice(y.size, size=30, replace=False)
+    start[flip] = rng.integers(0, c, size=flip.size)
+    exchange = _exchange(graphs, c)
+    labels, iters, cut = graph_refine(start, exchange, c)
+    assert clustering_scores(y, labels)["acc"] == 1.0 and iters >= 2
+    assert cut == pytest.approx(normalized_cut(exchange(y), y, c)) and cut < normalized_cut(exchange(start), start, c)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_kept_partition_never_has_a_larger_cut_than_the_start(seed):
+    rng = np.random.default_rng(seed)
+    views, _ = _views(seed=seed % 50)
+    graphs = [client_graph(X) for X in views]
+    start = rng.integers(0, 3, size=views[0].shape[0])
+    exchange = _exchange(graphs, 3)
+    labels, iters, cut = graph_refine(start, exchange, 3, max_iter=50)
+    assert cut <= normalized_cut(exchange(start), start, 3) + 1e-12 and 1 <= iters <= 50
+    assert cut == pytest.approx(normalized_cut(exchange(labels), labels, 3))
+
+
+def test_the_estimator_refines_on_the_graphs_by_default():
+    views, y = _views(seed=2)
+    with pytest.warns(UserWarning):  # narrow views padded to r = 2c
+        both = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1).fit(views)
+        km = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="kmeans").fit(views)
+        graph = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="graph").fit(views)
+        secure = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, secure_aggregation=True).fit(views)
+    assert both.graph_iter_ and km.graph_iter_ == [] and graph.refine_iter_ == [] and graph.graph_iter_
+    assert both.refine_iter_ == km.refine_iter_
+    # the default is the graph refinement started from the k-means-refined partition
+    want, iters, _ = graph_refine(km.labels_, _exchange([client_graph(X) for X in views], 3), 3)
+    assert np.array_equal(both.labels_, want) and both.graph_iter_ == [iters]
+    assert np.array_equal(secure.labels_, both.labels_)  # the masked sums give the same partition
+    assert both.cluster_centers_.shape == (3, both.n_components_)
+    with pytest.raises(ParameterError, match="refine"):
+        refine_stages("spectral")
+    assert refine_stages("kmeans+graph") == ("kmeans", "graph") and refine_stages("none") == ()
+
+
+def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit(tmp_path):
+    pytest.importorskip("flwr")
+    from fedsonmf.estimators import clustering_steps
+    from fedsonmf.federation.flower import clustering as fclust
+    from fedsonmf.protocol.messages import Message
+
+    X = np.random.default_rng(0).random((12, 3))
+    msg = Message("graph", 1, {"labels": np.repeat([0, 1], 6)}, {"n_clusters": 2})
+    with pytest.raises(ProtocolError, match="masked only"):
+        fclust.node_graph(msg, X, tmp_path, None, 0, clustering_steps, secure=True)
+    assert not (tmp_path / "graph-0.npz").exists()  # refused before anything is computed
+    plain = fclust.node_graph(msg, X, tmp_path, None, 0, clustering_steps, secure=False)
+    assert set(plain.arrays) == {"L"}
+    assert np.allclose(plain.arrays["L"], client_links(client_graph(X), msg.arrays["labels"], 2))
+    assert stat.S_IMODE(os.stat(tmp_path / "graph-0.npz").st_mode) == 0o600
+    with pytest.raises(ProtocolError, match="graph labels"):
+        fclust.node_graph(Message("graph", 2, {"labels": np.zeros(5, dtype=np.int64)}, {"n_clusters": 2}),
+                          X, tmp_path, None, 0, clustering_steps, secure=False)
