@@ -171,3 +171,18 @@ def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit
     with pytest.raises(ProtocolError, match="graph labels"):
         fclust.node_graph(Message("graph", 2, {"labels": np.zeros(5, dtype=np.int64)}, {"n_clusters": 2}),
                           X, tmp_path, None, 0, clustering_steps, secure=False)
+
+
+def test_a_view_whose_neighbours_are_ties_sits_out_with_a_warning():
+    """Rows with one nonzero each (a few tags): every sample's k-th and (k+1)-th neighbours tie,
+    so the client's graph is empty and the graph stage leaves the partition as the k-means one."""
+    rng = np.random.default_rng(3)
+    n = 60
+    tags = sp.csr_matrix((np.ones(n), (np.arange(n), rng.integers(0, 4, size=n))), shape=(n, 4))
+    with pytest.warns(UserWarning, match="view 1: .* sits out of the graph refinement"):
+        A = client_graph(tags, view=1)
+    assert A.shape == (n, n) and A.nnz == 0
+    labels = rng.integers(0, 3, size=n)
+    assert np.array_equal(graph_refine(labels, _exchange([A], 3), 3)[0], labels)
+    views, _ = _views()
+    assert client_graph(views[0]).nnz > 0  # continuous features: no ties

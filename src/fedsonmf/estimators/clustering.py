@@ -525,7 +525,7 @@ default="auto"
         its own k-NN graph (built once, on the client), summed as the server sums them."""
         n = views[0].shape[0]
         held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
-        graphs = [graph_view(X, held=h) for X, h in zip(views, held)]
+        graphs = [graph_view(X, held=h, view=p) for p, (X, h) in enumerate(zip(views, held))]
 
         def exchange(labels):
             links = [graph_reply(A, labels, self.n_clusters) for A in graphs]

@@ -45,6 +45,7 @@ Pure functions over arrays, called by the in-process estimator and by the Flower
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -52,10 +53,13 @@ import scipy.sparse as sp
 
 from fedsonmf.estimators.refine import refine_view
 
-__all__ = ["graph_neighbors", "client_graph", "client_links", "graph_assign", "normalized_cut", "graph_refine"]
+__all__ = ["MAX_TIED_SHARE", "graph_neighbors", "tied_share", "client_graph", "client_links", "graph_assign",
+           "normalized_cut", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
+#: above this share of samples with a tied k-th neighbour, a view's graph is left out (client_graph)
+MAX_TIED_SHARE = 0.5
 
 
 def graph_neighbors(n_samples: int) -> int:
@@ -64,13 +68,21 @@ def graph_neighbors(n_samples: int) -> int:
     return int(max(1, min(max(MIN_NEIGHBORS, int(round(np.log2(max(n, 2))))), n - 1)))
 
 
-def client_graph(X, held=None, n_neighbors: int | None = None) -> sp.csr_array:
+def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | None = None) -> sp.csr_array:
     """A client's neighbourhood graph of its own view: (n, n) symmetric 0/1, CSR.
 
     Every held sample (a row of ``X``, (n, d_p), dense or sparse) is scaled to unit l2 norm and
     joined to its ``n_neighbors`` nearest held samples (Euclidean on unit rows: the cosine order;
     default :func:`graph_neighbors`), then the graph is symmetrised (an edge if either side
     chose it).  All-zero rows and samples not held get no edges.
+
+    A view whose neighbourhoods are decided by ties -- more than half of its samples have their
+    k-th and (k+1)-th nearest neighbour at the same distance, as happens when most rows hold one
+    or two nonzero entries (a citation list, a few tags) -- gets the empty graph, with a warning
+    naming ``view``: which k of the tied samples are "nearest" would be the search's arbitrary
+    order, not the data (CiteSeer's citation view: 88 % of its samples; it costs 6-9 ACC points
+    when it takes part, docs/clustering.md).  The client then sends zeros: it sits the graph
+    refinement out.
     """
     from sklearn.neighbors import NearestNeighbors
 
@@ -81,14 +93,31 @@ def client_graph(X, held=None, n_neighbors: int | None = None) -> sp.csr_array:
     k = min(int(n_neighbors) if n_neighbors is not None else graph_neighbors(n), present.size - 1)
     if k < 1:
         return sp.csr_array((n, n), dtype=np.float64)
-    # kneighbors() without a query: each point's neighbours other than itself, duplicates included
-    nn = NearestNeighbors(n_neighbors=k).fit(Y[present])
-    idx = nn.kneighbors(return_distance=False)
+    # kneighbors() without a query: each point's neighbours other than itself, duplicates included;
+    # one more than k to see whether the k-th is tied with the next
+    extra = int(k + 1 <= present.size - 1)
+    nn = NearestNeighbors(n_neighbors=k + extra).fit(Y[present])
+    dist, idx = nn.kneighbors()
+    if extra and tied_share(dist[:, k - 1], dist[:, k]) > MAX_TIED_SHARE:
+        name = "a view" if view is None else f"view {view}"
+        warnings.warn(f"{name}: {100 * tied_share(dist[:, k - 1], dist[:, k]):.0f} % of its samples have their "
+                      f"{k}-th and {k + 1}-th nearest neighbours at the same distance (too few nonzero features "
+                      "per sample to rank neighbours); it sits out of the graph refinement", UserWarning,
+                      stacklevel=2)
+        return sp.csr_array((n, n), dtype=np.float64)
+    idx = idx[:, :k]
     rows = np.repeat(present, k)
     cols = present[idx.ravel()]
     A = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, n))
     A = ((A + A.T) > 0).astype(np.float64)
     return sp.csr_array(A)
+
+
+def tied_share(kth, next_) -> float:
+    """The share of samples whose k-th and (k+1)-th neighbour distances (unit rows, so at most 2)
+    agree to 1e-9: a neighbour set chosen among ties."""
+    kth, next_ = np.asarray(kth, dtype=np.float64), np.asarray(next_, dtype=np.float64)
+    return float(np.mean(np.abs(next_ - kth) <= 1e-9)) if kth.size else 0.0
 
 
 def _indicator(labels, n_clusters: int) -> sp.csr_array:

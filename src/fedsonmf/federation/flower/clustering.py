@@ -389,7 +389,7 @@ def node_graph(msg: Message, X, sdir: Path, state, p: int, steps, *, secure: boo
     path = _graph_path(sdir, p)
     A = sp.csr_array(sp.load_npz(path)) if path.is_file() else None
     if A is None or A.shape != (X.shape[0], X.shape[0]):
-        A = steps.graph_view(X)
+        A = steps.graph_view(X, view=p)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, int(msg.scalars["n_clusters"]))})
     if secagg.SECAGG_KEY in msg.scalars:
