@@ -346,6 +346,8 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
         model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=2,
                                        flower_run_dir=tmp_path / "fl").fit(views)
     assert model.best_restart_ == ref.best_restart_ is not None and model.seeds_ == ref.seeds_
+    assert (model.refine_iter_, model.refine_start_, model.graph_iter_) == \
+        (ref.refine_iter_, ref.refine_start_, ref.graph_iter_) and ref.graph_iter_[0] > 0
     assert np.array_equal(model.result_.V, ref.result_.V)
     assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
     assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None

@@ -186,3 +186,16 @@ def test_a_view_whose_neighbours_are_ties_sits_out_with_a_warning():
     assert np.array_equal(graph_refine(labels, _exchange([A], 3), 3)[0], labels)
     views, _ = _views()
     assert client_graph(views[0]).nnz > 0  # continuous features: no ties
+
+
+def test_no_refinement_reads_the_exact_views_under_differential_privacy_unless_asked():
+    views, _ = _views(seed=4)
+    kw = dict(random_state=0, max_rounds=3, n_init=1, dp_noise_multiplier=1.0)
+    with pytest.warns(UserWarning, match="padded"):
+        auto = FedMultiViewClustering(3, **kw).fit(views)
+    assert auto.refine_iter_ == [] and auto.graph_iter_ == []
+    assert np.array_equal(auto.labels_, auto.kmeans_.labels_)
+    with pytest.warns(UserWarning, match="not covered by the differential privacy"):
+        asked = FedMultiViewClustering(3, refine="kmeans+graph", **kw).fit(views)
+    assert asked.refine_iter_ and asked.graph_iter_
+    assert refine_stages("auto") == ("kmeans", "graph") and refine_stages("auto", dp=True) == ()

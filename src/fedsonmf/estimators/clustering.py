@@ -188,11 +188,17 @@ default="auto"
         gives the same assignment five rounds in a row
         (:class:`~fedsonmf.estimators.stopping.LabelStability`, label-free; in-process
         engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
-    refine : {"kmeans", "none"}, default="kmeans"
-        ``"kmeans"``: refine each fit's partition by federated k-means on the views with every
-        sample scaled to unit norm, started from it (:mod:`fedsonmf.estimators.refine`: the
-        clients learn the partition and send only their n x c distance matrices, masked under
-        secure aggregation); ``"none"``: the partition of k-means on V.
+    refine : {"auto", "kmeans+graph", "kmeans", "graph", "none"}, default="auto"
+        The last steps, each one exchange per iteration with the clients, who learn the partition.
+        ``"kmeans"``: refine the kept fit's partition by federated k-means on the views with every
+        sample scaled to unit norm, started from it (:mod:`fedsonmf.estimators.refine`: each
+        client sends only its n x c distance matrix, masked under secure aggregation).
+        ``"graph"``: refine it by weighted kernel k-means for the normalized cut of the sum of the
+        clients' k-NN graphs of their own views (:mod:`fedsonmf.estimators.graph`: each client
+        sends only its n x c neighbour counts per cluster, masked).  ``"kmeans+graph"``: both, in
+        that order.  ``"none"``: the partition of k-means on V.  ``"auto"``: ``"kmeans+graph"``,
+        or ``"none"`` under differential privacy (the refinements read the exact views; an explicit
+        rule under DP warns that they are not covered).
     refine_starts : int, default=10
         Starts of the refinement: the fit's partition and ``refine_starts - 1`` partitions of
         k-means on V (one replicate each).  The refined partition of lowest summed score is
@@ -254,8 +260,10 @@ default="auto"
         The index of the fit kept (the medoid, or the lowest final objective); None when the
         partitions were combined by consensus.
     refine_iter_, refine_start_ : list of int
-        With ``refine="kmeans"``, per restart: the refinement's exchanges (over all its starts)
+        With a k-means stage, per refined fit: the refinement's exchanges (over all its starts)
         and the index of the start whose refined partition was kept (0: the fit's partition).
+    graph_iter_ : list of int
+        With a graph stage, per refined fit: its exchanges.
     n_iter_ : int
         Rounds of the (first) fit (``n_rounds_``).
     n_features_in_ : list of int
@@ -354,6 +362,10 @@ default="auto"
                                  "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
         check_choice("early_stop", self.early_stop, STOPPING_RULES)
         check_choice("refine", self.refine, REFINE_RULES)
+        if self._dp() and refine_stages(self.refine, dp=True):
+            warnings.warn(f"refine={self.refine!r}: the clustering refinements read each client's exact view; their "
+                          "exchanges are not covered by the differential privacy of the fit (refine='auto' skips "
+                          "them under differential privacy)", UserWarning, stacklevel=3)
         check_choice("engine", self.engine, ENGINES)
         if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
@@ -362,8 +374,12 @@ default="auto"
         """The number of fits: ``n_init``, with ``"auto"`` resolved (5; 1 when no objective is reported)."""
         if self.n_init != "auto":
             return int(self.n_init)
-        no_objective = self.dp_epsilon is not None or self.dp_noise_multiplier is not None or not self.diagnostics
+        no_objective = self._dp() or not self.diagnostics
         return 1 if no_objective else AUTO_N_INIT
+
+    def _dp(self) -> bool:
+        """Whether the fits run with differential privacy."""
+        return self.dp_epsilon is not None or self.dp_noise_multiplier is not None
 
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
@@ -462,7 +478,7 @@ default="auto"
         best = choose_restart(self.restart_rule, partitions, results)
         refined = range(len(fits)) if best is None else [best]
         self.refine_iter_, self.refine_start_, self.graph_iter_ = [], [], []
-        stages = refine_stages(self.refine)
+        stages = refine_stages(self.refine, dp=self._dp())
         secure = bool(models[0].secure_aggregation)
         if "kmeans" in stages:
             exchange = self._refine_exchange(views, masks, secure=secure)
@@ -586,6 +602,13 @@ default="auto"
         else:
             labels, centers = partitions[best or 0], res.extra["cluster_centers"]
         self.n_components_ = r
+        # the kept run's refinement, as its ServerApp reported it (consensus: every run's)
+        stages = refine_stages(self.refine, dp=self._dp())
+        kept = [fits[best][0]] if best is not None else [f for f, _ in fits]
+        reports = [f.extra.get("clustering", {}) for f in kept]
+        self.refine_iter_ = [int(c.get("refine_iterations", 0)) for c in reports] if "kmeans" in stages else []
+        self.refine_start_ = [int(c.get("refine_start") or 0) for c in reports] if "kmeans" in stages else []
+        self.graph_iter_ = [int(c.get("graph_iterations", 0)) for c in reports] if "graph" in stages else []
         self.flower_run_dir_ = run_dir
         self.flower_view_paths_ = paths
         self.factorization_ = None

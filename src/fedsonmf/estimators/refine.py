@@ -55,16 +55,20 @@ __all__ = ["REFINE_RULES", "refine_stages", "refine_view", "scores_partitions", 
            "client_refine", "assign", "refine_partition", "refine_best"]
 
 #: FedMultiViewClustering's ``refine``: the stages run after the fit, in order -- "kmeans" (this
-#: module), "graph" (:mod:`fedsonmf.estimators.graph`), both (the default), or "none"
-REFINE_RULES = ("kmeans+graph", "kmeans", "graph", "none")
+#: module), "graph" (:mod:`fedsonmf.estimators.graph`), both, or "none"; "auto" (the default) is
+#: both, and none under differential privacy (the refinements read the exact views: no noise covers them)
+REFINE_RULES = ("auto", "kmeans+graph", "kmeans", "graph", "none")
 
 
-def refine_stages(rule: str) -> tuple[str, ...]:
+def refine_stages(rule: str, *, dp: bool = False) -> tuple[str, ...]:
     """The stages of a ``refine`` rule (a value of :data:`REFINE_RULES`), in order: ``("kmeans", "graph")``,
-    ``("kmeans",)``, ``("graph",)`` or ``()``; any other value is refused (a Flower run config's
+    ``("kmeans",)``, ``("graph",)`` or ``()``; ``"auto"`` is the first, or ``()`` when the fit runs
+    with differential privacy (``dp``).  Any other value is refused (a Flower run config's
     ``refine`` reaches the ServerApp unchecked)."""
     if rule not in REFINE_RULES:
         raise ParameterError(f"refine must be one of {', '.join(map(repr, REFINE_RULES))}, got {rule!r}")
+    if rule == "auto":
+        rule = "none" if dp else "kmeans+graph"
     return () if rule == "none" else tuple(rule.split("+"))
 
 

@@ -100,12 +100,13 @@ _TABLE = [
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
                                   "server's warm-started k-means on V gives the same assignment 5 rounds in a row "
                                   "(docs/speed.md); 'none' = tol only. Off when tol = 0 (all rounds run)."),
-    Param("refine", "kmeans+graph", "Last clustering steps: 'kmeans' = federated k-means on the row-normalised "
-                                    "views, started from the fit's partition (each client sends only distances); "
-                                    "'graph' = federated normalized-cut refinement on the clients' k-NN graphs of "
-                                    "their views (each client sends only neighbour counts per cluster); "
-                                    "'kmeans+graph' = both, in that order; 'none' = the partition of k-means on V "
-                                    "(docs/clustering.md)."),
+    Param("refine", "auto", "Last clustering steps: 'kmeans' = federated k-means on the row-normalised views, "
+                            "started from the fit's partition (each client sends only distances); 'graph' = "
+                            "federated normalized-cut refinement on the clients' k-NN graphs of their views (each "
+                            "client sends only neighbour counts per cluster); 'kmeans+graph' = both, in that "
+                            "order; 'none' = the partition of k-means on V; 'auto' = 'kmeans+graph', or 'none' "
+                            "under differential privacy, which does not cover the refinements "
+                            "(docs/clustering.md)."),
     Param("refine_starts", 10, "Starts of the refinement: the fit's partition and refine_starts - 1 partitions of "
                                "k-means on V; the refined one with the lowest score is kept, where only clients "
                                "with a dense view score (their k-means objective); with no dense view only the "

@@ -253,7 +253,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     try:
         steps = fclust.load_steps(clustering) if copts else None
         # the refinement stages, checked before any round (a run config's value is unchecked so far)
-        stages = steps.refine_stages(copts["refine"]) if copts and steps is not None else ()
+        stages = steps.refine_stages(copts["refine"], dp=cfg.dp_enabled) if copts and steps is not None else ()
         saved = ckpt.load_server_checkpoint(ckpt_dir) if bool(rc.get("resume", False)) else None
         if saved is not None and not str(rc.get("job-id", "") or ""):
             job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
