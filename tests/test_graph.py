@@ -24,16 +24,7 @@ from fedsonmf.estimators.graph import (
 from fedsonmf.estimators.refine import refine_stages
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
-
-
-def _views(seed=0, n_per=15, c=3):
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(c), n_per)
-    views = []
-    for d in (7, 5):
-        centers = rng.normal(size=(c, d)) * 2
-        views.append(centers[y] + rng.normal(size=(y.size, d)))  # signed, dense
-    return views, y
+from test_refine import _views  # the same planted dense, signed views
 
 
 def _exchange(graphs, c):

@@ -23,7 +23,7 @@ labels, each client returns its (n, c) matrix A_p Z (masked under secure aggrega
 decodes only the sum), the server reassigns. Started from the federated partition, it is a local
 search for the normalized cut the reference's spectral relaxation approximates: the factorisation
 gives the start (which, on text, the graph alone does not find: multi-view spectral clustering
-loses 15-30 points on BBCSport and Reuters), the graph moves the samples whose neighbourhoods
+loses 20-35 points on BBCSport and Reuters), the graph moves the samples whose neighbourhoods
 disagree with their cluster. The kernel is not positive semi-definite, so an iteration may raise
 the cut; the partition of lowest cut met is kept (the server computes the cut from L).
 
@@ -80,9 +80,8 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     k-th and (k+1)-th nearest neighbour at the same distance, as happens when most rows hold one
     or two nonzero entries (a citation list, a few tags) -- gets the empty graph, with a warning
     naming ``view``: which k of the tied samples are "nearest" would be the search's arbitrary
-    order, not the data (CiteSeer's citation view: 88 % of its samples; it costs 6-9 ACC points
-    when it takes part, docs/clustering.md).  The client then sends zeros: it sits the graph
-    refinement out.
+    order, not the data (CiteSeer's citation view: 88 % of its samples; what taking part costs:
+    docs/clustering.md).  The client then sends zeros: it sits the graph refinement out.
     """
     from sklearn.neighbors import NearestNeighbors
 

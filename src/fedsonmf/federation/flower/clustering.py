@@ -318,24 +318,36 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
 REFINE_SPEC = {"D": ("arrays", 0), "score": ("arrays", 0)}
 
 
-def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
-    """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
-    over the nodes, one ``refine`` message each (masked sums under secure aggregation)."""
+def _labels_exchange(transport, m: int, kind: str, spec: dict, n_clusters: int, secure: bool):
+    """``exchange(labels) -> {item: sum over the nodes}`` of the items of ``spec``: one ``kind``
+    message per node carrying the labels (masked sums under secure aggregation, at the public
+    scale of degree-0 items)."""
     from fedsonmf.federation import secagg
     from fedsonmf.federation.loop import exchange_sum, with_secagg
 
     count = [0]
 
-    def exchange(labels):
+    def exchange(labels) -> dict:
         count[0] += 1
-        msg = Message("refine", count[0], {"labels": np.asarray(labels, dtype=np.int64)},
-                      {"n_clusters": int(n_clusters)})
+        msg = Message(kind, count[0], {"labels": np.asarray(labels, dtype=np.int64)}, {"n_clusters": int(n_clusters)})
         if secure:
-            bits = secagg.server_bits(REFINE_SPEC, 0, 0.0, m)
+            bits = secagg.server_bits(spec, 0, 0.0, m)
             _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
-            return np.asarray(agg.sums["D"], dtype=np.float64), np.asarray(agg.sums["score"], dtype=np.float64)
+            return {key: np.asarray(agg.sums[key], dtype=np.float64) for key in spec}
         replies = transport.exchange([msg] * m)
-        return total([rep.arrays["D"] for rep in replies]), total([rep.arrays["score"] for rep in replies])
+        return {key: total([rep.arrays[key] for rep in replies]) for key in spec}
+
+    return exchange
+
+
+def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
+    """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
+    over the nodes, one ``refine`` message each (masked sums under secure aggregation)."""
+    sums = _labels_exchange(transport, m, "refine", REFINE_SPEC, n_clusters, secure)
+
+    def exchange(labels):
+        out = sums(labels)
+        return out["D"], out["score"]
 
     return exchange
 
@@ -350,22 +362,8 @@ GRAPH_SPEC = {"L": ("arrays", 0)}
 def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
     """The server's driver of the graph refinement: ``exchange(labels) -> sum_p A_p Z / n`` over the
     nodes, one ``graph`` message each (a masked sum under secure aggregation)."""
-    from fedsonmf.federation import secagg
-    from fedsonmf.federation.loop import exchange_sum, with_secagg
-
-    count = [0]
-
-    def exchange(labels):
-        count[0] += 1
-        msg = Message("graph", count[0], {"labels": np.asarray(labels, dtype=np.int64)},
-                      {"n_clusters": int(n_clusters)})
-        if secure:
-            bits = secagg.server_bits(GRAPH_SPEC, 0, 0.0, m)
-            _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
-            return np.asarray(agg.sums["L"], dtype=np.float64)
-        return total([rep.arrays["L"] for rep in transport.exchange([msg] * m)])
-
-    return exchange
+    sums = _labels_exchange(transport, m, "graph", GRAPH_SPEC, n_clusters, secure)
+    return lambda labels: sums(labels)["L"]
 
 
 def _graph_path(sdir: Path, p: int) -> Path:
