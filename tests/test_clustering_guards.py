@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering
 from fedsonmf.estimators.clustering_steps import prepare_view
@@ -66,6 +67,17 @@ def test_mostly_empty_rows_point_to_masks():
     with warnings.catch_warnings():  # the held rows only: nothing to flag
         warnings.simplefilter("error")
         prepare_view(X, preprocess="auto", n_components=3, view=0, held=np.arange(17, 40))
+
+
+def test_the_empty_rows_warning_says_what_measured_better_for_the_kind_of_view():
+    X = dense()
+    X[:8] = 0.0  # 20 %: the view stays dense (its mean sample holds most of its energy)
+    _, info = preprocess_view(X, "auto")
+    assert info["centered"] and "masks measured" in info["warnings"][0]
+    T = sp.random(40, 300, density=0.05, random_state=1, format="csr")
+    T = sp.csr_matrix(sp.diags((np.arange(40) >= 12).astype(float)) @ T)  # a text-like view, 30 % empty rows
+    _, info = preprocess_view(T, "auto")
+    assert not info["centered"] and "zero rows measured" in info["warnings"][0]
 
 
 def test_split_rule_makes_a_signed_view_nonnegative():
