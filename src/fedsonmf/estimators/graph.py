@@ -58,7 +58,7 @@ __all__ = ["MAX_TIED_SHARE", "graph_neighbors", "tied_share", "client_graph", "c
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
-#: above this share of samples with a tied k-th neighbour, a view's graph is left out (client_graph)
+#: above this share of chosen neighbours tied with the first left out, a view's graph is left out (client_graph)
 MAX_TIED_SHARE = 0.5
 
 
@@ -76,11 +76,11 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     default :func:`graph_neighbors`), then the graph is symmetrised (an edge if either side
     chose it).  All-zero rows and samples not held get no edges.
 
-    A view whose neighbourhoods are decided by ties -- more than half of its samples have their
-    k-th and (k+1)-th nearest neighbour at the same distance, as happens when most rows hold one
+    A view whose neighbourhoods are decided by ties -- more than half of its graph's chosen
+    neighbours are at the distance of the first neighbour left out, so which of them are
+    "nearest" is the search's arbitrary order, not the data, as happens when most rows hold one
     or two nonzero entries (a citation list, a few tags) -- gets the empty graph, with a warning
-    naming ``view``: which k of the tied samples are "nearest" would be the search's arbitrary
-    order, not the data (CiteSeer's citation view: 88 % of its samples; what taking part costs:
+    naming ``view`` (CiteSeer's citation view: 58 % of its edges; what taking part costs:
     docs/clustering.md).  The client then sends zeros: it sits the graph refinement out.
     """
     from sklearn.neighbors import NearestNeighbors
@@ -93,16 +93,16 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     if k < 1:
         return sp.csr_array((n, n), dtype=np.float64)
     # kneighbors() without a query: each point's neighbours other than itself, duplicates included;
-    # one more than k to see whether the k-th is tied with the next
+    # one more than k to see which of the k chosen are tied with the first one left out
     extra = int(k + 1 <= present.size - 1)
     nn = NearestNeighbors(n_neighbors=k + extra).fit(Y[present])
     dist, idx = nn.kneighbors()
-    if extra and tied_share(dist[:, k - 1], dist[:, k]) > MAX_TIED_SHARE:
+    share = tied_share(dist[:, :k], dist[:, k]) if extra else 0.0
+    if share > MAX_TIED_SHARE:
         name = "a view" if view is None else f"view {view}"
-        warnings.warn(f"{name}: {100 * tied_share(dist[:, k - 1], dist[:, k]):.0f} % of its samples have their "
-                      f"{k}-th and {k + 1}-th nearest neighbours at the same distance (too few nonzero features "
-                      "per sample to rank neighbours); it sits out of the graph refinement", UserWarning,
-                      stacklevel=2)
+        warnings.warn(f"{name}: {100 * share:.0f} % of its samples' {k} nearest neighbours tie with the {k + 1}-th, "
+                      "so the view does not rank its samples' neighbours (too few, or too alike, nonzero patterns); "
+                      "it sits out of the graph refinement", UserWarning, stacklevel=2)
         return sp.csr_array((n, n), dtype=np.float64)
     idx = idx[:, :k]
     rows = np.repeat(present, k)
@@ -112,11 +112,13 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     return sp.csr_array(A)
 
 
-def tied_share(kth, next_) -> float:
-    """The share of samples whose k-th and (k+1)-th neighbour distances (unit rows, so at most 2)
-    agree to 1e-9: a neighbour set chosen among ties."""
-    kth, next_ = np.asarray(kth, dtype=np.float64), np.asarray(next_, dtype=np.float64)
-    return float(np.mean(np.abs(next_ - kth) <= 1e-9)) if kth.size else 0.0
+def tied_share(chosen, left_out) -> float:
+    """The share of the chosen neighbours that are arbitrary picks among ties: ``chosen`` (n, k)
+    the distances of every sample's k nearest (ascending; unit rows, so at most 2), ``left_out``
+    (n,) the distance of its (k+1)-th; a chosen neighbour at the left-out one's distance (to 1e-9)
+    was picked by the search's order, not by the data."""
+    chosen, left_out = np.asarray(chosen, dtype=np.float64), np.asarray(left_out, dtype=np.float64)
+    return float(np.mean(chosen >= left_out[:, None] - 1e-9)) if chosen.size else 0.0
 
 
 def _indicator(labels, n_clusters: int) -> sp.csr_array:
