@@ -162,6 +162,13 @@ def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit
     with pytest.raises(ProtocolError, match="graph labels"):
         fclust.node_graph(Message("graph", 2, {"labels": np.zeros(5, dtype=np.int64)}, {"n_clusters": 2}),
                           X, tmp_path, None, 0, clustering_steps, secure=False)
+    for bad in (np.full(12, 2), np.full(12, -1)):  # a label outside the clusters: named, not a scipy traceback
+        with pytest.raises(ProtocolError, match="outside 0..1"):
+            fclust.node_graph(Message("graph", 3, {"labels": bad}, {"n_clusters": 2}), X, tmp_path, None, 0,
+                              clustering_steps, secure=False)
+        with pytest.raises(ProtocolError, match="outside 0..1"):
+            fclust.node_refine(Message("refine", 3, {"labels": bad}, {"n_clusters": 2}), X, None, 0,
+                               clustering_steps, secure=False)
 
 
 def test_a_view_whose_neighbours_are_ties_sits_out_with_a_warning():

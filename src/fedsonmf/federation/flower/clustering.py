@@ -288,18 +288,20 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, index, graph_iters, error = 0, None, 0, None
+    iters, index, graph_iters, error, refined = 0, None, 0, None, False
     try:
         if refine is not None:
             starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
                                          normalize_embedding=opts["normalize_embedding"],
                                          kmeans_max_iter=opts["kmeans_max_iter"])
             labels, iters, index = steps.refine_best(starts, refine)
+            refined = True
         if graph is not None:
             labels, graph_iters, _ = steps.graph_refine(labels, graph, opts["n_clusters"])
+            refined = True
     except FederationError as exc:  # a node lost during a refinement: the partition reached stands
         error = f"{type(exc).__name__}: {exc}"
-    if refine is not None or graph is not None:
+    if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
         centers = steps.embedding_centers(V, labels, opts["n_clusters"],
                                           normalize_embedding=opts["normalize_embedding"])
     write_labels_csv(out / "labels.csv", labels)
@@ -366,6 +368,17 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
     return lambda labels: sums(labels)["L"]
 
 
+def _request_labels(msg: Message, X, p: int, what: str) -> tuple[np.ndarray, int]:
+    """The labels (n,) and cluster count of a refinement request, checked against this node's view."""
+    labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
+    c = int(msg.scalars["n_clusters"])
+    if labels.shape != (X.shape[0],):
+        raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    if c < 1 or (labels.size and (labels.min() < 0 or labels.max() >= c)):
+        raise ProtocolError(f"client {p}: {what} labels outside 0..{c - 1}")
+    return labels, c
+
+
 def _graph_path(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"graph-{int(p)}.npz"
 
@@ -379,9 +392,7 @@ def node_graph(msg: Message, X, sdir: Path, state, p: int, steps, *, secure: boo
 
     from fedsonmf.federation import secagg
 
-    labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
-    if labels.shape != (X.shape[0],):
-        raise ProtocolError(f"client {p}: graph labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    labels, c = _request_labels(msg, X, p, "graph")
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     path = _graph_path(sdir, p)
@@ -389,7 +400,7 @@ def node_graph(msg: Message, X, sdir: Path, state, p: int, steps, *, secure: boo
     if A is None or A.shape != (X.shape[0], X.shape[0]):
         A = steps.graph_view(X, view=p)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
-    reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, int(msg.scalars["n_clusters"]))})
+    reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, c)})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, GRAPH_SPEC)
     return reply
@@ -402,11 +413,9 @@ def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Messa
     plain request is refused when ``secure``."""
     from fedsonmf.federation import secagg
 
-    labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
-    if labels.shape != (X.shape[0],):
-        raise ProtocolError(f"client {p}: refine labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    labels, c = _request_labels(msg, X, p, "refine")
     Y = steps.refine_view(X)
-    D, score = steps.refine_reply(Y, labels, int(msg.scalars["n_clusters"]), scores=steps.refine_scores(Y))
+    D, score = steps.refine_reply(Y, labels, c, scores=steps.refine_scores(Y))
     reply = Message("refine", msg.round, {"D": D, "score": score})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, REFINE_SPEC)
