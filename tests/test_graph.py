@@ -153,18 +153,21 @@ def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit
     X = np.random.default_rng(0).random((12, 3))
     msg = Message("graph", 1, {"labels": np.repeat([0, 1], 6)}, {"n_clusters": 2})
     with pytest.raises(ProtocolError, match="masked only"):
-        fclust.node_graph(msg, X, tmp_path, None, 0, clustering_steps, secure=True)
+        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=True)
     assert not (tmp_path / "graph-0.npz").exists()  # refused before anything is computed
-    plain = fclust.node_graph(msg, X, tmp_path, None, 0, clustering_steps, secure=False)
+    plain = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
     assert set(plain.arrays) == {"L"}
     assert np.allclose(plain.arrays["L"], client_links(client_graph(X), msg.arrays["labels"], 2))
     assert stat.S_IMODE(os.stat(tmp_path / "graph-0.npz").st_mode) == 0o600
+    reads = []
+    again = fclust.node_graph(msg, lambda: reads.append(1) or X, tmp_path, None, 0, clustering_steps, secure=False)
+    assert reads == [] and np.array_equal(again.arrays["L"], plain.arrays["L"])  # the kept graph: no re-read
     with pytest.raises(ProtocolError, match="graph labels"):
         fclust.node_graph(Message("graph", 2, {"labels": np.zeros(5, dtype=np.int64)}, {"n_clusters": 2}),
-                          X, tmp_path, None, 0, clustering_steps, secure=False)
+                          lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
     for bad in (np.full(12, 2), np.full(12, -1)):  # a label outside the clusters: named, not a scipy traceback
         with pytest.raises(ProtocolError, match="outside 0..1"):
-            fclust.node_graph(Message("graph", 3, {"labels": bad}, {"n_clusters": 2}), X, tmp_path, None, 0,
+            fclust.node_graph(Message("graph", 3, {"labels": bad}, {"n_clusters": 2}), lambda: X, tmp_path, None, 0,
                               clustering_steps, secure=False)
         with pytest.raises(ProtocolError, match="outside 0..1"):
             fclust.node_refine(Message("refine", 3, {"labels": bad}, {"n_clusters": 2}), X, None, 0,

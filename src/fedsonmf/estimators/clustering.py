@@ -519,37 +519,24 @@ default="auto"
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed
         as the server sums them (the fixed-point sum of secure aggregation when it is on)."""
-        n = views[0].shape[0]
-        held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
+        held = _held_samples(views, masks)
         rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
         scores = [scores_partitions(Y, held=h) for Y, h in zip(rviews, held)]  # each client from its own view
 
         def exchange(labels):
             replies = [client_refine(Y, labels, self.n_clusters, held=h, scores=sc)
                        for Y, h, sc in zip(rviews, held, scores)]
-            Ds, Ss = [D for D, _ in replies], [S for _, S in replies]
-            if secure and len(Ds) > 1:
-                from fedsonmf.federation.secagg import fixed_point_sum
-
-                return fixed_point_sum(Ds, degree=0), fixed_point_sum(Ss, degree=0)
-            return total(Ds), total(Ss)
+            return (_server_sum([D for D, _ in replies], secure), _server_sum([S for _, S in replies], secure))
 
         return exchange
 
     def _graph_exchange(self, views, masks, secure: bool):
         """The in-process driver of the graph refinement: each client's neighbour counts A_p Z / n from
         its own k-NN graph (built once, on the client), summed as the server sums them."""
-        n = views[0].shape[0]
-        held = [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
-        graphs = [graph_view(X, held=h, view=p) for p, (X, h) in enumerate(zip(views, held))]
+        graphs = [graph_view(X, held=h, view=p) for p, (X, h) in enumerate(zip(views, _held_samples(views, masks)))]
 
-        def exchange(labels):
-            links = [graph_reply(A, labels, self.n_clusters) for A in graphs]
-            if secure and len(links) > 1:
-                from fedsonmf.federation.secagg import fixed_point_sum
-
-                return fixed_point_sum(links, degree=0, exp=0)  # the Flower exchange's public scale
-            return total(links)
+        def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
+            return _server_sum([graph_reply(A, labels, self.n_clusters) for A in graphs], secure, exp=0)
 
         return exchange
 
@@ -705,6 +692,23 @@ default="auto"
         tags.input_tags.sparse = True
         tags.transformer_tags.preserves_dtype = ["float64"]
         return tags
+
+
+def _held_samples(views, masks) -> list:
+    """Per client, the sample ids it holds (None: all of them)."""
+    n = views[0].shape[0]
+    return [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
+
+
+def _server_sum(items, secure: bool, exp: int | None = None):
+    """The sum of the clients' degree-0 uploads as the server decodes it: the fixed-point sum of
+    secure aggregation when it is on (at the public exponent ``exp`` when given, else each upload's
+    own), else the plain sum."""
+    if secure and len(items) > 1:
+        from fedsonmf.federation.secagg import fixed_point_sum
+
+        return fixed_point_sum(items, degree=0, exp=exp)
+    return total(items)
 
 
 def _composed_privacy(reports: list) -> dict | None:

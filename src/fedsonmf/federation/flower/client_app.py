@@ -282,8 +282,8 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             steps = fclust.load_steps(clustering)
             if fed_msg.kind == "refine":  # distances from the raw view
                 reply = fclust.node_refine(fed_msg, _read(Path(_data_path(context))), state, p, steps, secure=secure)
-            elif fed_msg.kind == "graph":  # neighbour counts from the raw view's k-NN graph
-                reply = fclust.node_graph(fed_msg, _read(Path(_data_path(context))), sdir, state, p, steps,
+            elif fed_msg.kind == "graph":  # neighbour counts from the raw view's k-NN graph (read once, to build it)
+                reply = fclust.node_graph(fed_msg, lambda: _read(Path(_data_path(context))), sdir, state, p, steps,
                                           secure=secure)
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)

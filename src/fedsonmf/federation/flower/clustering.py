@@ -36,7 +36,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -368,12 +370,12 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
     return lambda labels: sums(labels)["L"]
 
 
-def _request_labels(msg: Message, X, p: int, what: str) -> tuple[np.ndarray, int]:
-    """The labels (n,) and cluster count of a refinement request, checked against this node's view."""
+def _request_labels(msg: Message, n: int, p: int, what: str) -> tuple[np.ndarray, int]:
+    """The labels (n,) and cluster count of a refinement request, checked against this node's ``n`` samples."""
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
     c = int(msg.scalars["n_clusters"])
-    if labels.shape != (X.shape[0],):
-        raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {X.shape[0]} samples")
+    if labels.shape != (n,):
+        raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {n} samples")
     if c < 1 or (labels.size and (labels.min() < 0 or labels.max() >= c)):
         raise ProtocolError(f"client {p}: {what} labels outside 0..{c - 1}")
     return labels, c
@@ -383,21 +385,29 @@ def _graph_path(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"graph-{int(p)}.npz"
 
 
-def node_graph(msg: Message, X, sdir: Path, state, p: int, steps, *, secure: bool) -> Message:
+def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, steps, *,
+               secure: bool) -> Message:
     """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
-    its own raw view ``X`` (n, d_p), built at the first exchange of the job and kept in the node's
-    state folder (``graph-<p>.npz``, mode 0600; it never leaves the node), masked with the pair keys
-    of the fit's ``state`` when the request is masked; a plain request is refused when ``secure``."""
+    its own raw view (``read_view()``: (n, d_p)), built at the first exchange of the job and kept in
+    the node's state folder (``graph-<p>.npz``, mode 0600; it never leaves the node; dropped when the
+    job's view is prepared again), so the view is read only then; masked with the pair keys of the
+    fit's ``state`` when the request is masked; a plain request is refused when ``secure``."""
     import scipy.sparse as sp
 
     from fedsonmf.federation import secagg
 
-    labels, c = _request_labels(msg, X, p, "graph")
+    path = _graph_path(sdir, p)
+    A, X = None, None
+    if path.is_file():
+        A = sp.csr_array(sp.load_npz(path))
+        n = A.shape[0]
+    else:
+        X = read_view()
+        n = X.shape[0]
+    labels, c = _request_labels(msg, int(n), p, "graph")
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
-    path = _graph_path(sdir, p)
-    A = sp.csr_array(sp.load_npz(path)) if path.is_file() else None
-    if A is None or A.shape != (X.shape[0], X.shape[0]):
+    if A is None:
         A = steps.graph_view(X, view=p)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, c)})
@@ -413,7 +423,7 @@ def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Messa
     plain request is refused when ``secure``."""
     from fedsonmf.federation import secagg
 
-    labels, c = _request_labels(msg, X, p, "refine")
+    labels, c = _request_labels(msg, X.shape[0], p, "refine")
     Y = steps.refine_view(X)
     D, score = steps.refine_reply(Y, labels, c, scores=steps.refine_scores(Y))
     reply = Message("refine", msg.round, {"D": D, "score": score})
