@@ -46,3 +46,29 @@ def test_float32_input_stays_float32_and_is_close_to_float64(sparse):
     assert b.V.dtype == np.float64
     assert np.linalg.norm(a.V - b.V) <= 1e-4 * np.linalg.norm(a.V)
     np.testing.assert_allclose(b.history.column("objective"), a.history.column("objective"), rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_mostly_zero_dense_view_is_stored_sparse_and_fits_as_its_sparse_copy(dtype):
+    """Word counts or an adjacency list saved as a full array: the fit stores it CSC (the products
+    are several times faster) and gives exactly the V of the same matrix given sparse; the Flower
+    node's re-read (as_internal_view) stores it the same way."""
+    from fedsonmf._validation import SPARSE_STORAGE_DENSITY, as_internal_view, check_views
+
+    rng = np.random.default_rng(0)
+    S = [sp.random(120, 60, density=0.03, format="csr", random_state=s, dtype=dtype) for s in range(2)]
+    D = [X.toarray() for X in S]
+    internal = check_views(D, 3)
+    assert all(sp.issparse(X) and X.format == "csc" and X.dtype == dtype for X in internal)
+    for X, I in zip(D, internal):
+        np.testing.assert_array_equal(I.toarray(), X.T)
+        R = as_internal_view(X)
+        assert sp.issparse(R) and R.format == "csc" and np.array_equal(R.toarray(), X.T)
+    kw = dict(max_rounds=6, tol=0, random_state=2)
+    np.testing.assert_array_equal(federated_sonmf(D, 3, **kw).V, federated_sonmf(S, 3, **kw).V)
+    # just above the line: the transposed array, no copy
+    X = np.zeros((100, 10))
+    X.flat[rng.choice(X.size, int(SPARSE_STORAGE_DENSITY * X.size) + 1, replace=False)] = 1.0
+    (Xt,) = check_views([X], 3)
+    assert isinstance(Xt, np.ndarray) and np.shares_memory(Xt, X)
+    assert isinstance(as_internal_view(X), np.ndarray)

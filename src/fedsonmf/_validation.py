@@ -36,6 +36,12 @@ __all__ = [
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
+#: a dense view with at most this share of nonzero entries is stored sparse (CSC) for the fit: the
+#: two products with it (``fedsonmf.core._linalg``) were 3.6-7x faster at 5 % nonzeros, 1.8-3.9x at
+#: 10 % and level at 20 % (r = 14..200, one core; benchmarks/bench_storage.py), and the result is
+#: the same up to rounding.  Word counts and adjacency lists saved as full arrays (Cora, CiteSeer, 3Sources in
+#: their .mat files) are the case.
+SPARSE_STORAGE_DENSITY = 0.05
 
 
 # ----------------------------------------------------------------------------- scalars
@@ -410,8 +416,9 @@ def check_views(Xs, n_components: int | None = None) -> list:
     """Validate views given as (n_samples, d_p) and return them as (d_p, n).
 
     Dense views become transposed ndarrays (no copy for float32/float64
-    input); sparse views (every scipy.sparse format, matrices and arrays)
-    become CSC matrices (no copy for CSR input).  float32 is kept, every other
+    input) -- unless at most :data:`SPARSE_STORAGE_DENSITY` of their entries
+    are nonzero, then CSC like sparse ones; sparse views (every scipy.sparse
+    format, matrices and arrays) become CSC matrices (no copy for CSR input).  float32 is kept, every other
     real dtype becomes float64 (see ``fedsonmf.core._linalg``).  Negative
     entries are valid (only U and V are constrained).  Refused with an
     :class:`InputError` naming the view: non-2-D, complex/object/string
@@ -444,8 +451,19 @@ def check_views(Xs, n_components: int | None = None) -> list:
                 f"n_components={n_components} is larger than view {p}'s number of features ({d}); "
                 "a nonnegative orthonormal basis needs n_features >= n_components"
             )
-        out.append(M.T.tocsc() if sp.issparse(M) else M.T)
+        out.append(_internal(M, int(nz)))
     return out
+
+
+def _internal(M, nz: int | None = None):
+    """(n, d_p) -> the internal (d_p, n) view: CSC for sparse input and for a dense array of at most
+    :data:`SPARSE_STORAGE_DENSITY` nonzeros, else the transposed array (no copy)."""
+    if sp.issparse(M):
+        return M.T.tocsc()
+    count = int(np.count_nonzero(M)) if nz is None else nz
+    if count <= SPARSE_STORAGE_DENSITY * M.size:
+        return sp.csr_array(M).T.tocsc()
+    return M.T
 
 
 def as_internal_view(X):
@@ -453,11 +471,12 @@ def as_internal_view(X):
 
     For data that was validated before (a Flower node re-reading the view file it
     validated in an earlier round): the same dtype rule (float32 kept, else
-    float64) and layout (CSC for sparse, the transposed array for dense).
+    float64) and layout (CSC for sparse and mostly-zero dense views, the transposed array for
+    other dense ones).
     """
     if sp.issparse(X):
         X = X if X.format in ("csr", "csc") else X.tocsr()
         X = X.astype(np.float32 if X.dtype == np.float32 else np.float64, copy=False)
         return X.T.tocsc()
     A = np.asarray(X)
-    return A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False).T
+    return _internal(A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False))
