@@ -174,19 +174,55 @@ def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit
                                clustering_steps, secure=False)
 
 
-def test_a_view_whose_neighbours_are_ties_sits_out_with_a_warning():
-    """Rows with one nonzero each (a few tags): every sample's k-th and (k+1)-th neighbours tie,
-    so the client's graph is empty and the graph stage leaves the partition as the k-means one."""
+def test_tied_neighbours_share_the_weight_and_no_edge_is_the_searchs_pick():
+    """Rows with one nonzero each (a few tags): a sample's nearest are all the samples of its tag,
+    tied; each of them gets k / (their number), a sample of another tag nothing, and every sample
+    gives out exactly k before the graph is symmetrised."""
     rng = np.random.default_rng(3)
-    n = 60
-    tags = sp.csr_matrix((np.ones(n), (np.arange(n), rng.integers(0, 4, size=n))), shape=(n, 4))
-    with pytest.warns(UserWarning, match="view 1: .* sits out of the graph refinement"):
-        A = client_graph(tags, view=1)
-    assert A.shape == (n, n) and A.nnz == 0
+    n, k = 60, 10
+    tag = rng.integers(0, 4, size=n)
+    tags = sp.csr_matrix((np.ones(n), (np.arange(n), tag)), shape=(n, 4))
+    A = client_graph(tags, n_neighbors=k).toarray()
+    same = (tag[:, None] == tag[None, :]) & ~np.eye(n, dtype=bool)
+    group = same.sum(axis=1)
+    assert np.array_equal(A > 0, same)  # every other sample of its tag, none of another
+    share = np.minimum(1.0, k / group)  # a tag of at most k others: all of them, weight 1
+    np.testing.assert_allclose(A[same], np.maximum(share[:, None], share[None, :])[same])
     labels = rng.integers(0, 3, size=n)
-    assert np.array_equal(graph_refine(labels, _exchange([A], 3), 3)[0], labels)
+    G = sp.csr_array(A)
+    moved = graph_refine(labels, _exchange([G], 3), 3)[0]
+    assert normalized_cut(client_links(G, moved, 3), moved, 3) <= normalized_cut(client_links(G, labels, 3), labels, 3)
     views, _ = _views()
-    assert client_graph(views[0]).nnz > 0  # continuous features: no ties
+    assert set(np.unique(client_graph(views[0]).toarray())) <= {0.0, 1.0}  # continuous features: no ties
+
+
+def test_a_sample_tied_with_crowds_keeps_only_its_strictly_nearer_neighbours():
+    from fedsonmf.estimators.graph import MAX_TIE_GROUP
+
+    n, k = 100, 10
+    assert client_graph(np.ones((n, 3)), n_neighbors=k).nnz == 0  # a constant view: one tie of n - 1
+    X = np.ones((n, 2))
+    X[:3, 1] = 2.0  # three samples alike, the other 97 alike
+    A = client_graph(X, n_neighbors=4).toarray()
+    # sample 0: samples 1, 2 strictly nearer, then 97 tied (> MAX_TIE_GROUP x 4): only 1 and 2 kept;
+    # sample 3: 96 tied at similarity 1 and none nearer: no edge at all
+    assert 97 > 96 > MAX_TIE_GROUP * 4
+    np.testing.assert_array_equal(A[:3, :3], 1.0 - np.eye(3))
+    assert not A[3:].any() and not A[:, 3:].any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_graph_does_not_depend_on_the_order_of_the_samples(seed):
+    """Small integer features: many exact ties. Permuting the samples permutes the graph."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(15, 50))
+    X = rng.integers(0, 3, size=(n, int(rng.integers(2, 6)))).astype(float)
+    perm = rng.permutation(n)
+    A = client_graph(X, n_neighbors=5).toarray()
+    B = client_graph(X[perm], n_neighbors=5).toarray()
+    np.testing.assert_allclose(B, A[np.ix_(perm, perm)], atol=1e-12)
+    assert np.allclose(A, A.T) and (A >= 0).all() and (A <= 1).all() and not np.diag(A).any()
 
 
 def test_no_refinement_reads_the_exact_views_under_differential_privacy_unless_asked():

@@ -27,9 +27,11 @@ loses 20-35 points on BBCSport and Reuters), the graph moves the samples whose n
 disagree with their cluster. The kernel is not positive semi-definite, so an iteration may raise
 the cut; the partition of lowest cut met is kept (the server computes the cut from L).
 
-The graph: per client, the symmetric 0/1 k-NN graph of its samples scaled to unit l2 norm
-(nearest by cosine), k = max(10, round(log2 n)) -- the reference's graph, built by the client on
-its own view and never sent; with masks only the held samples have edges. A client sends
+The graph: per client, the symmetric k-NN graph of its samples scaled to unit l2 norm (nearest
+by cosine), k = max(10, round(log2 n)) -- the reference's graph, built by the client on its own
+view and never sent; with masks only the held samples have edges. Where neighbours tie (sparse
+rows of one or two entries, duplicated rows) the tied ones share the weight of the edges left
+(:func:`client_graph`), so no edge is an arbitrary pick of the search. A client sends
 ``A_p Z / n`` (entries at most 1, the public bound of the fixed point); the common factor 1/n
 changes no assignment.
 
@@ -45,7 +47,6 @@ Pure functions over arrays, called by the in-process estimator and by the Flower
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -53,13 +54,16 @@ import scipy.sparse as sp
 
 from fedsonmf.estimators.refine import refine_view
 
-__all__ = ["MAX_TIED_SHARE", "graph_neighbors", "tied_share", "client_graph", "client_links", "graph_assign",
+__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "graph_assign",
            "normalized_cut", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
-#: above this share of chosen neighbours tied with the first left out, a view's graph is left out (client_graph)
-MAX_TIED_SHARE = 0.5
+#: a sample whose neighbours tied at its k-th similarity are more than this many times k keeps only
+#: the strictly nearer ones (client_graph)
+MAX_TIE_GROUP = 3
+#: cosine similarities within this of the k-th one are ties (unit rows: similarities are at most 1)
+TIE_TOLERANCE = 1e-9
 
 
 def graph_neighbors(n_samples: int) -> int:
@@ -69,56 +73,55 @@ def graph_neighbors(n_samples: int) -> int:
 
 
 def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | None = None) -> sp.csr_array:
-    """A client's neighbourhood graph of its own view: (n, n) symmetric 0/1, CSR.
+    """A client's neighbourhood graph of its own view: (n, n) symmetric, weights in (0, 1], CSR.
 
     Every held sample (a row of ``X``, (n, d_p), dense or sparse) is scaled to unit l2 norm and
-    joined to its ``n_neighbors`` nearest held samples (Euclidean on unit rows: the cosine order;
-    default :func:`graph_neighbors`), then the graph is symmetrised (an edge if either side
-    chose it).  All-zero rows and samples not held get no edges.
+    joined to its ``n_neighbors`` = k nearest held samples by cosine (default
+    :func:`graph_neighbors`); the graph is then symmetrised (the larger of the two directions).
+    All-zero rows and samples not held get no edges.
 
-    A view whose neighbourhoods are decided by ties -- more than half of its graph's chosen
-    neighbours are at the distance of the first neighbour left out, so which of them are
-    "nearest" is the search's arbitrary order, not the data, as happens when most rows hold one
-    or two nonzero entries (a citation list, a few tags) -- gets the empty graph, with a warning
-    naming ``view`` (CiteSeer's citation view: 58 % of its edges; what taking part costs:
-    docs/clustering.md).  The client then sends zeros: it sits the graph refinement out.
+    **Ties are shared, never broken by the search's order.** When several samples are at the
+    distance of the k-th nearest (rows of one or two nonzero entries -- a citation list, a few
+    tags -- or duplicated rows), the strictly nearer ones get weight 1 and the tied ones share
+    the remaining weight equally: the graph is the expectation of the 0/1 k-NN graph over a
+    uniformly random order among ties, so it does not depend on the order of the samples.
+    Without ties it is the 0/1 k-NN graph. A sample whose tied group is larger than
+    :data:`MAX_TIE_GROUP` x k keeps only its strictly nearer neighbours: its share would be below
+    1/3 of an edge per tied sample (no neighbourhood to speak of, e.g. a sample that shares no
+    feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
+
+    ``view`` is accepted for symmetry with the other client steps (error messages).
     """
-    from sklearn.neighbors import NearestNeighbors
-
+    del view
     Y = refine_view(X, held=held)
     n = Y.shape[0]
     sq = np.asarray(Y.multiply(Y).sum(axis=1)).ravel() if sp.issparse(Y) else np.einsum("ij,ij->i", Y, Y)
     present = np.flatnonzero(sq > 0)
-    k = min(int(n_neighbors) if n_neighbors is not None else graph_neighbors(n), present.size - 1)
+    m = present.size
+    k = min(int(n_neighbors) if n_neighbors is not None else graph_neighbors(n), m - 1)
     if k < 1:
         return sp.csr_array((n, n), dtype=np.float64)
-    # kneighbors() without a query: each point's neighbours other than itself, duplicates included;
-    # one more than k to see which of the k chosen are tied with the first one left out
-    extra = int(k + 1 <= present.size - 1)
-    nn = NearestNeighbors(n_neighbors=k + extra).fit(Y[present])
-    dist, idx = nn.kneighbors()
-    share = tied_share(dist[:, :k], dist[:, k]) if extra else 0.0
-    if share > MAX_TIED_SHARE:
-        name = "a view" if view is None else f"view {view}"
-        warnings.warn(f"{name}: {100 * share:.0f} % of its samples' {k} nearest neighbours tie with the {k + 1}-th, "
-                      "so the view does not rank its samples' neighbours (too few, or too alike, nonzero patterns); "
-                      "it sits out of the graph refinement", UserWarning, stacklevel=2)
-        return sp.csr_array((n, n), dtype=np.float64)
-    idx = idx[:, :k]
-    rows = np.repeat(present, k)
-    cols = present[idx.ravel()]
-    A = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, n))
-    A = ((A + A.T) > 0).astype(np.float64)
-    return sp.csr_array(A)
-
-
-def tied_share(chosen, left_out) -> float:
-    """The share of the chosen neighbours that are arbitrary picks among ties: ``chosen`` (n, k)
-    the distances of every sample's k nearest (ascending; unit rows, so at most 2), ``left_out``
-    (n,) the distance of its (k+1)-th; a chosen neighbour at the left-out one's distance (to 1e-9)
-    was picked by the search's order, not by the data."""
-    chosen, left_out = np.asarray(chosen, dtype=np.float64), np.asarray(left_out, dtype=np.float64)
-    return float(np.mean(chosen >= left_out[:, None] - 1e-9)) if chosen.size else 0.0
+    P = sp.csr_array(Y[present]) if sp.issparse(Y) else np.ascontiguousarray(Y[present], dtype=np.float64)
+    rows, cols, weights = [], [], []
+    chunk = max(1, (1 << 22) // m)  # 32 MB of similarities at a time
+    for lo in range(0, m, chunk):
+        hi = min(m, lo + chunk)
+        S = P[lo:hi] @ P.T
+        S = np.asarray(S.toarray() if sp.issparse(S) else S, dtype=np.float64)
+        S[np.arange(hi - lo), np.arange(lo, hi)] = -np.inf  # not its own neighbour
+        kth = np.partition(S, m - k, axis=1)[:, m - k]  # the k-th largest similarity of each row
+        strict = S > kth[:, None] + TIE_TOLERANCE
+        tied = ~strict & (S >= kth[:, None] - TIE_TOLERANCE)
+        n_strict, n_tied = strict.sum(axis=1), tied.sum(axis=1)
+        share = (k - n_strict) / n_tied
+        share[n_tied > MAX_TIE_GROUP * k] = 0.0
+        W = strict + tied * share[:, None]
+        r, q = np.nonzero(W)
+        rows.append(present[lo + r])
+        cols.append(present[q])
+        weights.append(W[r, q])
+    A = sp.csr_array((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    return sp.csr_array(A.maximum(A.T))
 
 
 def _indicator(labels, n_clusters: int) -> sp.csr_array:
