@@ -60,8 +60,8 @@ def test_a_mostly_zero_dense_view_is_stored_sparse_and_fits_as_its_sparse_copy(d
     D = [X.toarray() for X in S]
     internal = check_views(D, 3)
     assert all(sp.issparse(X) and X.format == "csc" and X.dtype == dtype for X in internal)
-    for X, I in zip(D, internal):
-        np.testing.assert_array_equal(I.toarray(), X.T)
+    for X, Xi in zip(D, internal):
+        np.testing.assert_array_equal(Xi.toarray(), X.T)
         R = as_internal_view(X)
         assert sp.issparse(R) and R.format == "csc" and np.array_equal(R.toarray(), X.T)
     kw = dict(max_rounds=6, tol=0, random_state=2)

@@ -106,8 +106,8 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     chunk = max(1, (1 << 22) // m)  # 32 MB of similarities at a time
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
-        S = P[lo:hi] @ P.T
-        S = np.asarray(S.toarray() if sp.issparse(S) else S, dtype=np.float64)
+        block = P[lo:hi] @ P.T
+        S = np.asarray(sp.csr_array(block).toarray() if sp.issparse(block) else block, dtype=np.float64)
         S[np.arange(hi - lo), np.arange(lo, hi)] = -np.inf  # not its own neighbour
         kth = np.partition(S, m - k, axis=1)[:, m - k]  # the k-th largest similarity of each row
         strict = S > kth[:, None] + TIE_TOLERANCE
