@@ -5,7 +5,12 @@ products with the view (``U^T X`` and ``X V^T``, :mod:`fedsonmf.core._linalg`) w
 kept as the transposed array and when it is stored CSC -- the choice
 :data:`fedsonmf._validation.SPARSE_STORAGE_DENSITY` makes -- and the ratio dense / sparse.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_storage.py [--out benchmarks/results/storage.json]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_storage.py [--out benchmarks/results/storage.json] \
+        [--fit FILE.mat ...]
+
+``--fit`` also times one clustering fit (``n_init=1``, the other defaults) of each data set with the
+rule and with every dense view kept dense (the line set to 0), alternating in one process, and
+says whether the two gave the same labels.
 """
 
 from __future__ import annotations
@@ -40,25 +45,57 @@ def seconds(f, reps: int = 5) -> float:
     return best
 
 
+def fit_both_ways(path: Path) -> dict:
+    """One fit of a data set with the storage rule and with every dense view kept dense."""
+    import warnings
+
+    import fedsonmf._validation as validation
+    from fedsonmf import FedMultiViewClustering
+    from fedsonmf.datasets.mat import load_mat
+
+    ds = load_mat(path)
+    c = int(np.unique(ds.labels).size)
+    density = [None if sp.issparse(X) else float(np.count_nonzero(X) / X.size) for X in ds.views]
+    out = {"data": path.stem, "dense_view_density": density}
+    labels = {}
+    for how, line in (("dense", 0.0), ("rule", SPARSE_STORAGE_DENSITY)):
+        validation.SPARSE_STORAGE_DENSITY = line
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = FedMultiViewClustering(c, n_init=1, random_state=0).fit(ds.views)
+        out[f"{how}_s"] = time.perf_counter() - t
+        labels[how] = m.labels_
+    validation.SPARSE_STORAGE_DENSITY = SPARSE_STORAGE_DENSITY
+    out["same_labels"] = bool(np.array_equal(labels["dense"], labels["rule"]))
+    print(f"{path.stem}: kept dense {out['dense_s']:.1f} s, the rule {out['rule_s']:.1f} s "
+          f"({out['dense_s'] / out['rule_s']:.1f}x), same labels: {out['same_labels']}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/storage.json")
+    ap.add_argument("--fit", type=Path, action="append", default=[], help="a .mat data set to fit both ways")
+    ap.add_argument("--skip-products", action="store_true")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rows = []
     print(f"line: stored sparse at <= {SPARSE_STORAGE_DENSITY:.0%} nonzeros")
     print(f"{'n':>6} {'d':>6} {'r':>4} {'density':>8} {'dense ms':>9} {'CSC ms':>8} {'dense/CSC':>9}")
-    for n, d, r in SHAPES:
+    for n, d, r in ([] if args.skip_products else SHAPES):
         for density in DENSITIES:
             X = (rng.random((n, d)) < density) * rng.random((n, d))
             dense, csc = X.T, sp.csr_array(X).T  # the two internal forms (d, n)
             U, V = rng.random((d, r)), rng.random((r, n))
-            td = seconds(lambda: (ut_x(U, dense), x_vt(dense, V)))
-            ts = seconds(lambda: (ut_x(U, csc), x_vt(csc, V)))
+            td = seconds(lambda U=U, V=V, X=dense: (ut_x(U, X), x_vt(X, V)))
+            ts = seconds(lambda U=U, V=V, X=csc: (ut_x(U, X), x_vt(X, V)))
             rows.append({"n": n, "d": d, "r": r, "density": density, "dense_s": td, "csc_s": ts, "ratio": td / ts})
             print(f"{n:>6} {d:>6} {r:>4} {density:>8.2f} {1e3 * td:>9.1f} {1e3 * ts:>8.1f} {td / ts:>9.1f}", flush=True)
+    fits = [fit_both_ways(path) for path in args.fit]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out, {"line": SPARSE_STORAGE_DENSITY, "cases": rows, "meta": meta(seeds=0)})
+    write_json_atomic(args.out, {"line": SPARSE_STORAGE_DENSITY, "cases": rows, "fits": fits,
+                                 "meta": meta(seeds=0, inputs=args.fit)})
     return 0
 
 
