@@ -90,7 +90,8 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     1/3 of an edge per tied sample (no neighbourhood to speak of, e.g. a sample that shares no
     feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
 
-    ``view`` is accepted for symmetry with the other client steps (error messages).
+    ``view`` (the view's index) stays in the signature the drivers call; no view is warned
+    about any more (before, a view of mostly ties sat out with a warning).
     """
     del view
     Y = refine_view(X, held=held)
@@ -103,7 +104,7 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
         return sp.csr_array((n, n), dtype=np.float64)
     P = sp.csr_array(Y[present]) if sp.issparse(Y) else np.ascontiguousarray(Y[present], dtype=np.float64)
     rows, cols, weights = [], [], []
-    chunk = max(1, (1 << 22) // m)  # 32 MB of similarities at a time
+    chunk = max(1, (1 << 22) // m)  # 32 MB of similarities at a time (a few such blocks live at once)
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         block = P[lo:hi] @ P.T
