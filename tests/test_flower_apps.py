@@ -511,3 +511,37 @@ def test_node_validates_and_hashes_its_view_once(tmp_path, problem, monkeypatch)
     np.save(path, np.asarray(views[0]) * 2.0)
     with pytest.raises(AssertionError):
         ca.view_facts(path, cache)
+
+
+def test_after_an_error_reply_the_other_replies_are_still_awaited(monkeypatch):
+    """A Flower 1.42 SuperNode that pulled its message waits for its reply before it pulls anything
+    else: if the run failed at the first error reply, a node whose task had not started yet would
+    never serve the next run. _push_pull keeps pulling the others (up to DRAIN_SECONDS)."""
+    from types import SimpleNamespace
+
+    from fedsonmf.federation.flower import transport
+
+    class Grid:
+        def __init__(self):
+            self.pulls = 0
+
+        def push_messages(self, msgs):
+            return ["a", "b", "c"][: len(msgs)]
+
+        def pull_messages(self, ids):
+            self.pulls += 1
+            def rep(mid, err):
+                return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid), has_error=lambda: err)
+            out = [rep("a", True)] if self.pulls == 1 else []  # client 0 fails at once
+            if self.pulls == 4:
+                out.append(rep("b", False))  # client 1 answers three pulls later
+            return [r for r in out if r.metadata.reply_to_message_id in ids]
+
+    monkeypatch.setattr(transport, "DRAIN_SECONDS", 1.0)
+    grid = Grid()
+    by_id, got, pending = transport._push_pull(grid, ["m0", "m1", "m2"], timeout=60.0, poll=0.0)
+    assert set(got) == {"a", "b"} and got["a"].has_error() and pending == {"c"}
+    monkeypatch.setattr(transport, "DRAIN_SECONDS", 0.0)  # the drain is bounded: client 2 never answers
+    grid = Grid()
+    _, got, pending = transport._push_pull(grid, ["m0", "m1", "m2"], timeout=60.0, poll=0.0)
+    assert set(got) == {"a"} and pending == {"b", "c"} and grid.pulls == 1

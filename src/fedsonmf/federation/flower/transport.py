@@ -123,10 +123,22 @@ def _error_text(rep: FlwrMessage) -> str:
     return f"error code {err.code}: {err.reason}"
 
 
+#: seconds the other clients' replies are still awaited after an error reply, before the run fails
+DRAIN_SECONDS = 30.0
+
+
 def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True):
     """Push ``msgs``; return ``(msgs_by_id, replies_by_id, missing_ids)``; stops at
     the first error reply (returned among the replies; unless ``stop_on_error``
-    is False) or at the timeout."""
+    is False) or at the timeout.
+
+    After an error reply the other replies are still awaited for up to :data:`DRAIN_SECONDS`
+    (the error is reported all the same). A Flower 1.42 SuperNode that has pulled its message
+    waits for that message's reply before it pulls anything else; if the run fails before the
+    node's ClientApp task starts, no reply ever comes and the node never serves another run
+    (measured: the deployment test after a raising client, "views [0] did not answer" in the next
+    run's handshake). Waiting lets every node finish its task while the run is still running.
+    """
     ids = list(grid.push_messages(msgs))
     by_id = dict(zip(ids, msgs))
     pending, got = set(ids), {}
@@ -138,7 +150,8 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
                 pending.discard(rid)
                 got[rid] = rep
         if stop_on_error and any(rep.has_error() for rep in got.values()):
-            break  # stop at once; the caller reports the lowest failing client of this batch
+            deadline = min(deadline, time.monotonic() + DRAIN_SECONDS)  # drain, then the caller reports
+            stop_on_error = False
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll)
