@@ -37,8 +37,8 @@ __all__ = [
 
 _REAL_KINDS = ("b", "i", "u", "f")
 #: a dense view with at most this share of nonzero entries is stored sparse (CSC) for the fit: the
-#: two products with it (``fedsonmf.core._linalg``) were 3.6-7x faster at 5 % nonzeros, 1.8-3.9x at
-#: 10 % and level at 20 % (r = 14..200, one core; benchmarks/bench_storage.py), and the result is
+#: two products with it (``fedsonmf.core._linalg``) were 3.7-7.5x faster at 5 % nonzeros, 2.0-3.7x at
+#: 10 % and 0.5-1.8x at 20 % (r = 14..200, one core; benchmarks/bench_storage.py), and the result is
 #: the same up to rounding.  Word counts and adjacency lists saved as full arrays (Cora, CiteSeer, 3Sources in
 #: their .mat files) are the case.
 SPARSE_STORAGE_DENSITY = 0.05
