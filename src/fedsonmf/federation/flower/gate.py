@@ -514,15 +514,8 @@ class Executor:
                     self.log(f"run {run.run_id}: ClientApp raised {details}")
                     reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
                                     reply_to=message)
-            # pushed even when the heartbeat says the run stopped: the SuperNode waits for this
-            # message's reply before it pulls anything else, and drops a reply to a run that is
-            # no longer running (docs/flower.md, "A SuperNode serves one message at a time")
-            try:
+            if not stopped.is_set():
                 push_message(client, reply, context)
-            except Exception as ex:  # noqa: BLE001 - a stopped task's token may already be gone
-                if not stopped.is_set():
-                    raise
-                self.log(f"run {run.run_id}: the run stopped; its reply was not taken ({_error_reason(ex)})")
         except Exception as ex:  # noqa: BLE001 - a broken task must not end the executor
             details = f"task failed: {_error_reason(ex)}"
             self.log(details)
