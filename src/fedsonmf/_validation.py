@@ -476,7 +476,6 @@ def as_internal_view(X):
     """
     if sp.issparse(X):
         X = X if X.format in ("csr", "csc") else X.tocsr()
-        X = X.astype(np.float32 if X.dtype == np.float32 else np.float64, copy=False)
-        return X.T.tocsc()
-    A = np.asarray(X)
-    return _internal(A.astype(np.float32 if A.dtype == np.float32 else np.float64, copy=False))
+    else:
+        X = np.asarray(X)
+    return _internal(X.astype(np.float32 if X.dtype == np.float32 else np.float64, copy=False))

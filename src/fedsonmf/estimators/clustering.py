@@ -533,7 +533,7 @@ default="auto"
     def _graph_exchange(self, views, masks, secure: bool):
         """The in-process driver of the graph refinement: each client's neighbour counts A_p Z / n from
         its own k-NN graph (built once, on the client), summed as the server sums them."""
-        graphs = [graph_view(X, held=h, view=p) for p, (X, h) in enumerate(zip(views, _held_samples(views, masks)))]
+        graphs = [graph_view(X, held=h) for X, h in zip(views, _held_samples(views, masks))]
 
         def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
             return _server_sum([graph_reply(A, labels, self.n_clusters) for A in graphs], secure, exp=0)

@@ -72,7 +72,7 @@ def graph_neighbors(n_samples: int) -> int:
     return int(max(1, min(max(MIN_NEIGHBORS, int(round(np.log2(max(n, 2))))), n - 1)))
 
 
-def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | None = None) -> sp.csr_array:
+def client_graph(X, held=None, n_neighbors: int | None = None) -> sp.csr_array:
     """A client's neighbourhood graph of its own view: (n, n) symmetric, weights in (0, 1], CSR.
 
     Every held sample (a row of ``X``, (n, d_p), dense or sparse) is scaled to unit l2 norm and
@@ -89,11 +89,7 @@ def client_graph(X, held=None, n_neighbors: int | None = None, *, view: int | No
     :data:`MAX_TIE_GROUP` x k keeps only its strictly nearer neighbours: its share would be below
     1/3 of an edge per tied sample (no neighbourhood to speak of, e.g. a sample that shares no
     feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
-
-    ``view`` (the view's index) stays in the signature the drivers call; no view is warned
-    about any more (before, a view of mostly ties sat out with a warning).
     """
-    del view
     Y = refine_view(X, held=held)
     n = Y.shape[0]
     sq = np.asarray(Y.multiply(Y).sum(axis=1)).ravel() if sp.issparse(Y) else np.einsum("ij,ij->i", Y, Y)

@@ -408,7 +408,7 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     if A is None:
-        A = steps.graph_view(X, view=p)
+        A = steps.graph_view(X)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, c)})
     if secagg.SECAGG_KEY in msg.scalars:
