@@ -68,7 +68,8 @@ def test_flower_entry_points_take_the_table_and_the_deployment_defaults():
         "rank": dd.RANK_RULE, "preprocess": default("preprocess"), "normalize_views": default("normalize_views"),
         "normalize_embedding": default("normalize_embedding"), "kmeans_n_init": default("kmeans_n_init"),
         "kmeans_max_iter": default("kmeans_max_iter"), "early_stop": default("early_stop"),
-        "refine": default("refine"), "refine_starts": default("refine_starts")}
+        "refine": default("refine"), "refine_starts": default("refine_starts"),
+        "refine_seeded_starts": default("refine_seeded_starts")}
 
 
 #: run-config key of the Flower app -> the parameter it carries
@@ -78,7 +79,7 @@ RUN_CONFIG_PARAMS = {
     "correction": "correction", "init-u": "init_u", "init-v": "init_v", "diagnostics": "diagnostics",
     "preprocess": "preprocess", "normalize-views": "normalize_views", "normalize-embedding": "normalize_embedding",
     "kmeans-n-init": "kmeans_n_init", "kmeans-max-iter": "kmeans_max_iter", "early-stop": "early_stop",
-    "refine": "refine", "refine-starts": "refine_starts",
+    "refine": "refine", "refine-starts": "refine_starts", "refine-seeded-starts": "refine_seeded_starts",
 }
 
 

@@ -18,7 +18,9 @@ from fedsonmf.estimators.refine import (
     refine_best,
     refine_partition,
     refine_view,
+    sample_distances,
     scores_partitions,
+    seeded_starts,
 )
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
@@ -104,6 +106,76 @@ def test_refine_best_keeps_the_lowest_score_and_stops_early_when_nobody_scores()
     assert iters0 == len(calls) // 2  # only the first start was refined
     with pytest.raises(ValueError):
         refine_best([], exchange)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 5))
+def test_sample_distances_are_the_pooled_squared_distances_to_those_samples(seed, c):
+    """Putting chosen samples each alone in a cluster turns the refinement's reply into their distances."""
+    rng = np.random.default_rng(seed)
+    views = [rng.normal(size=(12, 3)), sp.random(12, 6, density=0.5, random_state=seed, format="csr")]
+    Ys = [refine_view(X) for X in views]
+    ids = rng.integers(0, 12, size=7)  # repeats, and more than c - 1 of them
+    calls = []
+
+    def exchange(lab):
+        calls.append(lab)
+        return sum(client_distances(Y, lab, c) for Y in Ys), np.zeros(1)
+
+    D = sample_distances(exchange, ids, 12, c)
+    Z = np.hstack([Y.toarray() if sp.issparse(Y) else Y for Y in Ys])
+    np.testing.assert_allclose(D, ((Z[:, None, :] - Z[None, ids, :]) ** 2).sum(axis=2), atol=1e-12)
+    assert len(calls) == -(-np.unique(ids).size // (c - 1))  # each sample asked once, c - 1 per exchange
+    assert all(lab.min() >= 0 and lab.max() < c for lab in calls)
+
+
+def _pooled_exchange(views, c, scoring=True):
+    Ys = [refine_view(X) for X in views]
+
+    def exchange(lab):
+        replies = [client_refine(Y, lab, c, scores=scoring) for Y in Ys]
+        return sum(D for D, _ in replies), sum(S for _, S in replies)
+
+    return exchange
+
+
+def test_seeded_starts_are_kmeanspp_seeds_that_find_planted_clusters_and_are_seeded():
+    rng = np.random.default_rng(5)
+    c, y = 4, np.repeat(np.arange(4), 25)
+    views = [np.eye(c, 6)[y] * 5 + 1 + 0.05 * rng.normal(size=(y.size, 6)) for _ in range(2)]  # dense
+    exchange = _pooled_exchange(views, c)
+    calls = []
+    counted = lambda lab: (calls.append(1), exchange(lab))[1]  # noqa: E731
+    starts = seeded_starts(counted, y.size, c, n_starts=3, seed=11)
+    assert len(starts) == 3 and all(s.shape == (y.size,) and s.min() >= 0 and s.max() < c for s in starts)
+    for s in starts:  # k-means++ puts one centre in each of four far-apart clusters: the planted partition
+        assert clustering_scores(y, s)["acc"] == pytest.approx(1.0)
+    # c - 1 further centres for 3 starts of 2 + ln 4 = 3 candidates: 9 samples, 3 per exchange
+    assert len(calls) <= 1 + (c - 1) * 3
+    again = seeded_starts(exchange, y.size, c, n_starts=3, seed=11)
+    assert all(np.array_equal(a, b) for a, b in zip(starts, again))  # determinism under the seed
+    assert seeded_starts(exchange, y.size, c, n_starts=0, seed=11) == []
+
+
+def test_seeded_starts_are_asked_for_only_when_a_view_scores_and_come_after_the_others():
+    views, y = _views(seed=3)
+    starts = [np.zeros(y.size, dtype=np.int64)] + [np.random.default_rng(s).integers(0, 3, size=y.size)
+                                                  for s in range(2)]
+    asked = []
+
+    def seeded(exchange):
+        asked.append(1)
+        return seeded_starts(exchange, y.size, 3, n_starts=2, seed=0)
+
+    silent = _pooled_exchange(views, 3, scoring=False)
+    assert refine_best(starts, silent, seeded=seeded)[2] == 0 and asked == []  # text: never seeded
+    exchange = _pooled_exchange(views, 3)
+    labels, iters, index = refine_best(starts, exchange, seeded=seeded)
+    plain = refine_best(starts, exchange)
+    assert asked == [1] and iters > plain[1]  # the seeding's exchanges are counted
+    assert index < 5 and (index >= 3 or np.array_equal(labels, plain[0]))
+    with pytest.raises(ParameterError, match="refine_seeded_starts"):
+        FedMultiViewClustering(3, refine_seeded_starts=-1).fit(views)
 
 
 def test_sparse_views_never_pay_for_more_starts():

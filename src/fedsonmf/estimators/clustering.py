@@ -45,6 +45,7 @@ The evaluation protocol over seeds and the centralized context methods live in
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import warnings
@@ -96,6 +97,7 @@ from fedsonmf.estimators.refine import (
     refine_stages,
     refine_view,
     scores_partitions,
+    seeded_starts,
 )
 from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_restart
 from fedsonmf.estimators.sonmf import FedSONMF
@@ -204,6 +206,13 @@ default="auto"
         k-means on V (one replicate each).  The refined partition of lowest summed score is
         kept; a client scores (its k-means objective) only when its view is dense, so with no
         dense view only the fit's partition is refined.  ``refine_start_`` says which start won.
+    refine_seeded_starts : int, default=3
+        More starts, once the first start has scored (a dense view takes part): partitions seeded
+        by greedy k-means++ on the pooled row-normalised views, federated through the
+        refinement's own exchange (:func:`~fedsonmf.estimators.refine.seeded_starts`; c exchanges
+        per start, each revealing to the server the summed distances of every sample to
+        2 + ln c drawn samples).  ``0``: none.  Their indices in ``refine_start_`` follow the
+        ``refine_starts`` ones.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -281,7 +290,7 @@ default="auto"
         restart_rule=default("restart_rule"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
         early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
-        engine=default("engine"),
+        refine_seeded_starts=default("refine_seeded_starts"), engine=default("engine"),
         flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
@@ -305,6 +314,7 @@ default="auto"
         self.early_stop = early_stop
         self.refine = refine
         self.refine_starts = refine_starts
+        self.refine_seeded_starts = refine_seeded_starts
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -347,6 +357,7 @@ default="auto"
             check_int("n_init", self.n_init, min=1, desc="'auto' or a positive integer")
         for name in ("n_clusters", "kmeans_n_init", "kmeans_max_iter", "refine_starts"):
             check_int(name, getattr(self, name), min=1, desc="a positive integer")
+        check_int("refine_seeded_starts", self.refine_seeded_starts, min=0, desc="a nonnegative integer")
         check_choice("restart_rule", self.restart_rule, RESTART_RULES)
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
@@ -486,7 +497,7 @@ default="auto"
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
                                        n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
                                        kmeans_max_iter=self.kmeans_max_iter)
-                partitions[i], iters, index = refine_best(starts, exchange)
+                partitions[i], iters, index = refine_best(starts, exchange, seeded=self._seeded(n, seeds[i]))
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
         if "graph" in stages:
@@ -515,6 +526,11 @@ default="auto"
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
         self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
         return self
+
+    def _seeded(self, n_samples: int, seed: int):
+        """The seeded starts of the refinement (:func:`seeded_starts`), for :func:`refine_best`."""
+        return functools.partial(seeded_starts, n_samples=n_samples, n_clusters=self.n_clusters,
+                                 n_starts=self.refine_seeded_starts, seed=seed)
 
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed
@@ -561,7 +577,8 @@ default="auto"
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
-                   "refine": self.refine, "refine_starts": self.refine_starts}
+                   "refine": self.refine, "refine_starts": self.refine_starts,
+                   "refine_seeded_starts": self.refine_seeded_starts}
         partitions, fits = [], []
         for i, (model, s) in enumerate(zip(models, seeds)):
             cfg, run, _ = model._validate()

@@ -33,6 +33,7 @@ from fedsonmf.estimators.refine import client_distances as refine_distances
 from fedsonmf.estimators.refine import client_refine as refine_reply
 from fedsonmf.estimators.refine import refine_best, refine_partition, refine_stages, refine_view
 from fedsonmf.estimators.refine import scores_partitions as refine_scores
+from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
@@ -41,8 +42,8 @@ from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the pa
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
            "embedding_centers",
            "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign", "refine_partition",
-           "refine_best", "refine_starts", "refine_stages", "graph_view", "graph_reply", "graph_refine",
-           "normalize_rows", "kmeans_on_embedding"]
+           "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
+           "graph_refine", "normalize_rows", "kmeans_on_embedding"]
 
 
 def kmeans_on_embedding(

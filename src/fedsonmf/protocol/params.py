@@ -111,6 +111,10 @@ _TABLE = [
                                "k-means on V; the refined one with the lowest score is kept, where only clients "
                                "with a dense view score (their k-means objective); with no dense view only the "
                                "fit's partition is refined (docs/clustering.md)."),
+    Param("refine_seeded_starts", 3, "More starts of the refinement once a dense view scores: partitions seeded "
+                                     "by federated k-means++ on the pooled row-normalised views (each costs c "
+                                     "exchanges that reveal the summed distances to 2 + ln c drawn samples each); "
+                                     "0 = none (docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -133,7 +137,8 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
 #: the clustering estimator's own parameters
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "restart_rule",
                   "kmeans_n_init",
-                  "kmeans_max_iter", "early_stop", "refine", "refine_starts", "engine", "flower_run_dir")
+                  "kmeans_max_iter", "early_stop", "refine", "refine_starts", "refine_seeded_starts", "engine",
+                  "flower_run_dir")
 
 #: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01

@@ -33,6 +33,7 @@ view file's own ids, where a reader provides them, stay on its node).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -86,6 +87,7 @@ def clustering_options(rc) -> dict | None:
         "early_stop": str(rc.get("early-stop", default("early_stop"))),
         "refine": str(rc.get("refine", default("refine"))),
         "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
+        "refine_seeded_starts": int(rc.get("refine-seeded-starts", default("refine_seeded_starts"))),
     }
 
 
@@ -296,7 +298,9 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
                                          normalize_embedding=opts["normalize_embedding"],
                                          kmeans_max_iter=opts["kmeans_max_iter"])
-            labels, iters, index = steps.refine_best(starts, refine)
+            seeded = functools.partial(steps.refine_seeded, n_samples=int(V.shape[1]), n_clusters=opts["n_clusters"],
+                                       n_starts=opts["refine_seeded_starts"], seed=seed)
+            labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
         if graph is not None:
             labels, graph_iters, _ = steps.graph_refine(labels, graph, opts["n_clusters"])

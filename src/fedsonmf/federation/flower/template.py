@@ -80,6 +80,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "early-stop": default("early_stop"),       # labels: the server stops when its k-means of V has settled
     "refine": default("refine"),               # kmeans+graph: the server refines the partition with the nodes
     "refine-starts": default("refine_starts"),  # starts of the refinement; only dense views score them
+    "refine-seeded-starts": default("refine_seeded_starts"),  # k-means++ starts, once a dense view scores
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
