@@ -75,6 +75,10 @@ def test_only_dense_views_score_and_the_score_is_their_kmeans_objective():
     dense = rng.random((40, 6)) + 1.0  # every sample near the mean direction: mean share > 0.5
     text = sp.random(40, 300, density=0.02, random_state=1, format="csr") + sp.eye(40, 300, format="csr")
     assert scores_partitions(refine_view(dense)) and not scores_partitions(refine_view(text))
+    ones = np.ones((40, 2000))
+    ones[[3, 17], [5, 900]] = 0.0  # all ones but two entries (ACM's fifth view): nearly constant
+    assert not scores_partitions(refine_view(ones))  # 2.5e-5 of its energy off the mean sample
+    assert scores_partitions(refine_view(ones + rng.random((40, 2000))))  # a real spread scores
     labels = rng.integers(0, 3, size=40)
     Y = refine_view(dense)
     D, score = client_refine(Y, labels, 3)
