@@ -209,10 +209,10 @@ default="auto"
     refine_seeded_starts : int, default=3
         More starts, once the first start has scored (a dense view takes part): partitions seeded
         by greedy k-means++ on the pooled row-normalised views, federated through the
-        refinement's own exchange (:func:`~fedsonmf.estimators.refine.seeded_starts`; c exchanges
-        per start, each revealing to the server the summed distances of every sample to
-        2 + ln c drawn samples).  ``0``: none.  Their indices in ``refine_start_`` follow the
-        ``refine_starts`` ones.
+        refinement's own exchange (:func:`~fedsonmf.estimators.refine.seeded_starts`; about c
+        exchanges for all of them, side by side, which reveal to the server the summed distances
+        of every sample to c (2 + ln c) drawn samples per start).  ``0``: none.  Their indices in
+        ``refine_start_`` follow the ``refine_starts`` ones.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is

@@ -36,23 +36,22 @@ Seeded starts (``refine_seeded_starts``, when a client scores). The starts from 
 the factorisation's partition; on dense data with many clusters Lloyd's algorithm from them stops
 far from what k-means on the pooled views finds from its own k-means++ seeding (ORL faces, 40
 classes: 66.7 against 74.2 ACC). So, once the first start has scored (a dense view takes part),
-the server also seeds ``refine_seeded_starts`` partitions by k-means++ (Arthur & Vassilvitskii,
-2007, greedy: the best of 2 + ln c candidates per centre) on the pooled row-normalised views, federated with the same
-exchange: the distance of every sample to a *sample* j is its distance to the mean of a cluster
-that holds j alone, so labels that put up to c - 1 chosen samples each alone in a cluster (every
-other sample in the last one) return, summed over the views, the distances the seeding needs
-(:func:`seeded_starts`: c - 1 further centres, one exchange each for up to (c - 1) / (2 + ln c)
-starts, then the nearest-centre partition).
-Each seeded partition is refined and scored like the others; ties keep the earlier (V) starts.
+the server also seeds ``refine_seeded_starts`` partitions by greedy k-means++ (Arthur &
+Vassilvitskii, 2007; the best of 2 + ln c candidates per centre) on the pooled row-normalised
+views, federated with the same exchange: the distance of every sample to a *sample* j is its
+distance to the mean of a cluster that holds j alone, so labels that put up to c - 1 drawn
+samples each alone in a cluster (every other sample in the last one) return, summed over the
+views, the distances the seeding needs (:func:`sample_distances`, :func:`seeded_starts`: c - 1
+further centres, the starts side by side, then the nearest-centre partitions). Each seeded
+partition is refined and scored like the others; ties keep the earlier (V) starts.
 
 What it costs in privacy: every client learns the partitions being refined (the clustering the
 federation computes, and the candidates); the server learns the summed distances -- n x c
 numbers per iteration, each a sum over the views -- and one summed score per iteration, which is
 zero exactly when no client's view is dense. The seeded starts add, per start, the summed
 distances of every sample to c (2 + ln c) drawn samples: that many columns of the pooled views'
-distance matrix
-(``refine_seeded_starts=0`` sends none; a text-only federation never seeds). Off with
-``refine="none"``.
+distance matrix (``refine_seeded_starts=0`` sends none; a text-only federation never seeds).
+Off with ``refine="none"``.
 
 The steps are pure functions over arrays, called by the in-process estimator and by the Flower
 apps alike (:mod:`fedsonmf.estimators.clustering_steps` exposes them to the nodes and server).
@@ -164,8 +163,8 @@ def scores_partitions(Y, held=None) -> bool:
     """Whether a client's refinement view ``Y`` (rows at unit norm, :func:`refine_view`) scores the
     candidate partitions: its mean sample holds more than half of its energy (a *dense* view,
     the statistic of :func:`~fedsonmf.estimators.view_rule.preprocess_view`), over the held rows,
-    but not all of it but :data:`MIN_SCORE_SPREAD` (a nearly constant view: its k-means objective
-    differs between partitions only in digits no cluster decides)."""
+    and at least :data:`MIN_SCORE_SPREAD` of it lies off the mean sample (a nearly constant view's
+    k-means objective differs between partitions only in digits no cluster decides)."""
     if held is not None:
         Y = Y[np.asarray(held)]
     if Y.shape[0] == 0:

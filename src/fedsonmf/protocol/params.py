@@ -112,9 +112,9 @@ _TABLE = [
                                "with a dense view score (their k-means objective); with no dense view only the "
                                "fit's partition is refined (docs/clustering.md)."),
     Param("refine_seeded_starts", 3, "More starts of the refinement once a dense view scores: partitions seeded "
-                                     "by federated k-means++ on the pooled row-normalised views (each costs c "
-                                     "exchanges that reveal the summed distances to 2 + ln c drawn samples each); "
-                                     "0 = none (docs/clustering.md)."),
+                                     "by federated k-means++ on the pooled row-normalised views (about c exchanges "
+                                     "in all; per start the server learns the summed distances to c (2 + ln c) "
+                                     "drawn samples); 0 = none (docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
