@@ -23,8 +23,9 @@ refines ``refine_starts - 1`` partitions of k-means on V with other seeds (one r
 diverse starts, computed from V alone) and keeps the refined partition with the lowest *score*.
 The score is a sum over the clients in which each client judges the partition by its own view:
 a client whose view is dense (its mean sample holds more than half of its energy after the
-per-sample scaling -- the statistic that decides its preprocessing) reports its k-means objective
-(the mean over its samples of the distance to their cluster's mean); any other client reports 0.
+per-sample scaling -- the statistic that decides its preprocessing -- and at least
+:data:`MIN_SCORE_SPREAD` of it lies off the mean sample) reports its k-means objective (the mean
+over its samples of the distance to their cluster's mean); any other client reports 0.
 The reason for the abstention: on sparse high-dimensional counts (text) the k-means objective
 prefers worse partitions than the factorisation's (3Sources 82.8 -> 59.8 when every view scores,
 3 seeds), on dense features it prefers better ones. When no client scores (every view sparse),
