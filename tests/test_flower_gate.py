@@ -226,6 +226,67 @@ def test_server_app_writes_only_inside_its_out_dir(tmp_path, monkeypatch):
     assert (tmp_path / "victim.json").read_text() == "{}"
 
 
+class _StaleTaskClient:
+    """A SuperNode's Runtime API for a task whose message content never arrives: what a SuperNode
+    keeps of a message it pulled as its run was stopped (Flower 1.42)."""
+
+    def __init__(self):
+        from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+        from flwr.supercore.fab import Fab
+        from flwr.supercore.run import Run
+
+        msg = Message(RecordDict({"a": ArrayRecord({"x": Array(np.arange(3.0))})}), dst_node_id=7,
+                      message_type="query")
+        self.msg, self.pulls = msg, 0
+        self.context = Context(run_id=5, node_id=7, node_config={}, state=RecordDict(), run_config={})
+        self.run, self.fab = Run.create_empty(5), Fab("0" * 64, b"fab", {})
+
+    def PullTaskInput(self, _req):
+        from flwr.common.serde import context_to_proto, fab_to_proto, run_to_proto
+        from flwr.proto.runtime_pb2 import PullTaskInputResponse
+
+        return PullTaskInputResponse(context=context_to_proto(self.context), run=run_to_proto(self.run),
+                                     fab=fab_to_proto(self.fab), task_id=3)
+
+    def PullMessages(self, _req):
+        from flwr.app.message import remove_content_from_message
+        from flwr.common.serde import message_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+        from flwr.supercore.inflatable.inflatable_object import get_object_tree
+
+        self.msg.metadata.__dict__["_message_id"] = self.msg.object_id
+        return PullAppMessagesResponse(messages_list=[message_to_proto(remove_content_from_message(self.msg))],
+                                       message_object_trees=[get_object_tree(self.msg)])
+
+    def PullObject(self, _req):
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        self.pulls += 1
+        return PullObjectResponse(object_found=True, object_available=False)
+
+    def ConfirmMessageReceived(self, _req):  # never reached
+        raise AssertionError("confirmed a message that never arrived")
+
+
+def test_a_task_whose_message_never_arrives_fails_after_the_bound_instead_of_hours():
+    """Before: Flower's pull retried for up to 2 h while the executor served nothing else; the next
+    run's handshake found no view (CI, after an external ``flwr stop``)."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1  # Message(...) outside a runtime
+    try:
+        client = _StaleTaskClient()
+        t0 = time.monotonic()
+        with pytest.raises(ObjectPullError):
+            gate.pull_task_input(client, max_time=1.0)
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+    assert client.pulls >= 2 and time.monotonic() - t0 < 60  # retried, then gave up (backoff 1 s, jitter)
+    assert gate.MESSAGE_PULL_SECONDS <= 300  # well inside the node timeouts of a run's handshake
+
+
 def test_failure_and_stop_reports_name_the_signal_and_rounds(tmp_path):
     from fedsonmf.protocol.messages import ServerState
 

@@ -65,6 +65,7 @@ from fedsonmf._io import check_private_file, private_dir, write_atomic, write_js
 from fedsonmf.exceptions import InputError, RunStopped
 
 __all__ = [
+    "MESSAGE_PULL_SECONDS", "pull_task_input",
     "TOKEN_KEY", "DEFAULT_CLIENT_APP", "DEFAULT_SERVER_APP", "Authority", "Pin", "Gate", "Refused",
     "fab_sha256", "build_fab", "config_digest", "write_pin", "write_secret", "serve",
     "read_public_key", "installed_fab_sha256", "sign_run_config", "prepare_host", "executor_argv",
@@ -424,6 +425,52 @@ def _heartbeat_fn(client, stopped: threading.Event):
     return fn
 
 
+#: seconds a ClientApp task waits for its message's content to reach the SuperNode, our choice
+#: (Flower's own pull waits up to 2 h): on loopback it is there in milliseconds, and 120 s carry
+#: hundreds of MB over a slow link; see :func:`pull_task_input`
+MESSAGE_PULL_SECONDS = 120.0
+
+
+def pull_task_input(client, max_time: float = MESSAGE_PULL_SECONDS):
+    """Flower's ``run_clientapp.pull_task_input`` (the task's message, context, run and FAB), with
+    a bound on the wait for the message's content.
+
+    Why the bound: a Flower 1.42 SuperNode that pulls a message at the moment its run is stopped
+    (``flwr stop``) has already stored the message and created its task when the SuperLink refuses
+    the content; it catches that ``RunNotRunningException`` (a ``BaseException``) without removing
+    either, so the content never arrives.  Flower's own pull retries for up to 2 h, and this
+    executor, which runs tasks one after the other, would serve no later run meanwhile (the next
+    run's handshake found no view: the CI flake of two sessions).  After ``max_time`` the pull
+    raises ``ObjectPullError``: the task fails and no reply is pushed (the SuperNode is not
+    waiting for one).
+    """
+    from flwr.app import Message
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node = Node(node_id=context.node_id)
+    tree = pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message, max_time=max_time)
+    message.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message lacks its own id
+    return message, context, run, fab
+
+
 def _error_reason(ex: BaseException) -> str:
     # Flower's own format of a ClientApp exception ("<class 'X'>:<'text'>")
     return str(type(ex)) + ":<'" + str(ex) + "'>"
@@ -489,7 +536,7 @@ class Executor:
         from flwr.app.error import Error
         from flwr.common.constant import ErrorCode, SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender
-        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-clientapp")
         stopped = threading.Event()
