@@ -143,7 +143,7 @@ def _pooled_exchange(views, c, scoring=True):
     return exchange
 
 
-def test_seeded_starts_are_kmeanspp_seeds_that_find_planted_clusters_and_are_seeded():
+def test_seeded_starts_find_planted_clusters_and_are_deterministic_under_the_seed():
     rng = np.random.default_rng(5)
     c, y = 4, np.repeat(np.arange(4), 25)
     views = [np.eye(c, 6)[y] * 5 + 1 + 0.05 * rng.normal(size=(y.size, 6)) for _ in range(2)]  # dense
