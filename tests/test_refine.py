@@ -131,6 +131,8 @@ def test_sample_distances_are_the_pooled_squared_distances_to_those_samples(seed
     np.testing.assert_allclose(D, ((Z[:, None, :] - Z[None, ids, :]) ** 2).sum(axis=2), atol=1e-12)
     assert len(calls) == -(-np.unique(ids).size // (c - 1))  # each sample asked once, c - 1 per exchange
     assert all(lab.min() >= 0 and lab.max() < c for lab in calls)
+    with pytest.raises(ValueError, match="n_clusters >= 2"):  # no cluster left for the rest of the samples
+        sample_distances(exchange, ids, 12, 1)
 
 
 def _pooled_exchange(views, c, scoring=True):

@@ -222,8 +222,10 @@ def sample_distances(exchange: Callable, ids, n_samples: int, n_clusters: int) -
     refinement exchanges (``exchange(labels) -> (D, score)``): each exchange puts up to
     ``n_clusters - 1`` of them each alone in a cluster and every other sample in the last one, so
     column k of the reply is the distance to the k-th (a client not holding it replies ``||y_i||^2``)."""
+    if int(n_clusters) < 2:  # one cluster leaves no room for a sample alone beside the rest
+        raise ValueError(f"sample_distances needs n_clusters >= 2, got {n_clusters}")
     ids, back = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)  # a sample asked twice: once
-    per = max(int(n_clusters) - 1, 1)
+    per = int(n_clusters) - 1
     out = np.empty((int(n_samples), ids.size))
     for lo in range(0, ids.size, per):
         chunk = ids[lo:lo + per]
@@ -252,10 +254,10 @@ def seeded_starts(exchange: Callable, n_samples: int, n_clusters: int, *, n_star
     rng = np.random.default_rng([int(seed) % 2**32, 7919])
     trials = 2 + int(np.log(c))
     firsts = [int(j) for j in rng.choice(n, size=m, replace=m > n)]
-    D = sample_distances(exchange, firsts, n, c)
-    cent = [D[:, [i]] for i in range(m)]  # per start: the distances to its centres so far, (n, t)
-    near = [D[:, i].copy() for i in range(m)]  # per start: the distance to its nearest centre, (n,)
-    for _ in range(1, c):
+    cent = np.empty((m, n, c))  # per start, the distances to its centres: column t for centre t
+    cent[:, :, 0] = sample_distances(exchange, firsts, n, c).T
+    near = cent[:, :, 0].copy()  # per start, the distance to its nearest centre so far, (m, n)
+    for t in range(1, c):
         cands = []
         for i in range(m):
             w = np.maximum(near[i], 0.0)
@@ -266,7 +268,7 @@ def seeded_starts(exchange: Callable, n_samples: int, n_clusters: int, *, n_star
             block = D[:, i * trials:(i + 1) * trials]
             pot = np.minimum(near[i][:, None], block).sum(axis=0)
             b = int(np.argmin(pot))
-            cent[i] = np.hstack([cent[i], block[:, [b]]])
+            cent[i, :, t] = block[:, b]
             near[i] = np.minimum(near[i], block[:, b])
     return [np.asarray(np.argmin(d, axis=1), dtype=np.int64) for d in cent]
 
