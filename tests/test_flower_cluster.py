@@ -280,11 +280,15 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
                                                                  "setup-at-handshake": at_hello})
         wire = [json.loads(line) for line in open(Path(rc["out-dir"]) / "wire.jsonl")]
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
-        # after the rounds, the k-means refinement then the graph refinement: one message per node and iteration
-        refines, graphs = kinds.count("refine"), kinds.count("graph")
-        assert refines % 3 == 0 and graphs % 3 == 0 and refines > 0 and graphs > 0
-        assert kinds[-refines - graphs:] == ["refine"] * refines + ["graph"] * graphs
-        kinds = kinds[:-refines - graphs]
+        # after the rounds, the k-means refinement then the graph refinement and its spectral step (graph and
+        # spectral exchanges, then two refine exchanges for the dense score when the cut has dropped): one
+        # message per node and iteration
+        first = kinds.index("refine")
+        tail, kinds = kinds[first:], kinds[:first]
+        assert set(tail) <= {"refine", "graph", "spectral"} and all(tail.count(k) % 3 == 0 for k in set(tail))
+        start_graph = tail.index("graph")
+        assert set(tail[:start_graph]) == {"refine"} and "refine" not in tail[start_graph:-6]
+        assert tail.count("spectral") > 0  # the blobs' graph: a few steps (n // 2c of them at most)
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)
         audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C if rule == "auto" else C, secure_aggregation=True),

@@ -128,10 +128,12 @@ def test_the_kept_partition_never_has_a_larger_cut_than_the_start(seed):
 def test_the_estimator_refines_on_the_graphs_by_default():
     views, y = _views(seed=2)
     with pytest.warns(UserWarning):  # narrow views padded to r = 2c
-        both = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1).fit(views)
+        # the spectral step after the graph refinement: tests/test_spectral.py
+        both = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine_spectral_steps=0).fit(views)
         km = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="kmeans").fit(views)
         graph = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="graph").fit(views)
-        secure = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, secure_aggregation=True).fit(views)
+        secure = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, secure_aggregation=True,
+                                        refine_spectral_steps=0).fit(views)
     assert both.graph_iter_ and km.graph_iter_ == [] and graph.refine_iter_ == [] and graph.graph_iter_
     assert both.refine_iter_ == km.refine_iter_
     # the default is the graph refinement started from the k-means-refined partition

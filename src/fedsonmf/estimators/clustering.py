@@ -79,6 +79,7 @@ from fedsonmf.estimators.clustering_steps import (
     assign_to_centers,
     cluster_embedding,
     embedding_centers,
+    graph_products,
     graph_refine,
     graph_reply,
     graph_view,
@@ -86,6 +87,8 @@ from fedsonmf.estimators.clustering_steps import (
     normalize_rows,
     prepare_view,
     refine_starts,
+    spectral_refine,
+    spectral_steps,
     stop_rule,
 )
 from fedsonmf.estimators.consensus import consensus_labels
@@ -213,6 +216,13 @@ default="auto"
         exchanges for all of them, side by side, which reveal to the server the summed distances
         of every sample to c (2 + ln c) drawn samples per start).  ``0``: none.  Their indices in
         ``refine_start_`` follow the ``refine_starts`` ones.
+    refine_spectral_steps : int, default=20
+        The graph refinement's spectral step (:mod:`fedsonmf.estimators.spectral`): a second start
+        for it from this many steps of orthogonal iteration on the summed graph, from the graph
+        refinement's start (at most ``n // (2 c)`` steps, one exchange each: the server learns
+        the summed graph on a subspace of at most half the samples' dimension); its result is
+        kept only if its normalized cut is 1 % lower and the dense views' summed k-means score is
+        not higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -272,7 +282,9 @@ default="auto"
         With a k-means stage, per refined fit: the refinement's exchanges (over all its starts)
         and the index of the start whose refined partition was kept (0: the fit's partition).
     graph_iter_ : list of int
-        With a graph stage, per refined fit: its exchanges.
+        With a graph stage, per refined fit: its exchanges (the spectral step's included).
+    spectral_kept_ : list of bool
+        With a graph stage, per refined fit: whether the spectral step's partition was kept.
     n_iter_ : int
         Rounds of the (first) fit (``n_rounds_``).
     n_features_in_ : list of int
@@ -290,7 +302,8 @@ default="auto"
         restart_rule=default("restart_rule"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
         early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
-        refine_seeded_starts=default("refine_seeded_starts"), engine=default("engine"),
+        refine_seeded_starts=default("refine_seeded_starts"),
+        refine_spectral_steps=default("refine_spectral_steps"), engine=default("engine"),
         flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
@@ -315,6 +328,7 @@ default="auto"
         self.refine = refine
         self.refine_starts = refine_starts
         self.refine_seeded_starts = refine_seeded_starts
+        self.refine_spectral_steps = refine_spectral_steps
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -358,6 +372,7 @@ default="auto"
         for name in ("n_clusters", "kmeans_n_init", "kmeans_max_iter", "refine_starts"):
             check_int(name, getattr(self, name), min=1, desc="a positive integer")
         check_int("refine_seeded_starts", self.refine_seeded_starts, min=0, desc="a nonnegative integer")
+        check_int("refine_spectral_steps", self.refine_spectral_steps, min=0, desc="a nonnegative integer")
         check_choice("restart_rule", self.restart_rule, RESTART_RULES)
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
@@ -488,11 +503,13 @@ default="auto"
         results = [res for _, res, _ in fits]
         best = choose_restart(self.restart_rule, partitions, results)
         refined = range(len(fits)) if best is None else [best]
-        self.refine_iter_, self.refine_start_, self.graph_iter_ = [], [], []
+        self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
         stages = refine_stages(self.refine, dp=self._dp())
         secure = bool(models[0].secure_aggregation)
+        score = None  # the dense views' summed k-means score of a partition (the spectral step's check)
         if "kmeans" in stages:
             exchange = self._refine_exchange(views, masks, secure=secure)
+            score = functools.partial(_summed_score, exchange)
             for i in refined:
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
                                        n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
@@ -501,10 +518,15 @@ default="auto"
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
         if "graph" in stages:
-            exchange = self._graph_exchange(views, masks, secure=secure)
+            exchange, products = self._graph_exchanges(views, masks, secure=secure)
+            steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
             for i in refined:
-                partitions[i], iters, _ = graph_refine(partitions[i], exchange, self.n_clusters)
-                self.graph_iter_.append(iters)
+                start = partitions[i]
+                partitions[i], iters, cut = graph_refine(start, exchange, self.n_clusters)
+                partitions[i], info = spectral_refine(start, partitions[i], cut, exchange, products, self.n_clusters,
+                                                      steps=steps, score=score, max_iter=self.kmeans_max_iter)
+                self.graph_iter_.append(iters + info["exchanges"])
+                self.spectral_kept_.append(bool(info["kept"]))
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
         if best is not None and not stages:  # the kept fit's own k-means
@@ -546,15 +568,19 @@ default="auto"
 
         return exchange
 
-    def _graph_exchange(self, views, masks, secure: bool):
-        """The in-process driver of the graph refinement: each client's neighbour counts A_p Z / n from
-        its own k-NN graph (built once, on the client), summed as the server sums them."""
+    def _graph_exchanges(self, views, masks, secure: bool):
+        """The in-process drivers of the graph refinement and its spectral step: each client's
+        neighbour counts A_p Z / n, and its products A_p M / n with a block of the server's, from its
+        own k-NN graph (built once, on the client), summed as the server sums them."""
         graphs = [graph_view(X, held=h) for X, h in zip(views, _held_samples(views, masks))]
 
         def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
             return _server_sum([graph_reply(A, labels, self.n_clusters) for A in graphs], secure, exp=0)
 
-        return exchange
+        def products(M):  # entries of M at most 1: the same public scale
+            return _server_sum([graph_products(A, M) for A in graphs], secure, exp=0)
+
+        return exchange, products
 
     # ------------------------------------------------------------------ engine="flower"
     def _fit_flower(self, views, models, seeds) -> FedMultiViewClustering:
@@ -578,7 +604,8 @@ default="auto"
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
                    "refine": self.refine, "refine_starts": self.refine_starts,
-                   "refine_seeded_starts": self.refine_seeded_starts}
+                   "refine_seeded_starts": self.refine_seeded_starts,
+                   "refine_spectral_steps": self.refine_spectral_steps}
         partitions, fits = [], []
         for i, (model, s) in enumerate(zip(models, seeds)):
             cfg, run, _ = model._validate()
@@ -613,6 +640,7 @@ default="auto"
         self.refine_iter_ = [int(c.get("refine_iterations", 0)) for c in reports] if "kmeans" in stages else []
         self.refine_start_ = [int(c.get("refine_start") or 0) for c in reports] if "kmeans" in stages else []
         self.graph_iter_ = [int(c.get("graph_iterations", 0)) for c in reports] if "graph" in stages else []
+        self.spectral_kept_ = [bool(c.get("spectral_kept", False)) for c in reports] if "graph" in stages else []
         self.flower_run_dir_ = run_dir
         self.flower_view_paths_ = paths
         self.factorization_ = None
@@ -715,6 +743,11 @@ def _held_samples(views, masks) -> list:
     """Per client, the sample ids it holds (None: all of them)."""
     n = views[0].shape[0]
     return [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
+
+
+def _summed_score(exchange, labels) -> float:
+    """The summed score of a k-means refinement exchange sent ``labels`` (0 without dense views)."""
+    return float(np.sum(exchange(labels)[1]))
 
 
 def _server_sum(items, secure: bool, exp: int | None = None):

@@ -23,9 +23,10 @@ import scipy.sparse as sp
 
 # the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply) and the
 # server's (refine_starts, refine_partition, refine_best); the graph refinement after it: a node's half
-# (graph_view, graph_reply) and the server's (graph_refine)
+# (graph_view, graph_reply, graph_products) and the server's (graph_refine, spectral_steps, spectral_refine)
 from fedsonmf.estimators.graph import client_graph as graph_view
 from fedsonmf.estimators.graph import client_links as graph_reply
+from fedsonmf.estimators.graph import client_products as graph_products
 from fedsonmf.estimators.graph import graph_refine
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
 from fedsonmf.estimators.refine import assign as refine_assign
@@ -35,6 +36,7 @@ from fedsonmf.estimators.refine import refine_best, refine_partition, refine_sta
 from fedsonmf.estimators.refine import scores_partitions as refine_scores
 from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.row_norms import normalize_rows
+from fedsonmf.estimators.spectral import spectral_refine, spectral_steps
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
@@ -43,7 +45,8 @@ __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "as
            "embedding_centers",
            "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign", "refine_partition",
            "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
-           "graph_refine", "normalize_rows", "kmeans_on_embedding"]
+           "graph_products", "graph_refine", "spectral_steps", "spectral_refine", "normalize_rows",
+           "kmeans_on_embedding"]
 
 
 def kmeans_on_embedding(

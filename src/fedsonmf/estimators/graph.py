@@ -54,8 +54,8 @@ import scipy.sparse as sp
 
 from fedsonmf.estimators.refine import refine_view
 
-__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "graph_assign",
-           "normalized_cut", "graph_refine"]
+__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "client_products",
+           "graph_assign", "normalized_cut", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
@@ -136,6 +136,18 @@ def client_links(A, labels, n_clusters: int) -> np.ndarray:
         raise ValueError(f"a graph of shape {A.shape} for {n} labels")
     AZ = A @ _indicator(labels, n_clusters)
     return np.asarray(AZ.toarray(), dtype=np.float64) / max(n, 1)
+
+
+def client_products(A, M) -> np.ndarray:
+    """A client's reply to a spectral exchange (:mod:`fedsonmf.estimators.spectral`): ``A_p M / n``
+    (n, c) for the server's block ``M`` (n, c), entries at most 1 in absolute value, so the reply's
+    entries are too (``A_p`` has at most n - 1 unit edges per row) -- the public bound of the fixed
+    point, as for :func:`client_links`, which is the same product with the partition's indicator."""
+    M = np.asarray(M, dtype=np.float64)
+    n = A.shape[0]
+    if M.ndim != 2 or M.shape[0] != n or M.shape[1] < 1:
+        raise ValueError(f"a block of shape {M.shape} for a graph of {n} samples")
+    return np.asarray(A @ M, dtype=np.float64) / max(n, 1)
 
 
 def _volumes(L, labels, n_clusters: int):

@@ -115,6 +115,10 @@ _TABLE = [
                                      "by federated k-means++ on the pooled row-normalised views (about c exchanges "
                                      "in all; per start the server learns the summed distances to c (2 + ln c) "
                                      "drawn samples); 0 = none (docs/clustering.md)."),
+    Param("refine_spectral_steps", 20, "The graph refinement's spectral step: a second start from this many steps "
+                                       "of orthogonal iteration on the summed graph (at most n // (2c); one "
+                                       "exchange each), kept only if it lowers the normalized cut by 1 % and the "
+                                       "dense views' k-means score does not rise; 0 = none (docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -137,7 +141,8 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
 #: the clustering estimator's own parameters
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "restart_rule",
                   "kmeans_n_init",
-                  "kmeans_max_iter", "early_stop", "refine", "refine_starts", "refine_seeded_starts", "engine",
+                  "kmeans_max_iter", "early_stop", "refine", "refine_starts", "refine_seeded_starts",
+                  "refine_spectral_steps", "engine",
                   "flower_run_dir")
 
 #: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a

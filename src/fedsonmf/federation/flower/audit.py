@@ -120,6 +120,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         # its graph refinement: the partition down, each node's neighbour counts per cluster up
         ("down", "graph"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
         ("up", "graph"): {codec.ARRAYS: {"L": "n*"}},
+        # its spectral step: a block of the server's iteration down, each node's products with its graph up
+        ("down", "spectral"): {codec.ARRAYS: {"M": "n*"}},
+        ("up", "spectral"): {codec.ARRAYS: {"L": "n*"}},
     }
 
 
@@ -176,6 +179,9 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("down", "graph"): {codec.ARRAYS: {"labels": "labels"},
                             codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
         ("up", "graph"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.L": "n*-u64"}},
+        # the graph refinement's spectral step: the server's block down, the masked products up
+        ("down", "spectral"): {codec.ARRAYS: {"M": "n*"}, codec.SCALARS: {SECAGG_KEY: "scalar"}},
+        ("up", "spectral"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.L": "n*-u64"}},
     }
     if partial:
         decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}

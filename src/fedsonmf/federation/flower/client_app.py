@@ -274,7 +274,7 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         if before_handle is not None:
             before_handle(fed_msg, context)
         mask = load_mask(context)
-        if fed_msg.kind in ("embed", "refine", "graph"):  # after a fit: predict, or a refinement
+        if fed_msg.kind in ("embed", "refine", "graph", "spectral"):  # after a fit: predict, or a refinement
             state, fit_secure = fclust.fitted_state(sdir, p)
             # masked when this node's fit was (its own record) or its policy asks: a server cannot
             # downgrade these uploads to the clear
@@ -282,9 +282,10 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             steps = fclust.load_steps(clustering)
             if fed_msg.kind == "refine":  # distances from the raw view
                 reply = fclust.node_refine(fed_msg, _read(Path(_data_path(context))), state, p, steps, secure=secure)
-            elif fed_msg.kind == "graph":  # neighbour counts from the raw view's k-NN graph (read once, to build it)
+            elif fed_msg.kind in ("graph", "spectral"):  # products with the view's k-NN graph (read once, to build it)
+                max_steps = context.run_config.get("refine-spectral-steps")
                 reply = fclust.node_graph(fed_msg, lambda: _read(Path(_data_path(context))), sdir, state, p, steps,
-                                          secure=secure)
+                                          secure=secure, max_steps=None if max_steps is None else int(max_steps))
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:

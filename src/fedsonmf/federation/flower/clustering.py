@@ -88,6 +88,7 @@ def clustering_options(rc) -> dict | None:
         "refine": str(rc.get("refine", default("refine"))),
         "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
         "refine_seeded_starts": int(rc.get("refine-seeded-starts", default("refine_seeded_starts"))),
+        "refine_spectral_steps": int(rc.get("refine-spectral-steps", default("refine_spectral_steps"))),
     }
 
 
@@ -159,6 +160,7 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     drop_prepared_view(sdir, p)
     _graph_path(sdir, p).unlink(missing_ok=True)  # a new fit of this job: the graph is built again from X
+    (sdir / f"spectral-{p}.json").unlink(missing_ok=True)  # and its spectral step may ask its blocks again
     if sp.issparse(Y):
         path = sdir / f"view-{p}.npz"
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(Y), compressed=False))
@@ -279,20 +281,22 @@ def read_labels_csv(path) -> np.ndarray:
 
 
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None,
-                             graph=None) -> dict:
+                             graph=None, spectral=None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
     ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
     exchange with the nodes (:func:`refine_exchange`); the partition is then refined from the
     estimator's starts as the estimator refines it.  ``graph(labels) -> L`` (optional): the summed
     neighbour counts of one graph exchange (:func:`graph_exchange`); the partition is then refined
-    on the nodes' graphs, after the k-means refinement, as the estimator does.  A node lost during
-    either keeps the partition reached before it.  Returns the clustering summary for result.json.
+    on the nodes' graphs, after the k-means refinement, as the estimator does; ``spectral(M) ->
+    sum_p A_p M / n`` (optional, with ``graph``): the products of one spectral exchange
+    (:func:`spectral_exchange`), for the graph refinement's spectral step.  A node lost during any
+    of them keeps the partition reached before it.  Returns the clustering summary for result.json.
     """
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, index, graph_iters, error, refined = 0, None, 0, None, False
+    iters, index, graph_iters, error, refined, kept = 0, None, 0, None, False, False
     try:
         if refine is not None:
             starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
@@ -303,8 +307,16 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
         if graph is not None:
-            labels, graph_iters, _ = steps.graph_refine(labels, graph, opts["n_clusters"])
+            start = labels
+            labels, graph_iters, cut = steps.graph_refine(start, graph, opts["n_clusters"])
             refined = True
+            if spectral is not None:
+                score = None if refine is None else (lambda lab: float(np.sum(refine(lab)[1])))
+                labels, info = steps.spectral_refine(
+                    start, labels, cut, graph, spectral, opts["n_clusters"], score=score,
+                    steps=steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"]),
+                    max_iter=opts["kmeans_max_iter"])
+                graph_iters, kept = graph_iters + info["exchanges"], bool(info["kept"])
     except FederationError as exc:  # a node lost during a refinement: the partition reached stands
         error = f"{type(exc).__name__}: {exc}"
     if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
@@ -316,7 +328,8 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
-            "refine_start": index, "graph_iterations": graph_iters, **({"refine_error": error} if error else {})}
+            "refine_start": index, "graph_iterations": graph_iters, "spectral_kept": kept,
+            **({"refine_error": error} if error else {})}
 
 
 # ----------------------------------------------------------------------------- the k-means refinement
@@ -330,14 +343,24 @@ def _labels_exchange(transport, m: int, kind: str, spec: dict, n_clusters: int, 
     """``exchange(labels) -> {item: sum over the nodes}`` of the items of ``spec``: one ``kind``
     message per node carrying the labels (masked sums under secure aggregation, at the public
     scale of degree-0 items)."""
+    return _array_exchange(transport, m, kind, spec, secure,
+                           lambda labels: ({"labels": np.asarray(labels, dtype=np.int64)},
+                                           {"n_clusters": int(n_clusters)}))
+
+
+def _array_exchange(transport, m: int, kind: str, spec: dict, secure: bool, payload: Callable):
+    """``exchange(x) -> {item: sum over the nodes}``: one ``kind`` message per node with the arrays
+    and scalars ``payload(x)`` (masked sums under secure aggregation, at the public scale of
+    degree-0 items)."""
     from fedsonmf.federation import secagg
     from fedsonmf.federation.loop import exchange_sum, with_secagg
 
     count = [0]
 
-    def exchange(labels) -> dict:
+    def exchange(x) -> dict:
         count[0] += 1
-        msg = Message(kind, count[0], {"labels": np.asarray(labels, dtype=np.int64)}, {"n_clusters": int(n_clusters)})
+        arrays, scalars = payload(x)
+        msg = Message(kind, count[0], arrays, scalars)
         if secure:
             bits = secagg.server_bits(spec, 0, 0.0, m)
             _, agg = exchange_sum(transport, [with_secagg(msg, range(m), bits)] * m, bits)
@@ -374,6 +397,26 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
     return lambda labels: sums(labels)["L"]
 
 
+def spectral_exchange(transport, m: int, secure: bool):
+    """The server's driver of the graph refinement's spectral step: ``products(M) -> sum_p A_p M / n``
+    over the nodes for a block ``M`` (n, c) with entries at most 1, one ``spectral`` message each
+    (a masked sum under secure aggregation, at the graph exchange's public scale)."""
+    sums = _array_exchange(transport, m, "spectral", GRAPH_SPEC, secure,
+                           lambda M: ({"M": np.asarray(M, dtype=np.float64)}, {}))
+    return lambda M: sums(M)["L"]
+
+
+def _request_block(msg: Message, n: int, p: int) -> np.ndarray:
+    """The block (n, c) of a spectral request, checked against this node's ``n`` samples: finite,
+    entries at most 1 (the bound that keeps the reply inside the fixed point's public scale)."""
+    M = np.asarray(msg.arrays["M"], dtype=np.float64)
+    if M.ndim != 2 or M.shape[0] != n or not 1 <= M.shape[1] <= n:
+        raise ProtocolError(f"client {p}: a spectral block of shape {M.shape} for a view of {n} samples")
+    if not np.all(np.isfinite(M)) or np.max(np.abs(M)) > 1.0:
+        raise ProtocolError(f"client {p}: a spectral block with entries that are not finite or exceed 1")
+    return M
+
+
 def _request_labels(msg: Message, n: int, p: int, what: str) -> tuple[np.ndarray, int]:
     """The labels (n,) and cluster count of a refinement request, checked against this node's ``n`` samples."""
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
@@ -390,12 +433,18 @@ def _graph_path(sdir: Path, p: int) -> Path:
 
 
 def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, steps, *,
-               secure: bool) -> Message:
+               secure: bool, max_steps: int | None = None) -> Message:
     """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
     its own raw view (``read_view()``: (n, d_p)), built at the first exchange of the job and kept in
     the node's state folder (``graph-<p>.npz``, mode 0600; it never leaves the node; dropped when the
     job's view is prepared again), so the view is read only then; masked with the pair keys of the
-    fit's ``state`` when the request is masked; a plain request is refused when ``secure``."""
+    fit's ``state`` when the request is masked; a plain request is refused when ``secure``.  A
+    ``spectral`` request (the graph refinement's spectral step) gets ``A_p M / n`` for its block
+    ``M`` (n, c) instead, from the same graph, under the same rules -- and at most
+    ``spectral_steps(n, c, max_steps) - 1`` of them per job (``max_steps``: the run config's
+    ``refine-spectral-steps``; the first step is a graph exchange): the node enforces the cap that
+    keeps the products from spanning more than half of the sample space, whatever the server asks
+    (a count in ``spectral-<p>.json`` of the state folder)."""
     import scipy.sparse as sp
 
     from fedsonmf.federation import secagg
@@ -408,16 +457,37 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     else:
         X = read_view()
         n = X.shape[0]
-    labels, c = _request_labels(msg, int(n), p, "graph")
+    spectral = msg.kind == "spectral"
+    if spectral:
+        block = _request_block(msg, int(n), p)
+    else:
+        labels, c = _request_labels(msg, int(n), p, "graph")
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
+    if spectral:
+        _count_spectral_block(sdir, p, steps.spectral_steps(int(n), block.shape[1], _spectral_max(max_steps)) - 1)
     if A is None:
         A = steps.graph_view(X)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
-    reply = Message("graph", msg.round, {"L": steps.graph_reply(A, labels, c)})
+    L = steps.graph_products(A, block) if spectral else steps.graph_reply(A, labels, c)
+    reply = Message(msg.kind, msg.round, {"L": L})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, GRAPH_SPEC)
     return reply
+
+
+def _spectral_max(max_steps: int | None) -> int:
+    return int(default("refine_spectral_steps") if max_steps is None else max_steps)
+
+
+def _count_spectral_block(sdir: Path, p: int, limit: int) -> None:
+    """Count one more spectral block answered in this job, or refuse it past ``limit``."""
+    path = Path(sdir) / f"spectral-{int(p)}.json"
+    answered = int(json.loads(path.read_text())["blocks"]) if path.is_file() else 0
+    if answered >= limit:
+        raise ProtocolError(f"client {p}: refused a spectral block beyond the {max(limit, 0)} this job may ask "
+                            "(refine-spectral-steps, at most n // (2c) steps)")
+    _atomic_write(path, lambda fh: fh.write(json.dumps({"blocks": answered + 1}).encode()))
 
 
 def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:

@@ -84,7 +84,8 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "kmeans_n_init": default("kmeans_n_init"), "kmeans_max_iter": default("kmeans_max_iter"),
                        "early_stop": default("early_stop"), "refine": default("refine"),
                        "refine_starts": default("refine_starts"),
-                       "refine_seeded_starts": default("refine_seeded_starts")}
+                       "refine_seeded_starts": default("refine_seeded_starts"),
+                       "refine_spectral_steps": default("refine_spectral_steps")}
 
 
 def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
@@ -101,7 +102,8 @@ def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
             "kmeans-n-init": int(opts["kmeans_n_init"]), "kmeans-max-iter": int(opts["kmeans_max_iter"]),
             "early-stop": str(opts["early_stop"]), "refine": str(opts["refine"]),
             "refine-starts": int(opts["refine_starts"]),
-            "refine-seeded-starts": int(opts["refine_seeded_starts"])}
+            "refine-seeded-starts": int(opts["refine_seeded_starts"]),
+            "refine-spectral-steps": int(opts["refine_spectral_steps"])}
 
 
 def _update_result_json(out_dir: Path, extra: dict) -> None:

@@ -81,6 +81,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "refine": default("refine"),               # kmeans+graph: the server refines the partition with the nodes
     "refine-starts": default("refine_starts"),  # starts of the refinement; only dense views score them
     "refine-seeded-starts": default("refine_seeded_starts"),  # k-means++ starts, once a dense view scores
+    "refine-spectral-steps": default("refine_spectral_steps"),  # the graph stage's spectral start (<= n // 2c)
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 

@@ -1,0 +1,179 @@
+"""The graph refinement's spectral step (fedsonmf.estimators.spectral): a few steps of orthogonal
+iteration on the summed graph, from the clients' products with the server's blocks, give a second
+start; it is kept only when it lowers the cut clearly and does not raise the dense views' score."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import adjusted_rand_score
+
+from fedsonmf.core.server import total
+from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
+from fedsonmf.estimators.spectral import SPECTRAL_MARGIN, spectral_partition, spectral_refine, spectral_steps
+from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.metrics import clustering_scores
+from test_refine import _views  # the same planted dense, signed views
+
+
+def _exchanges(graphs, c):
+    return (lambda labels: total([client_links(A, labels, c) for A in graphs]),
+            lambda M: total([client_products(A, M) for A in graphs]))
+
+
+def _planted(seed=1, c=4, n_per=25, views=3, p_in=0.4, p_out=0.02):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(c), n_per)
+    graphs = []
+    for _ in range(views):
+        P = np.where(y[:, None] == y[None, :], p_in, p_out)
+        B = np.triu(rng.random(P.shape) < P, 1).astype(float)
+        graphs.append(sp.csr_array(B + B.T))
+    return y, graphs
+
+
+def _orthonormal_power(S, F, steps):
+    for _ in range(steps):
+        F, _ = np.linalg.qr(S @ F)
+    return F
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_products_are_the_graphs_times_the_block_and_the_links_are_the_indicators_product(seed):
+    rng = np.random.default_rng(seed)
+    _, graphs = _planted(seed=seed % 20, c=3, n_per=8, views=1)
+    A = graphs[0]
+    M = rng.uniform(-1, 1, size=(A.shape[0], 3))
+    assert np.allclose(client_products(A, M), (A @ M) / A.shape[0])
+    assert np.all(np.abs(client_products(A, M)) <= 1.0)  # inside the fixed point's public bound
+    labels = rng.integers(0, 3, size=A.shape[0])
+    Z = np.eye(3)[labels]
+    assert np.allclose(client_products(A, Z), client_links(A, labels, 3))
+    with pytest.raises(ValueError, match="block of shape"):
+        client_products(A, M[:-1])
+
+
+def test_the_steps_are_orthogonal_iteration_of_the_normalised_summed_graph():
+    """The server's iteration from the exchanges equals orthogonal iteration of D^-1/2 A D^-1/2 from
+    D^1/2 Z computed on the summed graph itself (the partition from it, by the same Lloyd start)."""
+    y, graphs = _planted(seed=3, p_in=0.15, p_out=0.05)
+    exchange, products = _exchanges(graphs, 4)
+    start = np.random.default_rng(0).integers(0, 4, size=y.size)
+    A = sum(graphs)
+    d = np.asarray(A.sum(axis=1)).ravel()
+    S = sp.diags_array(1 / np.sqrt(d)) @ A @ sp.diags_array(1 / np.sqrt(d))
+    calls = []
+    for steps in (1, 2, 7):
+        calls.clear()
+        got = spectral_partition(start, exchange(start), lambda M: calls.append(1) or products(M), 4, steps)
+        assert len(calls) == steps - 1  # the first step is the graph exchange of the start itself
+        F = _orthonormal_power(S, np.sqrt(d)[:, None] * np.eye(4)[start], steps)
+        E = F / np.linalg.norm(F, axis=1, keepdims=True)
+        from sklearn.cluster import KMeans
+        cen = np.stack([E[start == k].mean(axis=0) for k in range(4)])
+        want = KMeans(4, init=cen, n_init=1).fit_predict(E)
+        assert adjusted_rand_score(want, got) == pytest.approx(1.0)
+
+
+def test_planted_communities_are_found_from_a_random_start():
+    y, graphs = _planted(seed=1)
+    exchange, products = _exchanges(graphs, 4)
+    start = np.random.default_rng(5).integers(0, 4, size=y.size)  # no information at all
+    got = spectral_partition(start, exchange(start), products, 4, 20)
+    assert clustering_scores(y, got)["acc"] == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_candidate_does_not_depend_on_the_names_of_the_clusters(seed):
+    views, _ = _views(seed=seed)
+    graphs = [client_graph(X) for X in views]
+    exchange, products = _exchanges(graphs, 3)
+    start = np.random.default_rng(seed).integers(0, 3, size=views[0].shape[0])
+    renamed = np.array([2, 0, 1])[start]
+    a = spectral_partition(start, exchange(start), products, 3, 10)
+    b = spectral_partition(renamed, exchange(renamed), products, 3, 10)
+    assert adjusted_rand_score(a, b) == pytest.approx(1.0)
+
+
+def test_the_steps_are_capped_so_the_products_never_span_half_the_samples():
+    assert spectral_steps(400, 40, 20) == 5  # ORL: 400 faces, 40 classes
+    assert spectral_steps(3312, 6, 20) == 20
+    assert spectral_steps(10, 6, 20) == 0 and spectral_steps(1000, 3, 0) == 0
+    for n, c in ((169, 6), (2000, 10), (617, 17)):
+        assert spectral_steps(n, c, 20) * c <= n / 2
+
+
+def test_the_candidate_is_kept_only_when_it_lowers_the_cut_clearly_and_the_score_does_not_rise():
+    y, graphs = _planted(seed=2, p_in=0.3, p_out=0.03)
+    exchange, products = _exchanges(graphs, 4)
+    start = np.random.default_rng(1).integers(0, 4, size=y.size)
+    refined, _, cut = graph_refine(start, exchange, 4, max_iter=1)  # a poor partition: one assignment
+    kept, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=20)
+    assert info["kept"] and clustering_scores(y, kept)["acc"] == 1.0
+    assert info["cut"] < (1 - SPECTRAL_MARGIN) * cut and info["exchanges"] >= 20
+    # a score that says the candidate is worse keeps the refined partition
+    worse = lambda labels: 0.0 if np.array_equal(labels, refined) else 1.0  # noqa: E731
+    same, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=20, score=worse)
+    assert not info["kept"] and np.array_equal(same, refined)
+    # a cut lower by less than the margin keeps it too
+    near, info = spectral_refine(start, refined, info["cut"] * (1 + SPECTRAL_MARGIN / 2), exchange, products, 4,
+                                 steps=20)
+    assert not info["kept"] and np.array_equal(near, refined)
+    none, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=0)
+    assert np.array_equal(none, refined) and info == {"steps": 0, "exchanges": 0, "cut": None, "kept": False}
+
+
+def test_the_estimator_runs_the_step_after_the_graph_refinement():
+    views, _ = _views(seed=4)
+    kw = dict(random_state=0, max_rounds=20, n_init=1)
+    with pytest.warns(UserWarning):  # narrow views padded to r = 2c
+        km = FedMultiViewClustering(3, refine="kmeans", **kw).fit(views)
+        off = FedMultiViewClustering(3, refine_spectral_steps=0, **kw).fit(views)
+        on = FedMultiViewClustering(3, **kw).fit(views)
+        secure = FedMultiViewClustering(3, secure_aggregation=True, **kw).fit(views)
+    assert off.spectral_kept_ == [False] and len(on.spectral_kept_) == 1
+    refine = on._refine_exchange(views, None, secure=False)
+    exchange, products = on._graph_exchanges(views, None, secure=False)
+    cut = normalized_cut(exchange(off.labels_), off.labels_, 3)
+    want, info = spectral_refine(km.labels_, off.labels_, cut, exchange, products, 3,
+                                 steps=spectral_steps(views[0].shape[0], 3, 20),
+                                 score=lambda labels: float(np.sum(refine(labels)[1])))
+    assert np.array_equal(on.labels_, want) and on.spectral_kept_ == [info["kept"]]
+    assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"]]
+    assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition
+    with pytest.raises(ParameterError, match="refine_spectral_steps"):
+        FedMultiViewClustering(3, refine_spectral_steps=-1).fit(views)
+
+
+def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything_else(tmp_path):
+    pytest.importorskip("flwr")
+    from fedsonmf.estimators import clustering_steps
+    from fedsonmf.federation.flower import clustering as fclust
+    from fedsonmf.protocol.messages import Message
+
+    X = np.random.default_rng(0).random((12, 3))
+    M = np.random.default_rng(1).uniform(-1, 1, size=(12, 2))
+    msg = Message("spectral", 1, {"M": M}, {})
+    with pytest.raises(ProtocolError, match="masked only"):
+        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=True)
+    reply = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
+    assert reply.kind == "spectral" and set(reply.arrays) == {"L"}
+    assert np.allclose(reply.arrays["L"], client_products(client_graph(X), M))
+    for bad, what in ((M * 2, "exceed 1"), (np.full((12, 2), np.nan), "not finite"), (M[:5], "shape"),
+                      (np.zeros((12, 0)), "shape")):
+        with pytest.raises(ProtocolError, match=what):
+            fclust.node_graph(Message("spectral", 2, {"M": bad}, {}), lambda: X, tmp_path, None, 0,
+                              clustering_steps, secure=False)
+    # n = 12, blocks of 2 columns: at most 12 // 4 = 3 steps, the first a graph exchange -> 2 blocks per job
+    fclust.node_graph(Message("spectral", 3, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+                      secure=False)
+    with pytest.raises(ProtocolError, match="beyond the 2 this job may ask"):
+        fclust.node_graph(Message("spectral", 4, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+                          secure=False)
+    with pytest.raises(ProtocolError, match="beyond the 0"):  # the run config turned the step off
+        fclust.node_graph(Message("spectral", 1, {"M": M}, {}), lambda: X, tmp_path / "other", None, 0,
+                          clustering_steps, secure=False, max_steps=0)
+    assert not (tmp_path / "other" / "spectral-0.json").exists()
