@@ -22,14 +22,15 @@ start that has seen more of the graph than one sample's neighbours:
   ``SPECTRAL_MARGIN`` (1 %) below the graph refinement's partition's, and the summed k-means score
   of the clients whose view is dense (:mod:`fedsonmf.estimators.refine`) is not higher. Spectral
   partitions lower the cut on every data set measured, also where they are worse (the digit and
-  image sets, by 5-10 points); there the dense views' k-means objective rises, and the margin keeps
+  image sets, by 5-13 points); there the dense views' k-means objective rises, and the margin keeps
   the near-ties of text sets (WebKB, Wikipedia: cuts within 1 %) on the refinement's partition.
 
 What it costs in privacy (docs/privacy.md): the server learns the summed graph's products with T
 blocks of c columns, i.e. the summed graph restricted to a subspace of dimension at most T c. So T
-is capped at n // (2 c) (:func:`spectral_steps`): the subspace is at most half of the sample space
-(ORL, 400 faces in 40 classes: 5 steps), and the server never holds enough products to rebuild the
-summed graph. ``refine_spectral_steps=0`` sends none.
+is capped at n // (2 c) (:func:`spectral_steps`): the step adds at most half of the sample space
+(ORL, 400 faces in 40 classes: 5 steps) to what the graph refinement's own exchanges (products with
+partition indicators) already give, and every node enforces the cap itself (it answers at most
+T - 1 blocks per job). ``refine_spectral_steps=0`` sends none.
 
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
 (:mod:`fedsonmf.estimators.clustering_steps`).
