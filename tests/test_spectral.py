@@ -170,10 +170,16 @@ def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything
     # n = 12, blocks of 2 columns: at most 12 // 4 = 3 steps, the first a graph exchange -> 2 blocks per job
     fclust.node_graph(Message("spectral", 3, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
                       secure=False)
-    with pytest.raises(ProtocolError, match="beyond the 2 this job may ask"):
+    with pytest.raises(ProtocolError, match="4 answered of the 4 this job may ask"):
         fclust.node_graph(Message("spectral", 4, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
                           secure=False)
-    with pytest.raises(ProtocolError, match="beyond the 0"):  # the run config turned the step off
+    # narrower blocks do not buy many more columns: never n / 2 of them in all
+    fclust.node_graph(Message("spectral", 5, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+                      secure=False)
+    with pytest.raises(ProtocolError, match="5 answered of the 5"):
+        fclust.node_graph(Message("spectral", 6, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0,
+                          clustering_steps, secure=False)
+    with pytest.raises(ProtocolError, match="0 answered of the 0"):  # the run config turned the step off
         fclust.node_graph(Message("spectral", 1, {"M": M}, {}), lambda: X, tmp_path / "other", None, 0,
                           clustering_steps, secure=False, max_steps=0)
     assert not (tmp_path / "other" / "spectral-0.json").exists()

@@ -440,11 +440,11 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     job's view is prepared again), so the view is read only then; masked with the pair keys of the
     fit's ``state`` when the request is masked; a plain request is refused when ``secure``.  A
     ``spectral`` request (the graph refinement's spectral step) gets ``A_p M / n`` for its block
-    ``M`` (n, c) instead, from the same graph, under the same rules -- and at most
-    ``spectral_steps(n, c, max_steps) - 1`` of them per job (``max_steps``: the run config's
+    ``M`` (n, c) instead, from the same graph, under the same rules -- and at most the columns of
+    ``spectral_steps(n, c, max_steps) - 1`` such blocks per job (``max_steps``: the run config's
     ``refine-spectral-steps``; the first step is a graph exchange): the node enforces the cap that
-    keeps the products from spanning more than half of the sample space, whatever the server asks
-    (a count in ``spectral-<p>.json`` of the state folder)."""
+    keeps the products from spanning half of the sample space, whatever the server asks (a count
+    of columns in ``spectral-<p>.json`` of the state folder)."""
     import scipy.sparse as sp
 
     from fedsonmf.federation import secagg
@@ -465,7 +465,7 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     if spectral:
-        _count_spectral_block(sdir, p, steps.spectral_steps(int(n), block.shape[1], _spectral_max(max_steps)) - 1)
+        _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
     if A is None:
         A = steps.graph_view(X)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
@@ -480,14 +480,19 @@ def _spectral_max(max_steps: int | None) -> int:
     return int(default("refine_spectral_steps") if max_steps is None else max_steps)
 
 
-def _count_spectral_block(sdir: Path, p: int, limit: int) -> None:
-    """Count one more spectral block answered in this job, or refuse it past ``limit``."""
+def _count_spectral_columns(sdir: Path, p: int, n: int, width: int, max_steps: int) -> None:
+    """Count the columns of one more spectral block answered in this job, or refuse it.
+
+    The honest server asks T - 1 blocks of c columns, T = min(max_steps, n // (2c)), so
+    (T - 1) c <= min((max_steps - 1) c, n // 2 - c); the node counts columns, not blocks, so a server
+    that varies the blocks' widths still gets fewer than n / 2 columns in all."""
     path = Path(sdir) / f"spectral-{int(p)}.json"
-    answered = int(json.loads(path.read_text())["blocks"]) if path.is_file() else 0
-    if answered >= limit:
-        raise ProtocolError(f"client {p}: refused a spectral block beyond the {max(limit, 0)} this job may ask "
-                            "(refine-spectral-steps, at most n // (2c) steps)")
-    _atomic_write(path, lambda fh: fh.write(json.dumps({"blocks": answered + 1}).encode()))
+    answered = int(json.loads(path.read_text())["columns"]) if path.is_file() else 0
+    limit = max(0, min((int(max_steps) - 1) * width, n // 2 - width))
+    if answered + width > limit:
+        raise ProtocolError(f"client {p}: refused a spectral block of {width} columns: {answered} answered of the "
+                            f"{limit} this job may ask (refine-spectral-steps, at most n // (2c) steps)")
+    _atomic_write(path, lambda fh: fh.write(json.dumps({"columns": answered + width}).encode()))
 
 
 def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:
