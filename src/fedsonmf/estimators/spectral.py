@@ -30,7 +30,9 @@ blocks of c columns, i.e. the summed graph restricted to a subspace of dimension
 is capped at n // (2 c) (:func:`spectral_steps`): the step adds at most half of the sample space
 (ORL, 400 faces in 40 classes: 5 steps) to what the graph refinement's own exchanges (products with
 partition indicators) already give, and every node enforces the cap itself (it answers at most
-the columns of T - 1 blocks per job). ``refine_spectral_steps=0`` sends none.
+the columns of T - 1 blocks per job). The clients see the blocks they are sent, so each can
+learn, up to a c x c mixing, the other clients' summed graph on the same directions.
+``refine_spectral_steps=0`` sends none.
 
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
 (:mod:`fedsonmf.estimators.clustering_steps`).
