@@ -110,19 +110,21 @@ def test_the_candidate_is_kept_only_when_it_lowers_the_cut_clearly_and_the_score
     y, graphs = _planted(seed=2, p_in=0.3, p_out=0.03)
     exchange, products = _exchanges(graphs, 4)
     start = np.random.default_rng(1).integers(0, 4, size=y.size)
-    refined, _, cut = graph_refine(start, exchange, 4, max_iter=1)  # a poor partition: one assignment
-    kept, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=20)
+    first = []
+    refined, _, cut = graph_refine(start, exchange, 4, max_iter=1, first=first)  # a poor partition: one assignment
+    assert len(first) == 1 and np.array_equal(first[0], exchange(start))  # the start's links, kept for the step
+    kept, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=20)
     assert info["kept"] and clustering_scores(y, kept)["acc"] == 1.0
     assert info["cut"] < (1 - SPECTRAL_MARGIN) * cut and info["exchanges"] >= 20
     # a score that says the candidate is worse keeps the refined partition
-    worse = lambda labels: 0.0 if np.array_equal(labels, refined) else 1.0  # noqa: E731
-    same, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=20, score=worse)
+    worse = lambda labels: (None, np.array([0.0 if np.array_equal(labels, refined) else 1.0]))  # noqa: E731
+    same, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=20, refine=worse)
     assert not info["kept"] and np.array_equal(same, refined)
     # a cut lower by less than the margin keeps it too
-    near, info = spectral_refine(start, refined, info["cut"] * (1 + SPECTRAL_MARGIN / 2), exchange, products, 4,
-                                 steps=20)
+    near, info = spectral_refine(start, first[0], refined, info["cut"] * (1 + SPECTRAL_MARGIN / 2), exchange,
+                                 products, 4, steps=20)
     assert not info["kept"] and np.array_equal(near, refined)
-    none, info = spectral_refine(start, refined, cut, exchange, products, 4, steps=0)
+    none, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=0)
     assert np.array_equal(none, refined) and info == {"steps": 0, "exchanges": 0, "cut": None, "kept": False}
 
 
@@ -138,9 +140,8 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     refine = on._refine_exchange(views, None, secure=False)
     exchange, products = on._graph_exchanges(views, None, secure=False)
     cut = normalized_cut(exchange(off.labels_), off.labels_, 3)
-    want, info = spectral_refine(km.labels_, off.labels_, cut, exchange, products, 3,
-                                 steps=spectral_steps(views[0].shape[0], 3, 20),
-                                 score=lambda labels: float(np.sum(refine(labels)[1])))
+    want, info = spectral_refine(km.labels_, exchange(km.labels_), off.labels_, cut, exchange, products, 3,
+                                 steps=spectral_steps(views[0].shape[0], 3, 20), refine=refine)
     assert np.array_equal(on.labels_, want) and on.spectral_kept_ == [info["kept"]]
     assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"]]
     assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition

@@ -506,10 +506,9 @@ default="auto"
         self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
         stages = refine_stages(self.refine, dp=self._dp())
         secure = bool(models[0].secure_aggregation)
-        score = None  # the dense views' summed k-means score of a partition (the spectral step's check)
+        refine = None  # the k-means refinement's exchange: its summed score is the spectral step's check
         if "kmeans" in stages:
-            exchange = self._refine_exchange(views, masks, secure=secure)
-            score = functools.partial(_summed_score, exchange)
+            exchange = refine = self._refine_exchange(views, masks, secure=secure)
             for i in refined:
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
                                        n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
@@ -521,10 +520,11 @@ default="auto"
             exchange, products = self._graph_exchanges(views, masks, secure=secure)
             steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
             for i in refined:
-                start = partitions[i]
-                partitions[i], iters, cut = graph_refine(start, exchange, self.n_clusters)
-                partitions[i], info = spectral_refine(start, partitions[i], cut, exchange, products, self.n_clusters,
-                                                      steps=steps, score=score, max_iter=self.kmeans_max_iter)
+                start, first = partitions[i], list[np.ndarray]()
+                partitions[i], iters, cut = graph_refine(start, exchange, self.n_clusters, first=first)
+                partitions[i], info = spectral_refine(start, first[0], partitions[i], cut, exchange, products,
+                                                      self.n_clusters, steps=steps, refine=refine,
+                                                      max_iter=self.kmeans_max_iter)
                 self.graph_iter_.append(iters + info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
         self.best_restart_ = best
@@ -743,11 +743,6 @@ def _held_samples(views, masks) -> list:
     """Per client, the sample ids it holds (None: all of them)."""
     n = views[0].shape[0]
     return [None if masks is None else held_columns(masks[p], n, client=p) for p in range(len(views))]
-
-
-def _summed_score(exchange, labels) -> float:
-    """The summed score of a k-means refinement exchange sent ``labels`` (0 without dense views)."""
-    return float(np.sum(exchange(labels)[1]))
 
 
 def _server_sum(items, secure: bool, exp: int | None = None):

@@ -185,13 +185,15 @@ def graph_assign(L, labels, n_clusters: int) -> np.ndarray:
     return new
 
 
-def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int = 100):
+def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int = 100, first: list | None = None):
     """Kernel k-means iterations on the summed graph from ``labels`` until they reach a partition
     met before (a fixed point, or a cycle: the kernel is indefinite, and two partitions that
     send samples back and forth are common) or ``max_iter``; the partition of lowest normalized
     cut met is returned (ties: the earlier).
 
     ``exchange(labels) -> L``: the summed ``A_p Z / n`` of every client (n, c), one round trip.
+    ``first`` (optional list): the reply to the first exchange, sent ``labels``, is appended to it
+    (the spectral step starts from it: :func:`~fedsonmf.estimators.spectral.spectral_refine`).
     Returns ``(labels, iterations, cut)``.
     """
     labels = np.asarray(labels, dtype=np.int64)
@@ -200,6 +202,8 @@ def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int =
     while iterations < int(max_iter):
         iterations += 1
         L = exchange(labels)
+        if first is not None and iterations == 1:
+            first.append(L)
         cut = normalized_cut(L, labels, n_clusters)
         if cut < best_cut:
             best, best_cut = labels, cut

@@ -15,7 +15,8 @@ start that has seen more of the graph than one sample's neighbours:
   M = D^-1/2 F_t / s (n, c; s scales its entries to at most 1, the fixed point's public bound),
   each client returns ``A_p M / n`` (:func:`~fedsonmf.estimators.graph.client_products`, masked
   under secure aggregation), the server rescales and orthonormalises the sum. The first step is the
-  graph exchange of the start itself (``A Z`` is what a graph exchange returns).
+  graph refinement's first exchange, of the start itself (``A Z`` is what a graph exchange
+  returns), so the step costs T - 1 exchanges of its own.
 * **Lloyd's k-means on the rows of the block**, scaled to unit norm, from the start's centroids
   (deterministic: no random seeding), then the graph refinement from that partition.
 * **Kept only when it is clearly better by both pictures**: its normalized cut is at least
@@ -110,15 +111,16 @@ def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters
     return new
 
 
-def spectral_refine(start, refined, refined_cut: float, graph_exchange: Callable, products: Callable,
-                    n_clusters: int, *, steps: int, score: Callable | None = None, max_iter: int = 300):
+def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: Callable, products: Callable,
+                    n_clusters: int, *, steps: int, refine: Callable | None = None, max_iter: int = 300):
     """The spectral step after the graph refinement (module docstring).
 
-    ``start``: the graph refinement's start (labels, (n,)); ``refined``, ``refined_cut``: its result
+    ``start``: the graph refinement's start (labels, (n,)) and ``first`` its links (the reply of
+    the graph exchange sent ``start``); ``refined``, ``refined_cut``: the graph refinement's result
     and that partition's normalized cut (:func:`~fedsonmf.estimators.graph.graph_refine`);
     ``graph_exchange(labels) -> L``, ``products(M) -> sum_p A_p M / n``: the exchanges with the
-    clients; ``score(labels) -> float`` (optional): the summed score of a k-means refinement exchange
-    (0 without dense views), compared only when the cut has dropped.
+    clients; ``refine(labels) -> (D, score)`` (optional): a k-means refinement exchange, whose summed
+    score (0 without dense views) is compared only when the cut has dropped.
     Returns ``(labels, info)`` with info ``{"steps", "exchanges", "cut", "kept"}``: the candidate's
     cut, and whether it replaced ``refined``.
     """
@@ -135,13 +137,15 @@ def spectral_refine(start, refined, refined_cut: float, graph_exchange: Callable
         return call
 
     start = np.asarray(start, dtype=np.int64)
-    first = counted(graph_exchange)(start)
     candidate = spectral_partition(start, first, counted(products), n_clusters, steps, max_iter=max_iter)
     candidate, _, cut = graph_refine(candidate, counted(graph_exchange), n_clusters)
     info["cut"] = float(cut)
     if cut < (1.0 - SPECTRAL_MARGIN) * float(refined_cut):
-        if score is None or counted(score)(candidate) <= counted(score)(refined):
+        if refine is None:
             info["kept"] = True
+        else:
+            def score(labels) -> float:
+                return float(np.sum(counted(refine)(labels)[1]))
+            info["kept"] = score(candidate) <= score(refined)
     info["exchanges"] = count[0]
     return (np.asarray(candidate, dtype=np.int64) if info["kept"] else refined), info
-

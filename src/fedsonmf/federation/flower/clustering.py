@@ -307,13 +307,12 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
         if graph is not None:
-            start = labels
-            labels, graph_iters, cut = steps.graph_refine(start, graph, opts["n_clusters"])
+            start, first = labels, list[np.ndarray]()
+            labels, graph_iters, cut = steps.graph_refine(start, graph, opts["n_clusters"], first=first)
             refined = True
             if spectral is not None:
-                score = None if refine is None else (lambda lab: float(np.sum(refine(lab)[1])))
                 labels, info = steps.spectral_refine(
-                    start, labels, cut, graph, spectral, opts["n_clusters"], score=score,
+                    start, first[0], labels, cut, graph, spectral, opts["n_clusters"], refine=refine,
                     steps=steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"]),
                     max_iter=opts["kmeans_max_iter"])
                 graph_iters, kept = graph_iters + info["exchanges"], bool(info["kept"])
