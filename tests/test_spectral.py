@@ -1,5 +1,6 @@
 """The graph refinement's spectral step (fedsonmf.estimators.spectral): a few steps of orthogonal
-iteration on the summed graph, from the clients' products with the server's blocks, give a second
+iteration on the summed graph, from the clients' products with the server's blocks, and k-means on
+the block (the start's centroids or k-means++ replicates, the lower objective) give a second
 start; it is kept only when it lowers the cut clearly and does not raise the dense views' score."""
 
 import numpy as np
@@ -68,7 +69,8 @@ def test_the_steps_are_orthogonal_iteration_of_the_normalised_summed_graph():
     calls = []
     for steps in (1, 2, 7):
         calls.clear()
-        got = spectral_partition(start, exchange(start), lambda M: calls.append(1) or products(M), 4, steps)
+        got = spectral_partition(start, exchange(start), lambda M: calls.append(1) or products(M), 4, steps,
+                                 n_init=0)  # Lloyd's from the start's centroids only
         assert len(calls) == steps - 1  # the first step is the graph exchange of the start itself
         F = _orthonormal_power(S, np.sqrt(d)[:, None] * np.eye(4)[start], steps)
         E = F / np.linalg.norm(F, axis=1, keepdims=True)
@@ -76,6 +78,33 @@ def test_the_steps_are_orthogonal_iteration_of_the_normalised_summed_graph():
         cen = np.stack([E[start == k].mean(axis=0) for k in range(4)])
         want = KMeans(4, init=cen, n_init=1).fit_predict(E)
         assert adjusted_rand_score(want, got) == pytest.approx(1.0)
+
+
+def _block(graphs, start, c, steps):
+    A = sum(graphs)
+    d = np.asarray(A.sum(axis=1)).ravel()
+    S = sp.diags_array(1 / np.sqrt(d)) @ A @ sp.diags_array(1 / np.sqrt(d))
+    F = _orthonormal_power(S, np.sqrt(d)[:, None] * np.eye(c)[start], steps)
+    return F / np.linalg.norm(F, axis=1, keepdims=True)
+
+
+def _objective(E, labels):
+    return sum(float(np.sum((E[labels == k] - E[labels == k].mean(axis=0)) ** 2)) for k in np.unique(labels))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_block_is_clustered_by_the_lowest_objective_of_the_start_and_the_replicates(seed):
+    """Many small clusters: Lloyd's from a poor start's centroids stops at a local minimum; the
+    k-means++ replicates are taken only when they reach a lower objective on the block, and the
+    candidate is the same for the same seed."""
+    y, graphs = _planted(seed=seed, c=8, n_per=10, p_in=0.5, p_out=0.04)
+    exchange, products = _exchanges(graphs, 8)
+    start = np.random.default_rng(seed).integers(0, 8, size=y.size)
+    E = _block(graphs, start, 8, 5)
+    only = spectral_partition(start, exchange(start), products, 8, 5, n_init=0)
+    both = spectral_partition(start, exchange(start), products, 8, 5, n_init=10, seed=seed)
+    assert _objective(E, both) <= _objective(E, only) * (1 + 1e-9)
+    assert np.array_equal(both, spectral_partition(start, exchange(start), products, 8, 5, n_init=10, seed=seed))
 
 
 def test_planted_communities_are_found_from_a_random_start():

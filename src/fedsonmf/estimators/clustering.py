@@ -220,9 +220,10 @@ default="auto"
         The graph refinement's spectral step (:mod:`fedsonmf.estimators.spectral`): a second start
         for it from this many steps of orthogonal iteration on the summed graph, from the graph
         refinement's start (at most ``n // (2 c)`` steps, one exchange each: the server learns
-        the summed graph on a subspace of at most half the samples' dimension); its result is
-        kept only if its normalized cut is 1 % lower and the dense views' summed k-means score is
-        not higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
+        the summed graph on a subspace of at most half the samples' dimension), k-means on the
+        block (from the start's centroids and ``kmeans_n_init`` replicates); its result is kept
+        only if its normalized cut is 1 % lower and the dense views' summed k-means score is not
+        higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -524,7 +525,8 @@ default="auto"
                 partitions[i], iters, cut = graph_refine(start, exchange, self.n_clusters, first=first)
                 partitions[i], info = spectral_refine(start, first[0], partitions[i], cut, exchange, products,
                                                       self.n_clusters, steps=steps, refine=refine,
-                                                      max_iter=self.kmeans_max_iter)
+                                                      max_iter=self.kmeans_max_iter, n_init=self.kmeans_n_init,
+                                                      seed=seeds[i])
                 self.graph_iter_.append(iters + info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
         self.best_restart_ = best

@@ -314,7 +314,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
                 labels, info = steps.spectral_refine(
                     start, first[0], labels, cut, graph, spectral, opts["n_clusters"], refine=refine,
                     steps=steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"]),
-                    max_iter=opts["kmeans_max_iter"])
+                    max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"], seed=seed)
                 graph_iters, kept = graph_iters + info["exchanges"], bool(info["kept"])
     except FederationError as exc:  # a node lost during a refinement: the partition reached stands
         error = f"{type(exc).__name__}: {exc}"
