@@ -80,11 +80,12 @@ def _start_centroids(E: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.n
 
 
 def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters: int, steps: int, *,
-                       max_iter: int = 300, n_init: int = 10, seed: int | None = 0) -> np.ndarray:
+                       seed: int | None, max_iter: int = 300, n_init: int = 10) -> np.ndarray:
     """The server's spectral candidate (before the graph refinement): ``steps`` steps of orthogonal
     iteration of D^-1/2 A D^-1/2 from the indicator of ``labels``, then k-means on the unit rows of
     the block: Lloyd's from the centroids of ``labels`` and ``n_init`` k-means++ replicates
-    (``random_state=seed``; 0 replicates: the start's centroids only), the lowest objective kept.
+    (``random_state=seed``, the fit's seed: no default, so no caller gets a fixed one silently;
+    0 replicates: the start's centroids only), the lowest objective kept.
 
     ``first``: the summed links ``sum_p A_p Z / n`` (n, c) of a graph exchange sent ``labels`` (the
     first step, and the degrees ``d / n``); ``products(M) -> sum_p A_p M / n`` (n, c) for a block
@@ -120,8 +121,8 @@ def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters
 
 
 def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: Callable, products: Callable,
-                    n_clusters: int, *, steps: int, refine: Callable | None = None, max_iter: int = 300,
-                    n_init: int = 10, seed: int | None = 0):
+                    n_clusters: int, *, steps: int, seed: int | None, refine: Callable | None = None,
+                    max_iter: int = 300, n_init: int = 10):
     """The spectral step after the graph refinement (module docstring).
 
     ``start``: the graph refinement's start (labels, (n,)) and ``first`` its links (the reply of
