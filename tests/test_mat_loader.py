@@ -305,6 +305,70 @@ def test_missing_rule_for_incomplete_files(data_root, tmp_path):
         load_mat(path, missing="nope")
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_all_nan_rows_are_missing_samples(tmp_path, views_and_labels, sparse):
+    """An all-NaN row (the IMVC-CBG files' marker of a sample a view lacks) is a missing sample under
+    every rule: zeros in the view, False in the mask (unless ``missing="zeros"``), never NaN in a view."""
+    views, labels = views_and_labels
+    v1, v2 = views[0].T.copy(), views[1].T.astype(np.float64)  # features x samples, as such files store them
+    v1[:, [2, 7]] = np.nan
+    v2[:, 5] = np.nan
+    cell = np.empty((2, 1), dtype=object)
+    cell[0, 0] = sp.csc_matrix(v1) if sparse else v1
+    cell[1, 0] = v2
+    path = tmp_path / "nanrows.mat"
+    scipy.io.savemat(path, {"data": cell, "truelabel": labels})
+    expected = np.ones((12, 2), dtype=bool)
+    expected[[2, 7], 0] = expected[5, 1] = False
+    for rule in ("auto", "mask"):
+        ds = load_mat(path, missing=rule)
+        assert np.array_equal(ds.mask, expected), rule
+        dense = [v.toarray() if sp.issparse(v) else v for v in ds.views]
+        assert all(np.isfinite(v).all() for v in dense)
+        assert not dense[0][[2, 7]].any() and not dense[1][5].any()
+        np.testing.assert_array_equal(dense[0][expected[:, 0]], views[0][expected[:, 0]])
+    zeros = load_mat(path, missing="zeros")
+    assert zeros.mask is None and all(np.isfinite(v.data if sp.issparse(v) else v).all() for v in zeros.views)
+    # the file's own mask is kept, and a NaN row it calls present is still missing
+    scipy.io.savemat(path, {"data": cell, "truelabel": labels, "ind": np.ones((12, 2))})
+    assert np.array_equal(load_mat(path).mask, expected)
+
+
+def test_partly_nan_rows_and_infinities_are_refused(tmp_path, views_and_labels):
+    views, labels = views_and_labels
+    path = tmp_path / "bad.mat"
+    partial = views[0].copy()
+    partial[4, :3] = np.nan
+    scipy.io.savemat(path, {"V1": partial, "V2": views[1], "y": labels})
+    partly = r"bad\.mat.*'V1' has 1 row\(s\) with some but not all entries NaN \(first: sample 4\)"
+    with pytest.raises(InputError, match=partly):
+        load_mat(path)
+    with pytest.raises(InputError, match="some but not all"):
+        load_mat(path, missing="zeros")
+    for inf in (np.inf, -np.inf):
+        infinite = views[0].copy()
+        infinite[1, 1] = inf
+        for stored in (infinite, sp.csc_matrix(infinite)):
+            scipy.io.savemat(path, {"V1": stored, "V2": views[1], "y": labels})
+            with pytest.raises(InputError, match="'V1' contains infinite values"):
+                load_mat(path)
+
+
+def test_one_plain_matrix_is_a_single_view_dataset(tmp_path, views_and_labels):
+    """Deng Cai's layout: one features x samples matrix ``fea`` (or ``X``) and ``gnd``."""
+    views, labels = views_and_labels
+    path = tmp_path / "single.mat"
+    scipy.io.savemat(path, {"fea": views[0].T, "gnd": labels[:, None], "other": np.ones((3, 3))})
+    ds = load_mat(path)
+    assert ds.view_names == ["fea"] and ds.n_views == 1
+    np.testing.assert_array_equal(ds.views[0], views[0])
+    scipy.io.savemat(path, {"X": views[0], "y": labels})
+    assert load_mat(path).view_names == ["X"]
+    scipy.io.savemat(path, {"fea": np.ones((5, 4)), "gnd": labels})
+    with pytest.raises(InputError, match="no views found.*one matrix named"):
+        load_mat(path)
+
+
 # ------------------------------------------------------------------ no view dropped silently
 
 

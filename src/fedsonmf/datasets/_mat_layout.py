@@ -128,9 +128,16 @@ def _find_views(variables: dict, views_key, n: int, seen: str, exclude: set) -> 
         keys = [k for _, k in sorted(groups[prefix])]
         _refuse_misfits(keys, [variables[k] for k in keys], n)
         return keys, [variables[k] for k in keys]
+    # One plain matrix under a views' name (Deng Cai's ``fea`` + ``gnd`` layout, ``X`` + ``y``): a
+    # single-view dataset -- still a valid input (the estimator warns that one client is no federation).
+    matrices = {k: v for k, v in variables.items() if k not in exclude and _is_numeric(v) and v.ndim == 2}
+    single = _lookup(matrices, VIEW_KEYS)
+    if single is not None and _has_sample_axis(matrices[single], n):
+        return [single], [matrices[single]]
     raise InputError(
-        f"no views found: expected a cell array of matrices (e.g. {', '.join(VIEW_KEYS)}) or "
-        f"numbered variables (V1, V2, ...) with an axis of length n_samples={n}; variables: {seen}"
+        f"no views found: expected a cell array of matrices (e.g. {', '.join(VIEW_KEYS)}), "
+        f"numbered variables (V1, V2, ...) or one matrix named {', '.join(VIEW_KEYS)}, with an axis of "
+        f"length n_samples={n}; variables: {seen}"
     )
 
 
@@ -173,6 +180,49 @@ def _nonzero_rows(v) -> np.ndarray:
     if sp.issparse(v):
         return np.diff(sp.csr_array(v).indptr) > 0  # stored zeros are eliminated by the loader's tocsr()
     return np.asarray(np.asarray(v != 0).any(axis=1))
+
+
+def _fill_missing_rows(v, name: str):
+    """Return ``(v, missing)``: view ``v`` (oriented, samples first) with its all-NaN rows set to
+    zero, and the boolean vector of those rows.
+
+    An all-NaN row is how several public incomplete datasets (e.g. the IMVC-CBG files) mark a
+    sample that a view does not hold; it is read as "missing from this view", never as data. A
+    row with some NaN entries but not all, or any infinite entry, is not a recognisable missing
+    marker (imputing it would be a silent modelling choice), so it is refused, naming the view.
+    """
+    n, d = v.shape
+    if sp.issparse(v):
+        bad = ~np.isfinite(v.data)
+        if not bad.any():
+            return v, np.zeros(n, dtype=bool)
+        if np.isinf(v.data).any():
+            raise InputError(f"view {name!r} contains infinite values; views must be finite")
+        rows = np.repeat(np.arange(n), np.diff(v.indptr))
+        per_row = np.bincount(rows[bad], minlength=n)
+        missing = per_row == d
+        partial = (per_row > 0) & ~missing
+        v = v.copy()
+        v.data[bad] = 0.0
+        v.eliminate_zeros()
+    else:
+        if np.isinf(v).any():
+            raise InputError(f"view {name!r} contains infinite values; views must be finite")
+        isnan = np.isnan(v)
+        if not isnan.any():
+            return v, np.zeros(n, dtype=bool)
+        per_row = isnan.sum(axis=1)
+        missing = per_row == d
+        partial = (per_row > 0) & ~missing
+        v = np.where(isnan, 0.0, v)
+    if partial.any():
+        first = int(np.flatnonzero(partial)[0])
+        raise InputError(
+            f"view {name!r} has {int(partial.sum())} row(s) with some but not all entries NaN (first: sample "
+            f"{first}); an all-NaN row is read as a sample missing from the view, a partly-NaN row is not "
+            "-- impute or drop those entries before loading"
+        )
+    return v, missing
 
 
 def _find_mask(variables: dict, n: int, n_views: int) -> np.ndarray | None:

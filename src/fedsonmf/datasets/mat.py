@@ -28,6 +28,7 @@ from fedsonmf.datasets._mat_layout import (
     MASK_KEYS,
     VIEW_KEYS,
     _describe,
+    _fill_missing_rows,
     _find_labels,
     _find_mask,
     _find_views,
@@ -157,7 +158,8 @@ def load_mat(
     Views are found as, in order: the cell array ``views_key`` (or the variables named in
     ``views_key`` if it is a list); a cell array named one of ``X, fea, data, views, x, Xs``;
     any other cell array of matrices; numbered variables with a common prefix (``V1, V2...``,
-    ``X1, X2...``). Labels are read from ``labels_key`` or the first of
+    ``X1, X2...``); else one plain matrix named one of those (``fea`` with ``gnd``, ``X`` with
+    ``y``), read as a dataset of one view. Labels are read from ``labels_key`` or the first of
     :data:`LABEL_KEYS` present (``y, Y, gt, truelabel, truelabels, label, labels, gnd, Label,
     truth, ground_truth, ...``; exact names first, then ignoring case); a vector or a cell array of identical
     vectors. A 0/1 matrix ``ind`` or ``mask`` of shape (n_samples, n_views) is returned as the
@@ -184,6 +186,12 @@ def load_mat(
           row of a view marks the sample as missing from that view.
         * ``"zeros"``: no mask (``mask=None``) even if the file has one: missing views stay
           all-zero rows and are fitted as data (zero-filling, the behaviour before §15).
+
+        A row of a view that is NaN in every entry (how several public incomplete datasets
+        mark a sample the view does not hold) is a missing sample under every rule: it is
+        returned as zeros, and under ``"auto"`` and ``"mask"`` it is False in the mask (also
+        when the file's own mask says otherwise). A row with some NaN entries but not all,
+        or any infinite entry, raises an InputError naming the view.
 
         Pass ``[dataset.mask[:, p] for p in ...]`` as the ``masks`` of a fit.
 
@@ -221,13 +229,19 @@ def load_mat(
         labels_name, labels = _find_labels(variables, labels_key, seen)
         n = labels.shape[0]
         names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
-        views = [_orient(v, n, name) for name, v in zip(names, raw_views, strict=True)]
+        filled = [_fill_missing_rows(_orient(v, n, name), name) for name, v in zip(names, raw_views, strict=True)]
+        views = [v for v, _ in filled]
+        nan_rows = np.column_stack([rows for _, rows in filled])  # all-NaN rows: missing samples
         classes, labels = np.unique(labels, return_inverse=True)
         mask = None if missing == "zeros" else _find_mask(variables, n, len(views))
         if mask is None and missing == "mask":
-            mask = np.column_stack([_nonzero_rows(v) for v in views])
+            mask = np.column_stack([_nonzero_rows(v) for v in views])  # the NaN rows are zero rows now
             if mask.all():
                 mask = None
+        if mask is None and missing != "zeros" and nan_rows.any():
+            mask = ~nan_rows
+        elif mask is not None:
+            mask = mask & ~nan_rows
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
     except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:  # damaged content
