@@ -369,6 +369,27 @@ def test_one_plain_matrix_is_a_single_view_dataset(tmp_path, views_and_labels):
         load_mat(path)
 
 
+def test_views_stored_as_triplets_are_read_as_sparse(tmp_path, views_and_labels):
+    """``[i, j, value] = find(X)`` triplets (k x 3, 1-based) in a cell: the sparse view they describe,
+    in either orientation; a k x 3 matrix that is not triplets is not touched."""
+    views, labels = views_and_labels
+    dense = views[0] * (views[0] > 0.5)  # 12 x 7, about half zeros
+    i, j = np.nonzero(dense)
+    cell = np.empty((1, 2), dtype=object)
+    cell[0, 0] = np.column_stack([i + 1, j + 1, dense[i, j]])  # samples x features triplets
+    cell[0, 1] = np.column_stack([j + 1, i + 1, dense[i, j]])  # features x samples triplets
+    path = tmp_path / "triplets.mat"
+    scipy.io.savemat(path, {"X": cell, "Y": labels[:, None]})
+    ds = load_mat(path)
+    assert all(sp.issparse(v) and v.shape[0] == 12 for v in ds.views)
+    np.testing.assert_array_equal(ds.views[0].toarray()[:, : dense.shape[1]], dense)
+    np.testing.assert_array_equal(ds.views[1].toarray(), ds.views[0].toarray())
+    not_triplets = np.random.default_rng(1).random((30, 3))
+    scipy.io.savemat(path, {"V1": not_triplets, "V2": views[0], "y": labels})
+    with pytest.raises(InputError, match="'V1' .* has no axis of length n_samples=12"):
+        load_mat(path)
+
+
 # ------------------------------------------------------------------ no view dropped silently
 
 

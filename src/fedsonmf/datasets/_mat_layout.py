@@ -90,6 +90,44 @@ def _find_labels(variables: dict, labels_key: str | None, seen: str) -> tuple[st
     return key, labels
 
 
+def _from_triplets(v, n: int):
+    """A view stored as MATLAB ``[i, j, value] = find(X)`` triplets (``spconvert``'s input: k x 3,
+    1-based integer indices in the first two columns, one index column reaching n) as a CSC matrix
+    of shape (max i, max j) -- a few public text sets (e.g. a 600-document 5-view Reuters copy) store
+    their sparse views this way. Anything else (including a matrix with an axis of length n already,
+    which is read as a view as it stands) is returned unchanged."""
+    if (sp.issparse(v) or not isinstance(v, np.ndarray) or not _is_numeric(v) or v.ndim != 2
+            or v.shape[1] != 3 or v.shape[0] in (0, n) or n == 3 or v.dtype == bool):
+        return v
+    idx = v[:, :2]
+    if not np.all(idx == np.round(idx)) or idx.min() < 1:
+        return v
+    shape = (int(idx[:, 0].max()), int(idx[:, 1].max()))
+    if n not in shape:
+        return v
+    rows, cols = idx[:, 0].astype(np.int64) - 1, idx[:, 1].astype(np.int64) - 1
+    out = sp.coo_array((np.asarray(v[:, 2], dtype=np.float64), (rows, cols)), shape=shape)
+    return out.tocsc()  # duplicate triplets are summed, as spconvert does
+
+
+def _expand_triplets(variables: dict, n: int) -> dict:
+    """``variables`` with every triplet-stored matrix (:func:`_from_triplets`), alone or in a
+    cell, replaced by the sparse matrix it describes."""
+    out = {}
+    for key, v in variables.items():
+        if _is_cell(v):
+            elements = [_from_triplets(e, n) for e in v.ravel(order="F")]
+            if any(e is not o for e, o in zip(elements, v.ravel(order="F"))):
+                cell = np.empty(v.shape, dtype=object)
+                for i, e in zip(np.ndindex(*v.shape[::-1]), elements):
+                    cell[i[::-1]] = e  # Fortran order, as read
+                v = cell
+        else:
+            v = _from_triplets(v, n)
+        out[key] = v
+    return out
+
+
 def _has_sample_axis(v, n: int) -> bool:
     return _is_numeric(v) and v.ndim == 2 and n in v.shape
 

@@ -28,6 +28,7 @@ from fedsonmf.datasets._mat_layout import (
     MASK_KEYS,
     VIEW_KEYS,
     _describe,
+    _expand_triplets,
     _fill_missing_rows,
     _find_labels,
     _find_mask,
@@ -159,7 +160,9 @@ def load_mat(
     ``views_key`` if it is a list); a cell array named one of ``X, fea, data, views, x, Xs``;
     any other cell array of matrices; numbered variables with a common prefix (``V1, V2...``,
     ``X1, X2...``); else one plain matrix named one of those (``fea`` with ``gnd``, ``X`` with
-    ``y``), read as a dataset of one view. Labels are read from ``labels_key`` or the first of
+    ``y``), read as a dataset of one view. A view stored as ``[i, j, value]`` triplets (k x 3,
+    MATLAB's ``spconvert`` input, one index column reaching n_samples) is read as the sparse
+    matrix it describes. Labels are read from ``labels_key`` or the first of
     :data:`LABEL_KEYS` present (``y, Y, gt, truelabel, truelabels, label, labels, gnd, Label,
     truth, ground_truth, ...``; exact names first, then ignoring case); a vector or a cell array of identical
     vectors. A 0/1 matrix ``ind`` or ``mask`` of shape (n_samples, n_views) is returned as the
@@ -228,6 +231,7 @@ def load_mat(
     try:
         labels_name, labels = _find_labels(variables, labels_key, seen)
         n = labels.shape[0]
+        variables = _expand_triplets(variables, n)
         names, raw_views = _find_views(variables, views_key, n, seen, exclude={labels_name})
         filled = [_fill_missing_rows(_orient(v, n, name), name) for name, v in zip(names, raw_views, strict=True)]
         views = [v for v, _ in filled]
