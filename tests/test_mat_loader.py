@@ -382,6 +382,7 @@ def test_views_stored_as_triplets_are_read_as_sparse(tmp_path, views_and_labels)
     scipy.io.savemat(path, {"X": cell, "Y": labels[:, None]})
     ds = load_mat(path)
     assert all(sp.issparse(v) and v.shape[0] == 12 for v in ds.views)
+    assert all(v.indices.dtype == np.int32 for v in ds.views)  # as scipy.io reads a sparse matrix
     np.testing.assert_array_equal(ds.views[0].toarray()[:, : dense.shape[1]], dense)
     np.testing.assert_array_equal(ds.views[1].toarray(), ds.views[0].toarray())
     not_triplets = np.random.default_rng(1).random((30, 3))

@@ -105,7 +105,10 @@ def _from_triplets(v, n: int):
     shape = (int(idx[:, 0].max()), int(idx[:, 1].max()))
     if n not in shape:
         return v
-    rows, cols = idx[:, 0].astype(np.int64) - 1, idx[:, 1].astype(np.int64) - 1
+    # 32-bit indices where they fit, as scipy.io gives for a stored sparse matrix: scikit-learn's
+    # k-means (the references) refuses 64-bit ones
+    index = np.int32 if max(max(shape), v.shape[0]) < np.iinfo(np.int32).max else np.int64
+    rows, cols = idx[:, 0].astype(index) - 1, idx[:, 1].astype(index) - 1
     out = sp.coo_array((np.asarray(v[:, 2], dtype=np.float64), (rows, cols)), shape=shape)
     return out.tocsc()  # duplicate triplets are summed, as spconvert does
 

@@ -37,10 +37,19 @@ __all__ = ["REFERENCES", "kmeans_rownorm", "kmeans_frobenius", "nmf_kmeans", "mu
            "concat_views", "row_normalize_view", "run_reference", "best_reference"]
 
 
+def _int32_indices(A):
+    """``A`` (CSR/CSC) with 32-bit indices where they fit: scikit-learn's k-means and spectral
+    clustering refuse 64-bit ones, which a user's matrix (or one built from int64 coordinates) may have."""
+    limit = np.iinfo(np.int32).max
+    if A.indices.dtype != np.int32 and max(A.nnz, *A.shape) < limit:
+        A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)
+    return A
+
+
 def concat_views(Xs):
     """The views side by side, (n_samples, sum_p d_p): CSR when any view is sparse, else dense float64."""
     if any(sp.issparse(X) for X in Xs):
-        return sp.hstack([sp.csr_array(X, dtype=np.float64) for X in Xs], format="csr")
+        return _int32_indices(sp.hstack([sp.csr_array(X, dtype=np.float64) for X in Xs], format="csr"))
     return np.hstack([np.asarray(X, dtype=np.float64) for X in Xs])
 
 
@@ -143,8 +152,7 @@ def multiview_spectral(Xs, n_clusters: int, *, random_state=None, n_neighbors: i
     n = Xs[0].shape[0]
     k = n_neighbors or max(10, int(round(np.log2(n))))
     A = sum(knn_affinity(X, k) for X in Xs) / len(Xs)
-    A = sp.csr_matrix(A + 1e-6 * sp.eye_array(n))
-    A.indices, A.indptr = A.indices.astype(np.int32), A.indptr.astype(np.int32)  # scikit-learn wants 32-bit
+    A = _int32_indices(sp.csr_matrix(A + 1e-6 * sp.eye_array(n)))
     sc = SpectralClustering(n_clusters=n_clusters, affinity="precomputed", assign_labels="kmeans",
                             n_init=n_init, random_state=random_state)
     with warnings.catch_warnings():
