@@ -581,7 +581,11 @@ def _check_finite(X, path: Path, locate=None) -> None:
     if not finite.all():
         i, j = (int(v) for v in np.argwhere(~finite)[0])
         where = locate(i, j) if locate else f"row {i}, column {j} (0-based)"
-        raise InputError(f"{path}: NaN or Inf at {where} ({float(X[i, j])})")
+        # a whole NaN row is how some multi-view files mark a missing sample; in a per-view file the
+        # sample is left out instead (its row and its id), and load_views(missing="mask") aligns
+        hint = ("; the whole row is NaN: to mark a sample this view lacks, leave its row and id out of "
+                "the file (load_views(..., missing='mask'))") if np.isnan(X[i]).all() else ""
+        raise InputError(f"{path}: NaN or Inf at {where} ({float(X[i, j])}){hint}")
 
 
 # ----------------------------------------------------------------------------- labels
