@@ -1,6 +1,7 @@
 """One view per file (fedsonmf.datasets.files): formats, ids, masks, labels, bad input, the CLI."""
 
 import csv
+import os
 import pickle
 import tempfile
 import warnings
@@ -551,6 +552,48 @@ def test_flower_node_reads_every_format_ordered_by_id(tmp_path, views):
     assert "allow_pickle" not in str(info.value)
 
 
+def _touch_later(path):
+    """An edit's new mtime, 1 s on (file times are coarser than two quick writes in a test)."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def test_flower_node_keeps_a_binary_copy_of_a_parsed_view_until_the_file_changes(tmp_path, views, monkeypatch):
+    """A view parsed from text or a MATLAB file is kept as a 0600 binary copy in the node's state folder
+    and loaded from it by the next message's process; an edited file or ids sidecar is parsed again;
+    a binary view (.npy/.npz) is read as it stands, never copied."""
+    pytest.importorskip("flwr")
+    import fedsonmf.datasets.files as files
+    import fedsonmf.federation.flower.client_app as ca
+
+    A, B = views
+    ids = np.arange(15)[::-1] * 3
+    parse = files.read_view
+    for ext, X in ((".csv", A), (".mtx", B), (".mat", A), (".npy", A), (".npz", B)):
+        path = write_view(tmp_path / f"v{ext}", X, ids=ids)
+        copy = tmp_path / "state" / f"view-copy{ext}"
+        first = ca._read(path, copy)
+        np.testing.assert_array_equal(dense(first), dense(ca._read(path)))
+        stored = sorted(copy.parent.glob(copy.name + ".np*"))
+        if ext in (".npy", ".npz"):
+            assert stored == []
+            continue
+        assert [f.suffix for f in stored] == [".npz" if sp.issparse(X) else ".npy"]
+        assert stored[0].stat().st_mode & 0o777 == 0o600 and copy.parent.stat().st_mode & 0o777 == 0o700
+        monkeypatch.setattr(files, "read_view", lambda *a, **k: pytest.fail("parsed again"))
+        np.testing.assert_array_equal(dense(ca._read(path, copy)), dense(first))  # from the copy
+        monkeypatch.setattr(files, "read_view", parse)
+        sidecar = files.sidecar_ids_path(path)
+        if sidecar.is_file():  # (a CSV view carries its ids in a column instead)
+            sidecar.write_text("".join(f"{i}\n" for i in ids[::-1]))  # new ids: the rows in the other order
+            _touch_later(sidecar)
+            np.testing.assert_array_equal(dense(ca._read(path, copy)), dense(first)[::-1])
+            sidecar.write_text("".join(f"{i}\n" for i in ids))
+        write_view(path, 2.0 * X, ids=ids)  # a new content
+        _touch_later(path)
+        np.testing.assert_array_equal(dense(ca._read(path, copy)), 2.0 * dense(first))
+
+
 def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp_path, small_problem):
     """The ServerApp against a fake grid of ClientApps (test_flower_apps.FakeGrid, no processes) whose nodes hold
     their views as CSV / Matrix Market / MATLAB files with rows shuffled and ids: V equals the in-process run on
@@ -585,6 +628,9 @@ def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp
     aligned = [sp.csr_array(X)[order] if p == 1 else dense(X)[order] for p, X in enumerate(views)]
     ref = run_inprocess(check_views(aligned, fa.R), fa.CFG, "fedsonmf", max_rounds=3, seed=9)
     np.testing.assert_array_equal(V, ref.V)
+    for p in range(3):  # each node parsed its file once and kept the binary copy in its own state folder
+        assert [f.name for f in (tmp_path / f"node{p}" / "state").glob("view-copy-*.np*")] == \
+            [f"view-copy-{p}.{'npz' if p == 1 else 'npy'}"]
 
 
 # ----------------------------------------------------------------------------- real data
