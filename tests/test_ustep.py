@@ -298,3 +298,43 @@ def test_compiled_penalty_follows_the_numpy_iteration(rho1):
         assert n0 > 0 and o1 == o0 and abs(n1 - n0) <= max(2, n0 // 20)
         assert np.max(np.abs(U0 - U1)) <= 1e-6
         assert np.array_equal(assignment_from_u(round_st(U0)[0]), assignment_from_u(round_st(U1)[0]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_penalty_on_the_rows_that_can_move_is_the_whole_iteration(seed):
+    """Rows zero in B, in the start and (rho1 > 0) in U^k stay exactly zero, so the penalty runs on
+    the others (and the first r idle rows, where a collapsed column may land): with the compiled
+    loops the same point bit for bit, the same iteration counts; with the NumPy loops the same
+    rounded pattern (their BLAS sums may differ in the last bit)."""
+    from fedsonmf.core import _search_kernel
+    from fedsonmf.core import ustep_patterns as pt
+    from fedsonmf.core import ustep_penalty as up
+
+    rng = np.random.default_rng(500 + seed)
+    opts = PenaltyOptions()
+    rho1 = 0.0 if seed % 2 else 1.0
+    d, r = int(rng.integers(60, 400)), int(rng.integers(2, 10))
+    X, V, Uk = _instance(rng, d, r, 30, consistent=seed % 3 == 0)
+    idle = rng.random(d) < 0.6  # features absent from every sample
+    X[idle] = 0.0
+    Uk[idle] = 0.0  # a warm prox centre puts no mass there (the U-step's patterns never do)
+    Uk[rng.integers(0, d, r), np.arange(r)] += 1.0  # every column keeps some mass
+    Uk /= np.linalg.norm(Uk, axis=0)
+    B, A = 2 * X @ V.T, 2 * V @ V.T
+    s = pt._pow2_scale(B + rho1 * Uk)
+    eps1 = opts.eps1_rel * float(np.linalg.norm((B + rho1 * Uk) / s))
+    U0 = proj_ob(Uk)
+    rows = up.live_rows(B / s, Uk, rho1 / s, U0)
+    assert rows is not None and rows.size < d
+    idle_kept = np.setdiff1d(rows, np.flatnonzero(np.any(B != 0, axis=1) | np.any(U0 != 0, axis=1)))
+    assert idle_kept.size == r and np.array_equal(idle_kept, np.flatnonzero(~np.any(B != 0, axis=1)
+                                                                           & ~np.any(U0 != 0, axis=1))[:r])
+    for compiled in ((False, True) if _search_kernel.AVAILABLE else (False,)):
+        args = (A / s, B / s, Uk, rho1 / s, U0, opts, eps1)
+        Uc, nc, oc = up.penalty(*args, compiled=compiled, compact=True)
+        Uf, nf, of = up.penalty(*args, compiled=compiled, compact=False)
+        assert np.all(Uc[np.setdiff1d(np.arange(d), rows)] == 0.0)
+        if compiled:
+            assert np.array_equal(Uc, Uf) and (nc, oc) == (nf, of)
+        else:
+            assert np.array_equal(assignment_from_u(round_st(Uc)[0]), assignment_from_u(round_st(Uf)[0]))
