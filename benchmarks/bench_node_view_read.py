@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,19 +27,13 @@ sys.path.insert(0, str(ROOT / "src"))
 from fedsonmf._io import write_json_atomic  # noqa: E402
 from fedsonmf._provenance import meta  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_storage import seconds  # noqa: E402  (one warm-up call, then the best of a few)
+
 #: (format, n samples, d features, density); ".mat" is MATLAB's default v7 file (compressed),
 #: ".mat-raw" one written without compression
 CASES = [(".csv", 500, 1000, 1.0), (".csv", 2000, 1000, 1.0), (".mtx", 2000, 5000, 0.01),
          (".mat", 2000, 1000, 1.0), (".mat", 2000, 5000, 0.01), (".mat-raw", 2000, 1000, 1.0)]
-
-
-def seconds(f, reps: int = 3) -> float:
-    best = np.inf
-    for _ in range(reps):  # the best of a few: the machine is shared
-        t = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def touch(X) -> float:

@@ -85,7 +85,7 @@ def _read(path: Path, copy: Path | None = None):
     kept there as a binary copy (``<copy>.npy`` memory-mapped, or ``<copy>.npz``; mode 0600 in a
     0700 folder) with the key of the file and of its ids sidecar in ``<copy>.json``; the next
     message's process (each message is a fresh one under stock Flower) loads the copy instead of
-    parsing the file again -- a 2 000 x 1 000 CSV takes 0.5 s to parse, every round and every
+    parsing the file again -- a 2 000 x 1 000 CSV takes 0.6 s to parse, every round and every
     refinement exchange.  An edited or replaced file (or sidecar) changes the key and is parsed again.
     """
     from fedsonmf.datasets.files import read_view, sidecar_ids_path
