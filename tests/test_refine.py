@@ -19,6 +19,7 @@ from fedsonmf.estimators.refine import (
     refine_partition,
     refine_view,
     sample_distances,
+    score_weight,
     scores_partitions,
     seeded_starts,
 )
@@ -88,6 +89,46 @@ def test_only_dense_views_score_and_the_score_is_their_kmeans_objective():
     held = np.arange(0, 40, 2)  # incomplete view: the mean over the held samples only
     Dh = client_distances(refine_view(dense, held=held), labels, 3, held=held)
     np.testing.assert_allclose(client_score(Dh, labels, held), [Dh[held, labels[held]].mean()])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 5.0))
+def test_a_dense_views_score_is_the_share_of_its_spread_left_within_the_clusters(seed, offset):
+    """score = k-means objective / one-cluster objective: 1 for one cluster, 0 for singletons, in
+    [0, 1] for any partition, whatever share of the view's energy its mean sample holds (the
+    offset moves every sample towards one direction and shrinks the spread)."""
+    rng = np.random.default_rng(seed)
+    Y = refine_view(rng.random((30, 8)) + offset)
+    w = score_weight(Y)
+    assert w > 0 and scores_partitions(Y)
+    spread = np.mean(np.sum((Y - Y.mean(axis=0)) ** 2, axis=1))
+    np.testing.assert_allclose(w, 1.0 / spread, rtol=1e-8)
+
+    def score(labels, c):
+        return client_refine(Y, labels, c, scores=w)[1][0]
+
+    np.testing.assert_allclose(score(np.zeros(30, dtype=np.int64), 1), 1.0, rtol=1e-8)
+    assert score(np.arange(30), 30) == pytest.approx(0.0, abs=1e-9)
+    labels = rng.integers(0, 4, size=30)
+    km = sum(((Y[labels == k] - Y[labels == k].mean(axis=0)) ** 2).sum() for k in range(4)) / 30
+    np.testing.assert_allclose(score(labels, 4), km / spread, rtol=1e-8)
+    assert 0.0 <= score(labels, 4) <= 1.0 + 1e-12
+
+
+def test_the_score_weight_is_zero_for_text_and_computed_on_the_held_rows():
+    rng = np.random.default_rng(0)
+    text = sp.random(40, 300, density=0.02, random_state=1, format="csr") + sp.eye(40, 300, format="csr")
+    assert score_weight(refine_view(text)) == 0.0
+    dense = rng.random((40, 6)) + 1.0
+    held = np.arange(0, 40, 2)
+    Yh = refine_view(dense, held=held)  # rows outside held are zero, not part of the spread
+    Z = Yh[held]
+    np.testing.assert_allclose(score_weight(Yh, held=held), 1.0 / np.mean(np.sum((Z - Z.mean(axis=0)) ** 2, axis=1)))
+    dense[[1, 5]] = 0.0  # held samples with no features: zero rows, still part of the spread
+    Y = refine_view(dense)
+    ones = np.zeros(40, dtype=np.int64)
+    np.testing.assert_allclose(client_refine(Y, ones, 1, scores=score_weight(Y))[1], [1.0], rtol=1e-10)
+    np.testing.assert_allclose(score_weight(sp.csr_matrix(Y)), score_weight(Y), rtol=1e-12)  # sparse = dense
 
 
 def test_refine_best_keeps_the_lowest_score_and_stops_early_when_nobody_scores():

@@ -99,7 +99,7 @@ from fedsonmf.estimators.refine import (
     refine_best,
     refine_stages,
     refine_view,
-    scores_partitions,
+    score_weight,
     seeded_starts,
 )
 from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_restart
@@ -207,8 +207,9 @@ default="auto"
     refine_starts : int, default=10
         Starts of the refinement: the fit's partition and ``refine_starts - 1`` partitions of
         k-means on V (one replicate each).  The refined partition of lowest summed score is
-        kept; a client scores (its k-means objective) only when its view is dense, so with no
-        dense view only the fit's partition is refined.  ``refine_start_`` says which start won.
+        kept; a client scores (its k-means objective as a share of its view's spread) only when
+        its view is dense, so with no dense view only the fit's partition is refined.
+        ``refine_start_`` says which start won.
     refine_seeded_starts : int, default=3
         More starts, once the first start has scored (a dense view takes part): partitions seeded
         by greedy k-means++ on the pooled row-normalised views, federated through the
@@ -561,7 +562,7 @@ default="auto"
         as the server sums them (the fixed-point sum of secure aggregation when it is on)."""
         held = _held_samples(views, masks)
         rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
-        scores = [scores_partitions(Y, held=h) for Y, h in zip(rviews, held)]  # each client from its own view
+        scores = [score_weight(Y, held=h) for Y, h in zip(rviews, held)]  # each client from its own view
 
         def exchange(labels):
             replies = [client_refine(Y, labels, self.n_clusters, held=h, scores=sc)

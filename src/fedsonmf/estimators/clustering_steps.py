@@ -33,7 +33,7 @@ from fedsonmf.estimators.refine import assign as refine_assign
 from fedsonmf.estimators.refine import client_distances as refine_distances
 from fedsonmf.estimators.refine import client_refine as refine_reply
 from fedsonmf.estimators.refine import refine_best, refine_partition, refine_stages, refine_view
-from fedsonmf.estimators.refine import scores_partitions as refine_scores
+from fedsonmf.estimators.refine import score_weight as refine_scores  # the weight of its score: 0 = none
 from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.spectral import spectral_refine, spectral_steps

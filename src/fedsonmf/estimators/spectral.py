@@ -25,7 +25,8 @@ start that has seen more of the graph than one sample's neighbours:
   with the replicates; docs/clustering.md). Then the graph refinement from that partition.
 * **Kept only when it is clearly better by both pictures**: its normalized cut is at least
   ``SPECTRAL_MARGIN`` (1 %) below the graph refinement's partition's, and the summed k-means score
-  of the clients whose view is dense (:mod:`fedsonmf.estimators.refine`) is not higher. Spectral
+  of the clients whose view is dense (:mod:`fedsonmf.estimators.refine`: each such view's objective
+  as a share of its spread, so every dense view has the same say) is not higher. Spectral
   partitions lower the cut on every data set measured, also where they are worse (the digit and
   image sets, by 5-13 points); there the dense views' k-means objective rises, and the margin keeps
   the near-ties of text sets (WebKB, Wikipedia: cuts within 1 %) on the refinement's partition.
