@@ -75,7 +75,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, mean_energy_share
+from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
 from fedsonmf.exceptions import ParameterError
 
 __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "scores_partitions", "score_weight",
@@ -194,13 +194,7 @@ def score_weight(Y, held=None) -> float:
         return 0.0
     if held is not None:
         Y = Y[np.asarray(held)]
-    if sp.issparse(Y):
-        energy = float(Y.multiply(Y).sum())
-        mean = np.asarray(Y.mean(axis=0)).ravel()
-    else:
-        Y = np.asarray(Y, dtype=np.float64)
-        energy = float(np.einsum("ij,ij->", Y, Y))
-        mean = Y.mean(axis=0)
+    energy, mean = energy_and_mean(Y)
     return 1.0 / (energy / Y.shape[0] - float(mean @ mean))  # mean ||y_i - y_bar||^2 = mean ||y_i||^2 - ||y_bar||^2
 
 

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from fedsonmf.estimators.row_norms import row_normalize
 
-__all__ = ["PREPROCESS_RULES", "MEAN_SHARE_THRESHOLD", "mean_energy_share", "preprocess_view",
+__all__ = ["PREPROCESS_RULES", "MEAN_SHARE_THRESHOLD", "mean_energy_share", "energy_and_mean", "preprocess_view",
            "apply_view_preprocessing", "view_warnings"]
 
 #: a view is *dense* (centred) when its mean sample holds more than this share of its energy
@@ -62,17 +62,18 @@ def mean_energy_share(X) -> float:
     the many terms).  It is the energy of the rank-one "background" that the
     ONMF fit would otherwise devote a component to.  0 for an all-zero view.
     """
-    n = X.shape[0]
-    if sp.issparse(X):
-        total = float(X.multiply(X).sum())
-        mean = np.asarray(X.mean(axis=0)).ravel()
-    else:
-        X = np.asarray(X, dtype=np.float64)
-        total = float(np.sum(X * X))
-        mean = X.mean(axis=0)
+    total, mean = energy_and_mean(X)
     if total == 0:
         return 0.0
-    return float(n * mean @ mean / total)
+    return float(X.shape[0] * mean @ mean / total)
+
+
+def energy_and_mean(X) -> tuple[float, np.ndarray]:
+    """``(||X||_F^2, x_bar)``: the energy of ``X`` (n_samples, d; dense or sparse) and its mean sample (d,)."""
+    if sp.issparse(X):
+        return float(X.multiply(X).sum()), np.asarray(X.mean(axis=0)).ravel()
+    X = np.asarray(X, dtype=np.float64)
+    return float(np.sum(X * X)), X.mean(axis=0)
 
 
 def _empty_share(X) -> float:

@@ -110,8 +110,7 @@ _TABLE = [
     Param("refine_starts", 10, "Starts of the refinement: the fit's partition and refine_starts - 1 partitions of "
                                "k-means on V; the refined one with the lowest score is kept, where only clients "
                                "with a dense view score (their k-means objective as a share of their spread); "
-                               "with no dense view only the "
-                               "fit's partition is refined (docs/clustering.md)."),
+                               "with no dense view only the fit's partition is refined (docs/clustering.md)."),
     Param("refine_seeded_starts", 3, "More starts of the refinement once a dense view scores: partitions seeded "
                                      "by federated k-means++ on the pooled row-normalised views (about c exchanges "
                                      "in all; per start the server learns the summed distances to c (2 + ln c) "

@@ -497,8 +497,8 @@ def _count_spectral_columns(sdir: Path, p: int, n: int, width: int, max_steps: i
 def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
     (n, d_p) and its score (its k-means objective as a share of its spread when its view is dense,
-    else 0: decided from its own view), masked with the pair keys of the fit's ``state`` when the request is masked; a
-    plain request is refused when ``secure``."""
+    else 0: decided from its own view), masked with the pair keys of the fit's ``state`` when the
+    request is masked; a plain request is refused when ``secure``."""
     from fedsonmf.federation import secagg
 
     labels, c = _request_labels(msg, X.shape[0], p, "refine")
