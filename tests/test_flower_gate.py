@@ -299,6 +299,29 @@ def test_failure_and_stop_reports_name_the_signal_and_rounds(tmp_path):
     assert stopped_status(2)["error"] == "stopped externally at round 3; resume with --resume from round 3"
 
 
+def test_a_stop_raises_once_while_the_app_unwinds_then_again_only_if_ignored():
+    """Before: Flower's SIGINT (token revoked) raised RunStopped, and 0.2 s later our watch's
+    SIGUSR1 raised a second one inside the app's ``status.write`` of 'stopped': status.json
+    said 'running' (CI, a loaded machine).  After: one exception per grace period."""
+    now = [100.0]
+    stop = gate.StopSignals(7, grace=30.0, clock=lambda: now[0])
+    assert not stop.due()
+    with pytest.raises(gate.RunStopped, match="run 7 was stopped externally") as first:
+        stop.on_signal(signal.SIGINT)
+    assert first.value.external and stop.stopped.is_set()
+    now[0] += 0.2
+    assert not stop.due()  # the watch does not signal an app that is unwinding
+    assert stop.on_signal(signal.SIGUSR1) is None and stop.on_signal(signal.SIGTERM) is None  # nor do late signals
+    now[0] += 30.0
+    assert stop.due()  # still running after the grace: it swallowed the stop; told again
+    with pytest.raises(gate.RunStopped, match="stopped externally"):
+        stop.on_signal(signal.SIGUSR1)
+    term = gate.StopSignals(8, clock=lambda: 0.0)
+    with pytest.raises(gate.RunStopped, match="got signal SIGTERM") as other:
+        term.on_signal(signal.SIGTERM)
+    assert not other.value.external and not term.due()  # a dead SuperLink: a failure, not a stop
+
+
 # ----------------------------------------------------------------------------- deployment
 
 

@@ -616,6 +616,47 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: seconds a ServerApp that has been told to stop gets to unwind (write its status, push
+#: nothing) before it is told again; our choice: the unwinding takes milliseconds
+STOP_GRACE_SECONDS = 30.0
+
+
+class StopSignals:
+    """How the ServerApp task turns signals into one :class:`RunStopped`.
+
+    SIGINT comes from Flower's own HTTP retry logic when the SuperLink revokes the run's
+    token (401: ``flwr stop``); SIGUSR1 from our watch once the heartbeat says the run is
+    stopped; SIGTERM from the executor (or the watch, when the SuperLink is gone).  The
+    first signal raises; later ones are ignored for :data:`STOP_GRACE_SECONDS`, because a
+    second exception raised while the app writes its ``stopped`` status (the watch polls
+    every 0.2 s) left ``status.json`` saying "running".  Only an app that swallowed the
+    first exception and is still running after the grace is told again.
+    """
+
+    def __init__(self, run_id: int, grace: float = STOP_GRACE_SECONDS, clock=time.monotonic):
+        self.run_id, self.grace, self.clock = run_id, float(grace), clock
+        self.stopped = threading.Event()  # the run was stopped from outside (not a failure)
+        self.raised_at: float | None = None
+
+    def _quiet(self) -> bool:
+        return self.raised_at is not None and self.clock() - self.raised_at < self.grace
+
+    def on_signal(self, signum, _frame=None) -> None:
+        """The signal handler: raise :class:`RunStopped` unless one is already unwinding the app."""
+        if signum == signal.SIGINT:
+            self.stopped.set()
+        if self._quiet():
+            return
+        self.raised_at = self.clock()
+        if self.stopped.is_set():
+            raise RunStopped(f"run {self.run_id} was stopped externally (flwr stop)", external=True)
+        raise RunStopped(f"the ServerApp got signal {signal.Signals(signum).name}")
+
+    def due(self) -> bool:
+        """Whether the watch should signal a stopped run now (not yet told, or told in vain)."""
+        return self.stopped.is_set() and not self._quiet()
+
+
 def run_serverapp_task(spec: dict) -> int:
     """The child of a ServerApp task: run the installed ServerApp on the pulled input."""
     from flwr.common.config import get_fused_config_from_fab
@@ -636,28 +677,19 @@ def run_serverapp_task(spec: dict) -> int:
                     token=spec["token"])
     grid.set_run(run)
     client = _task_client(spec["runtime_api"], spec.get("root_certificates"), spec["token"], "flwr-serverapp")
-    stopped = threading.Event()
-
-    def on_stop(signum, _frame):
-        # SIGINT comes from Flower's own HTTP retry logic when the SuperLink revokes the run's
-        # token (401: ``flwr stop``); SIGUSR1 from our heartbeat watch; SIGTERM from the executor
-        # (or our watch, when the SuperLink is gone)
-        if stopped.is_set() or signum == signal.SIGINT:
-            stopped.set()
-            raise RunStopped(f"run {run.run_id} was stopped externally (flwr stop)", external=True)
-        raise RunStopped(f"the ServerApp got signal {signal.Signals(signum).name}")
-
-    signal.signal(signal.SIGUSR1, on_stop)
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
+    stop = StopSignals(run.run_id)
+    stopped = stop.stopped
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop.on_signal)
     parent = spec.get("parent_pid")
 
     def watch() -> None:  # a stopped run (heartbeat) or a dead SuperLink ends this process's main loop
         while True:
             time.sleep(0.2)
-            if stopped.is_set() or (parent is not None and not _alive(int(parent))):
+            if stop.due() or (not stopped.is_set() and parent is not None and not _alive(int(parent))):
                 os.kill(os.getpid(), signal.SIGUSR1 if stopped.is_set() else signal.SIGTERM)
-                return
+                if not stopped.is_set():
+                    return
 
     threading.Thread(target=watch, daemon=True).start()
     heartbeat = HeartbeatSender(_heartbeat_fn(client, stopped))
