@@ -338,3 +338,28 @@ def test_penalty_on_the_rows_that_can_move_is_the_whole_iteration(seed):
             assert np.array_equal(Uc, Uf) and (nc, oc) == (nf, of)
         else:
             assert np.array_equal(assignment_from_u(round_st(Uc)[0]), assignment_from_u(round_st(Uf)[0]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(r=st.integers(1, 6), seed=st.integers(0, 2**32 - 1), pad=st.integers(0, 5),
+       rho1=st.sampled_from([0.0, 1e-3, 1.0, 10.0]))
+def test_a_square_view_is_solved_exactly_as_an_assignment(r, seed, pad, rho1):
+    """d_p = r (a narrow view padded with zero features up to r): every U in S_+ is a
+    permutation matrix, and the U-step returns the best one, certified, with no penalty stage."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 20))
+    X = rng.standard_normal((r, n))
+    X[r - min(pad, r - 1 if r > 1 else 0):] = 0.0  # the padded features (zero rows)
+    V = np.abs(rng.standard_normal((r, n)))
+    Uk = random_feasible(r, r, rng)
+    U, info = solve_u(2 * X @ V.T, 2 * V @ V.T, Uk, rho1)
+    M = 2 * X @ V.T + rho1 * Uk
+    best = max(sum(M[p[j], j] for j in range(r)) for p in itertools.permutations(range(r)))
+    assert np.array_equal(np.sort(U, axis=None), np.r_[np.zeros(r * r - r), np.ones(r)])  # a permutation
+    assert np.array_equal(U.sum(axis=0), np.ones(r)) and np.array_equal(U.sum(axis=1), np.ones(r))
+    assert np.vdot(U, M) >= best - 1e-12 * max(1.0, abs(best))
+    assert info.certified and info.inner_iterations == 0 and info.source in ("assignment", "safeguard")
+    assert phi(X, V, U, Uk, rho1) <= phi(X, V, Uk, Uk, rho1) + 1e-9
+    if info.source == "safeguard":
+        assert U is Uk  # U^k is an optimum already: kept (no churn between ties)
+

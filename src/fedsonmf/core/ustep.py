@@ -18,7 +18,9 @@ feasible starts (the previous iterate U^k and the row-wise argmax of M) and
 the best candidate under the exact objective is kept; a final safeguard
 returns U^k if nothing beats it, which gives the sufficient-descent inequality
 phi(U^{k+1}) <= phi(U^k) the theory assumes.  Global optimality is *not*
-guaranteed (the theory's Assumption 2 assumes it).
+guaranteed (the theory's Assumption 2 assumes it), except for a square view
+(d_p = r, a narrow view zero-padded up to r): there S_+ is the permutation
+matrices and (7) is a linear assignment, solved exactly (:func:`solve_square`).
 
 The solver only needs the two Gram-type products ``B = 2 X V^T`` (d x r) and
 ``A = 2 V V^T`` (r x r): the one pass over X_p happens in the caller.
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from fedsonmf.core.ustep_patterns import (  # noqa: F401  (re-exported)
     _col_max,
@@ -68,6 +71,7 @@ __all__ = [
     "PenaltyOptions",
     "UStepInfo",
     "solve_u",
+    "solve_square",
     "proj_ob",
     "round_st",
     "polish",
@@ -137,7 +141,7 @@ class UStepInfo:
     inner_iterations: int
     outer_iterations: int
     rounded: bool
-    source: str  # "penalty", "previous", "argmax" or "safeguard"
+    source: str  # "penalty", "previous", "argmax", "assignment" (d = r) or "safeguard"
     gain: float  # <U_new - U_prev, M> = phi(U_prev) - phi(U_new) >= 0
     certified: bool = False
 
@@ -181,6 +185,9 @@ def solve_u(
     The best candidate under the exact objective <U, M> wins; the safeguard
     returns U^k if none beats it (sufficient descent, §3.4 last line).
 
+    A square view (d_p = r: a view narrower than r padded with zero features) is solved
+    exactly instead (:func:`solve_square`): there S_+ is the set of permutation matrices.
+
     Scale: B, A, rho1 are divided by a power of two ~ max|M| first (exact in
     floating point), so solve_u(cB, cA, U, c rho1) returns the same U as
     solve_u(B, A, U, rho1) with the same iteration counts, and no quantity
@@ -192,9 +199,11 @@ def solve_u(
     if s == 1.0 and not np.any(M):  # M = 0: every feasible U is optimal; keep U^k
         return U_prev, UStepInfo(0, 0, False, "safeguard", 0.0, True)
     Mn = M / s
+    base = float(np.vdot(U_prev, Mn))  # score of U_prev; phi = const - s * score
+    if Mn.shape[0] == Mn.shape[1]:
+        return solve_square(Mn, U_prev, base, s)
     P = np.square(np.maximum(Mn, 0.0))
     has_mass = _row_max(P) > 0
-    base = float(np.vdot(U_prev, Mn))  # score of U_prev; phi = const - s * score
 
     n_inner = n_outer = 0
     rounded = certified = False
@@ -238,3 +247,22 @@ def solve_u(
         certified = consider("argmax", am)
     info = UStepInfo(n_inner, n_outer, rounded, best_src, s * (best_score - base), certified)
     return best_U, info
+
+
+def solve_square(Mn: np.ndarray, U_prev: np.ndarray, base: float, s: float) -> tuple[np.ndarray, UStepInfo]:
+    """(7) for d_p = r, exactly: the assignment max_pi sum_j Mn[pi(j), j] (O(r^3)).
+
+    Why [C]: the r columns of a U in S_+ have disjoint nonempty supports, so with d = r rows
+    each column is one unit entry and U is a permutation matrix; then <U, M> = sum_j M_{pi(j) j}
+    is a linear assignment, which ``scipy.optimize.linear_sum_assignment`` solves to global
+    optimality.  The penalty stage instead crawled towards a vertex: 524 s for one 100Leaves
+    fit (64-feature views padded to r = 200) against 10-13 s for the others.
+    ``Mn`` is M divided by the power of two ``s``; ``base`` = <U_prev, Mn>.
+    """
+    rows, cols = linear_sum_assignment(Mn, maximize=True)
+    score = float(Mn[rows, cols].sum())
+    if not score > base + 1e-14 * abs(base):  # U^k is optimal too: keep it (no churn between ties)
+        return U_prev, UStepInfo(0, 0, False, "safeguard", 0.0, True)
+    U = np.zeros_like(Mn)
+    U[rows, cols] = 1.0
+    return U, UStepInfo(0, 0, False, "assignment", s * (score - base), True)
