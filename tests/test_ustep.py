@@ -363,3 +363,76 @@ def test_a_square_view_is_solved_exactly_as_an_assignment(r, seed, pad, rho1):
     if info.source == "safeguard":
         assert U is Uk  # U^k is an optimum already: kept (no churn between ties)
 
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), r=st.integers(1, 8), sweeps=st.sampled_from([1, 2, 30]),
+       zero_cols=st.integers(0, 3), signed=st.booleans(), start=st.sampled_from(["empty", "random", "argmax"]))
+def test_support_search_on_the_rows_it_needs_is_the_whole_search(seed, r, sweeps, zero_cols, signed, start):
+    """Unassigned all-zero rows of M (features no sample has) never move in the search; dropping
+    all but the first sweeps * r + 1 of them gives the same pattern and fixed flag bit for bit, with
+    the compiled and the NumPy routines, also when empty columns (zero rows of V) force repairs."""
+    from fedsonmf.core import _search_kernel
+    from fedsonmf.core import ustep_search as us
+    from fedsonmf.core.ustep_patterns import _repair
+
+    rng = np.random.default_rng(seed)
+    old = us._SWEEPS
+    us._SWEEPS = sweeps  # a small bound stresses the repair count behind the kept rows
+    try:
+        d = int(rng.integers(2 * (sweeps * r + 1) + 20, 4 * (sweeps * r + 1) + 200))
+        M = rng.standard_normal((d, r)) if signed else np.abs(rng.standard_normal((d, r)))
+        M *= rng.random((d, r)) < 0.5
+        M[rng.random(d) < 0.8] = 0.0  # the vocabulary no sample has
+        M[:, rng.permutation(r)[:min(zero_cols, r)]] = 0.0  # components that V's prox zeroed
+        Mn = M / max(np.abs(M).max(), 1e-300)
+        P = np.square(np.maximum(Mn, 0.0))
+        has_mass = np.max(P, axis=1) > 0
+        if start == "empty":
+            a = np.full(d, -1)
+        elif start == "random":
+            a = np.where(rng.random(d) < 0.3, rng.integers(0, r, d), -1)
+        else:
+            a = np.where(has_mass, np.argmax(Mn, axis=1), -1)
+        a = _repair(a, Mn)
+        rows = us.search_rows(a, Mn, has_mass)
+        for compiled in ((False, True) if _search_kernel.AVAILABLE else (False,)):
+            got = us._search(P, a, Mn, 4 * d, has_mass, compiled)
+            want = us._search_all(P, a, Mn, 4 * d, has_mass, compiled)
+            assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+        if rows is not None:
+            assert rows.size < d and np.all(np.isin(np.flatnonzero(has_mass | (a >= 0)), rows))
+    finally:
+        us._SWEEPS = old
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_support_search_keeps_the_zero_rows_its_repairs_take(compiled):
+    """Two columns whose every entry is <= 0 lose their rows in the first sweep; the repair fills
+    each with the first free all-zero row (0 beats the negative entries).  The kept rows cover
+    that, and the pattern is the one of the whole search; keeping a single such row would not."""
+    from fedsonmf.core import _search_kernel
+    from fedsonmf.core import ustep_search as us
+
+    if compiled and not _search_kernel.AVAILABLE:
+        pytest.skip("numba not installed")
+    n_zero, r = 1000, 4
+    M = np.zeros((n_zero + 50, r))
+    M[n_zero:] = -np.random.default_rng(0).random((50, r))  # rows without mass (signed data)
+    M[n_zero, :2], M[n_zero + 1, :2] = -0.5, -0.5  # columns 0 and 1: nothing positive
+    M[n_zero, 2], M[n_zero + 1, 3] = 1.0, 0.8  # the rows start there but belong to columns 2 and 3
+    a = np.full(M.shape[0], -1)
+    a[n_zero], a[n_zero + 1] = 0, 1
+    a[n_zero + 2:n_zero + 26], a[n_zero + 26:] = 2, 3
+    P = np.square(np.maximum(M, 0.0))
+    has_mass = P.max(axis=1) > 0
+    rows = us.search_rows(a, M, has_mass)
+    assert rows is not None and rows.size == us._SWEEPS * r + 1 + 50
+    want = us._search_all(P, a, M, 4 * M.shape[0], has_mass, compiled)
+    assert want[0][0] == 0 and want[0][1] == 1  # the repairs took the first two zero rows
+    got = us._search(P, a, M, 4 * M.shape[0], has_mass, compiled)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    one = rows[np.r_[0, np.arange(us._SWEEPS * r + 1, rows.size)]]  # one zero row only
+    b, _ = us._search_all(P[one], a[one], M[one], 4 * M.shape[0], has_mass[one], compiled)
+    short = a.copy()
+    short[one] = b
+    assert not np.array_equal(short, want[0])  # the second repair had no zero row left to take

@@ -5,6 +5,7 @@ search over row -> column assignments.  Three phases, each monotone: reweighting
 (every row to its argmax of P_ij / sqrt(S_j), all rows at once), batched exact moves while
 many rows can improve, then best-improvement single-row moves with incrementally updated
 gains.  ``duality_gap`` bounds how far a pattern can be from the global optimum.
+``search_rows`` leaves out the all-zero rows no step can take (unused features), with the same result.
 
 The sweeps and the single-row moves run as compiled loops when numba is installed
 (:mod:`fedsonmf.core._search_kernel`, same decisions); the NumPy routines below are the
@@ -22,6 +23,7 @@ __all__ = ["polish", "duality_gap"]
 
 _GAIN_REL = 1e-13  # a move must raise sum_j sqrt(S_j) (~ ||M||) by more than this fraction
 _BULK_MIN = 64  # batched moves only while more rows than this can improve (see _bulk)
+_SWEEPS = 30  # reweighting sweeps per search at most (see _reweighted, search_rows)
 #: run the sweeps and single-row moves compiled (numba installed); False: the NumPy routines
 COMPILED = _kernel.AVAILABLE
 
@@ -77,7 +79,7 @@ def _reweighted(
     P: np.ndarray,
     a: np.ndarray,
     M: np.ndarray,
-    iters: int = 30,
+    iters: int = _SWEEPS,
     patience: int = 3,
     has_mass: np.ndarray | None = None,
 ) -> tuple[np.ndarray, bool]:
@@ -336,7 +338,45 @@ def polish(M: np.ndarray, a: np.ndarray, max_moves: int | None = None) -> np.nda
     return _search(P, a, Mn, max_moves)[0]
 
 
+def search_rows(a: np.ndarray, Mn: np.ndarray, has_mass: np.ndarray) -> np.ndarray | None:
+    """The rows (sorted indices) the support search needs, or None when that is (nearly) every row.
+
+    A row of M that is exactly zero and unassigned in ``a`` (a feature no sample of the view
+    has, far the most rows of a large vocabulary) has no mass: the sweeps leave it where it is,
+    and its every move gains exactly 0, so no move takes it.  Only the repair of an empty column
+    can take one: the first such row (by index) when no movable row has a positive M_ij.  Each
+    repair fills at most r columns, and there is one per sweep (at most ``_SWEEPS``), so the first
+    ``_SWEEPS * r + 1`` of those rows are kept and the search makes the same decisions as on all
+    rows: the same pattern, bit for bit (its sums add the same nonzero terms in the same order).
+    """
+    d, r = Mn.shape
+    free = ~has_mass & (a < 0)
+    if not free.any():
+        return None
+    idle = np.flatnonzero(free)
+    idle = idle[~np.any(Mn[idle] != 0.0, axis=1)]
+    keep = _SWEEPS * r + 1
+    if idle.size <= keep or 2 * (idle.size - keep) < d:  # fewer than half the rows to drop: not worth a copy
+        return None
+    live = np.ones(d, dtype=bool)
+    live[idle[keep:]] = False
+    return np.flatnonzero(live)
+
+
 def _search(P, a, Mn, max_moves, has_mass=None, compiled=None):
+    """The support search on the rows it needs (:func:`search_rows`); returns ``(pattern, fixed)``."""
+    if has_mass is None:
+        has_mass = _row_max(P) > 0
+    rows = search_rows(a, Mn, has_mass)
+    if rows is None:
+        return _search_all(P, a, Mn, max_moves, has_mass, compiled)
+    b, fixed = _search_all(P[rows], a[rows], Mn[rows], max_moves, has_mass[rows], compiled)
+    out = a.copy()  # the dropped rows stay unassigned
+    out[rows] = b
+    return out, fixed
+
+
+def _search_all(P, a, Mn, max_moves, has_mass=None, compiled=None):
     """Reweighting, bulk, greedy (see :func:`polish`); returns ``(pattern, fixed)``.
 
     ``fixed``: the reweighting ended at a fixed point, which no exact move
@@ -349,14 +389,14 @@ def _search(P, a, Mn, max_moves, has_mass=None, compiled=None):
     if compiled is None:
         compiled = COMPILED
     if not compiled:
-        a, fixed = _reweighted(P, a, Mn, has_mass=has_mass)
+        a, fixed = _reweighted(P, a, Mn, iters=_SWEEPS, has_mass=has_mass)
         if fixed:
             return a, True
         a, state = _bulk(P, a, max_moves)
         return _greedy(P, a, max_moves, state), False
     if has_mass is None:
         has_mass = _row_max(P) > 0
-    a, fixed = _kernel.reweighted(P, a, Mn, has_mass)
+    a, fixed = _kernel.reweighted(P, a, Mn, has_mass, _SWEEPS)
     if fixed:
         return a, True
     a, deferred = _kernel.greedy(P, a, max_moves, _GAIN_REL, _BULK_MIN)
