@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from fedsonmf._provenance import meta  # noqa: E402
 from fedsonmf.datasets.mat import default_data_dir, load_mat  # noqa: E402
+from fedsonmf.exceptions import InputError  # noqa: E402
 from fedsonmf.experiments.references import REFERENCES, best_reference  # noqa: E402
 from fedsonmf.experiments.table1 import run_dataset  # noqa: E402
 
@@ -76,7 +77,14 @@ def main(argv=None) -> int:
         if args.only and name not in args.only:
             continue
         rel = FILES.get(name, str(path))
-        ds = load_mat(path)
+        try:
+            ds = load_mat(path)
+        except InputError as why:
+            if name in FILES:  # the shared four must load
+                raise
+            print(f"{name}: skipped ({why})", file=sys.stderr, flush=True)  # one bad --extra file ends nothing
+            out.setdefault("skipped", {})[name] = str(why)
+            continue
         res = run_dataset(ds, key=name, label=rel, methods=methods, seeds=range(args.seeds), params=params)
         row = {m: {**{k: round(v, 2) for k, v in r.summary().items()},
                    "acc_per_seed": [round(100 * a, 2) for a in r.scores["acc"]]} for m, r in res.reports.items()}
