@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-mkdir -p results
+mkdir -p -m 700 results  # our outputs are private (0600 files, docs/privacy.md)
 .venv/bin/fedsonmf synthetic --heterogeneity 0.6 --rounds 30 --seed 0 \
   --json results/demo-correction.json --plot results/demo-correction.png
 .venv/bin/fedsonmf synthetic --heterogeneity 0.6 --rounds 30 --seed 0 --no-correction \

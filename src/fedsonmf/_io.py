@@ -25,8 +25,9 @@ from typing import Union
 
 from fedsonmf.exceptions import InputError
 
-__all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "private_dir", "open_private",
-           "check_private_file", "PrivateFileError", "MissingPrivateFileError", "FILE_MODE", "DIR_MODE"]
+__all__ = ["write_atomic", "temp_writer_alive", "write_json_atomic", "save_npy_atomic", "save_figure_atomic",
+           "private_dir", "new_private_dir", "open_private", "check_private_file", "PrivateFileError",
+           "MissingPrivateFileError", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -65,6 +66,39 @@ def private_dir(path, mode: int = DIR_MODE) -> Path:
     return path
 
 
+def new_private_dir(path, mode: int = DIR_MODE) -> Path:
+    """Create ``path`` and its missing parents with ``mode``; folders that exist keep their mode.
+
+    The folders of our outputs: a user's existing folder (the working directory, ``results/``)
+    is not ours to change, but what we create for private files is 0700.
+
+    Parameters
+    ----------
+    path : path-like
+        The folder.
+    mode : int, default=0o700
+        The permission bits of the folders created.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=mode)
+        except FileExistsError:  # another writer made it meanwhile: theirs, as it is
+            continue
+        os.chmod(p, mode)  # mkdir's mode is cut by the umask; the umask never widens it
+    return path
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -88,7 +122,7 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
     Parameters
     ----------
     path : path-like
-        The target (its folder is created if missing).
+        The target (its folder, if missing, is created 0700 with :func:`new_private_dir`).
     data : bytes, str or callable
         The content: bytes, a str (UTF-8), or ``data(fh)`` that writes to the open binary
         file (e.g. ``lambda fh: np.save(fh, a)``).
@@ -110,7 +144,7 @@ def write_atomic(path, data: Payload, *, mode: int = FILE_MODE) -> Path:
     '0o600'
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    new_private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)  # 0600
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -204,6 +238,32 @@ def save_npy_atomic(path, array, *, mode: int = FILE_MODE) -> Path:
     import numpy as np
 
     return write_atomic(path, lambda fh: np.save(fh, array, allow_pickle=False), mode=mode)
+
+
+def save_figure_atomic(fig, path, *, mode: int = FILE_MODE, **savefig_kw) -> Path:
+    """``fig.savefig`` written with :func:`write_atomic` (0600), the format from the suffix.
+
+    matplotlib's own ``savefig(path)`` creates the file with the umask's mode (0644 by
+    default): a plot of a private run's history would be readable by everyone on the host.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    path : path-like
+        The target, e.g. ``run.png`` (the suffix names the format; none: PNG).
+    mode : int, default=0o600
+        As for :func:`write_atomic`.
+    **savefig_kw
+        Passed to ``fig.savefig`` (``dpi``, ``bbox_inches``, ...).
+
+    Returns
+    -------
+    Path
+        The file written.
+    """
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, **savefig_kw), mode=mode)
 
 
 def open_private(path, flags: str = "ab"):

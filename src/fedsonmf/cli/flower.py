@@ -517,11 +517,11 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     import shlex
     import subprocess
 
+    from fedsonmf._io import new_private_dir
     from fedsonmf.federation.flower import gate
     from fedsonmf.federation.flower.deployment import _bin, flower_env, stop_process_groups
 
-    home = home.resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    home = new_private_dir(home.resolve())
     fab_hash = gate.installed_fab_sha256()
     gate_dir = home / "gate"
     _, secret = gate.prepare_host(gate_dir, [fab_hash], public_key)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedsonmf._io import save_figure_atomic
+
 if TYPE_CHECKING:
     from fedsonmf.protocol.history import History
 
@@ -39,6 +41,8 @@ def plot_residuals(histories: Mapping[str, History], path, metric: str = "R_rel"
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure_atomic(fig, path)  # 0600, like every other output of a run
+    finally:
+        plt.close(fig)
     return Path(path)

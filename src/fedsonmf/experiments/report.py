@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import save_figure_atomic, write_atomic
 from fedsonmf.experiments.study_design import METRICS, Cell, StudyConfig
 
 __all__ = ["write_report", "rounds_to", "group_curves", "LABELS"]
@@ -84,8 +86,10 @@ def _panel_plot(path, panels: Mapping[float, Mapping[str, list[dict]]], metric: 
     axes[0][-1].legend(fontsize=6, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure_atomic(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _fig5_plot(path, table: dict, hs, variants, budgets, title):
@@ -114,8 +118,10 @@ def _fig5_plot(path, table: dict, hs, variants, budgets, title):
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        save_figure_atomic(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _median_or_none(vals):
@@ -143,22 +149,24 @@ def write_report(out_dir, cfg: StudyConfig, figs: dict[str, list[Cell]], records
     # ---- raw numbers
     cols = ["key", "algorithm", "h", "tau", "seed", "round", "objective", "R_V", "R_U", "R", "R_rel", "R_avg_rel",
             "R_rel0", "R_avg_rel0", "effective_rank", "seconds"]
-    with open(out / "rounds.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for key in sorted(records):
-            rec = records[key]
-            sp = rec["spec"]
-            for row in rec["rows"]:
-                w.writerow([key, sp["algorithm"], sp["h"], sp["tau"], sp["seed"]] + [row.get(c, "") for c in cols[5:]])
-    with open(out / "rounds_to_target.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["key", "algorithm", "h", "tau", "seed", "budget", "R1", "R0"] + list(METRICS))
-        for key in sorted(records):
-            rec = records[key]
-            sp = rec["spec"]
-            w.writerow([key, sp["algorithm"], sp["h"], sp["tau"], sp["seed"], sp["rounds"], rec["rows"][0]["R"],
-                        rec["R0"]] + [rounds_to(rec["rows"], target, m) or "" for m in METRICS])
+    rounds = io.StringIO(newline="")
+    w = csv.writer(rounds)
+    w.writerow(cols)
+    for key in sorted(records):
+        rec = records[key]
+        sp = rec["spec"]
+        for row in rec["rows"]:
+            w.writerow([key, sp["algorithm"], sp["h"], sp["tau"], sp["seed"]] + [row.get(c, "") for c in cols[5:]])
+    write_atomic(out / "rounds.csv", rounds.getvalue())
+    to_target = io.StringIO(newline="")
+    w = csv.writer(to_target)
+    w.writerow(["key", "algorithm", "h", "tau", "seed", "budget", "R1", "R0"] + list(METRICS))
+    for key in sorted(records):
+        rec = records[key]
+        sp = rec["spec"]
+        w.writerow([key, sp["algorithm"], sp["h"], sp["tau"], sp["seed"], sp["rounds"], rec["rows"][0]["R"],
+                    rec["R0"]] + [rounds_to(rec["rows"], target, m) or "" for m in METRICS])
+    write_atomic(out / "rounds_to_target.csv", to_target.getvalue())
 
     def recs_of(cells, **sel):
         return [records[c.key] for c in cells if all(getattr(c, k) == v for k, v in sel.items())]
@@ -232,7 +240,7 @@ def write_report(out_dir, cfg: StudyConfig, figs: dict[str, list[Cell]], records
             y = np.array([r["rows"][s - 1][metric] for r in recs])
             vals.append(f"{np.exp(np.mean(np.log(np.maximum(y, 1e-300)))):.2e} (s={s})")
         L.append(f"| {_label(a)} | " + " | ".join(vals) + " |")
-    (out / "summary.md").write_text("\n".join(L) + "\n")
+    write_atomic(out / "summary.md", "\n".join(L) + "\n")
 
 
 def unique_sel(figs: dict[str, list[Cell]], **sel) -> list[Cell]:

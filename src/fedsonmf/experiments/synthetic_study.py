@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf._provenance import meta as provenance_meta
 from fedsonmf.experiments.study_design import (
     METRICS,
@@ -64,19 +64,7 @@ def run_cell(cell: Cell, callback: Callable[[dict], None] | None = None) -> dict
 
 
 def _atomic_write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=0, default=float)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_json_atomic(path, obj, default=float, indent=0)  # 0600, like every result of fedsonmf
 
 
 def _run_and_write(cell: Cell, cells_dir: str) -> tuple[str, float]:
@@ -187,8 +175,7 @@ def run_study(out_dir, cfg: StudyConfig, *, jobs: int = 1, printer=None, report:
     dict with ``computed``, ``reused``, ``seconds`` and ``complete``.
     """
     out = Path(out_dir)
-    cells_dir = out / "cells"
-    cells_dir.mkdir(parents=True, exist_ok=True)
+    cells_dir = new_private_dir(out / "cells")
     printer = printer or _NullPrinter()
     figs = study_cells(cfg)
     cells = unique_cells(figs)

@@ -36,14 +36,13 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedsonmf._io import write_atomic
+from fedsonmf._io import save_npy_atomic, write_atomic
 from fedsonmf.core.server import total
 from fedsonmf.exceptions import FederationError, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
@@ -267,8 +266,6 @@ def write_labels_csv(path, labels, sample_ids=None) -> Path:
     labels = np.asarray(labels)
     ids = np.arange(labels.size) if sample_ids is None else np.asarray(sample_ids)
     text = "sample_id,cluster\n" + "".join(f"{i},{int(k)}\n" for i, k in zip(ids, labels))
-    from fedsonmf._io import write_atomic
-
     write_atomic(path, text)
     return path
 
@@ -322,8 +319,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
         centers = steps.embedding_centers(V, labels, opts["n_clusters"],
                                           normalize_embedding=opts["normalize_embedding"])
     write_labels_csv(out / "labels.csv", labels)
-    np.save(out / ".centers.tmp.npy", centers)
-    os.replace(out / ".centers.tmp.npy", out / "centers.npy")
+    save_npy_atomic(out / "centers.npy", centers)
     return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,

@@ -20,7 +20,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
 
-from fedsonmf._io import open_private, private_dir
+from fedsonmf._io import open_private, private_dir, save_npy_atomic
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
 from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
@@ -61,8 +61,6 @@ class WireRecorder:
             fh.write((json.dumps(row) + "\n").encode())
 
     def _save_arrays(self, client, content) -> dict:
-        import numpy as np
-
         saved = {}
         for name, rec in content.items():
             if not hasattr(rec, "items"):
@@ -70,7 +68,7 @@ class WireRecorder:
             for key, a in rec.items():
                 if hasattr(a, "numpy") and hasattr(a, "shape"):
                     fname = f"{self._count:06d}-c{client}-{name}-{key}.npy"
-                    np.save(self.arrays_dir / fname, a.numpy(), allow_pickle=False)
+                    save_npy_atomic(self.arrays_dir / fname, a.numpy())
                     saved[f"{name}/{key}"] = fname
         return saved
 

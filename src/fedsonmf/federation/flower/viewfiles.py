@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import new_private_dir, save_npy_atomic, write_atomic
 from fedsonmf.exceptions import InputError
 
 __all__ = ["write_views", "write_masks", "check_inputs"]
@@ -33,15 +34,14 @@ def write_masks(masks, directory) -> list[Path | None]:
     list of (Path or None)
         The mask files, None for complete views (the ``mask_paths`` of :func:`run_flower`).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = new_private_dir(directory)
     out: list[Path | None] = []
     for p, mk in enumerate(masks):
         if mk is None:
             out.append(None)
             continue
         path = directory / f"view{p}.mask.npy"
-        np.save(path, np.asarray(mk))
+        save_npy_atomic(path, np.asarray(mk))  # 0600: which samples an organisation holds is its own
         out.append(path)
     return out
 
@@ -63,16 +63,15 @@ def write_views(views, directory) -> list[Path]:
     """
     import scipy.sparse as sp
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = new_private_dir(directory)  # created 0700, files 0600: these are the raw views
     paths = []
     for p, X in enumerate(views):
         if sp.issparse(X):
             path = directory / f"view{p}.npz"
-            sp.save_npz(path, sp.csr_matrix(X))
+            write_atomic(path, lambda fh, X=X: sp.save_npz(fh, sp.csr_matrix(X)))
         else:
             path = directory / f"view{p}.npy"
-            np.save(path, np.asarray(X, dtype=np.float64))
+            save_npy_atomic(path, np.asarray(X, dtype=np.float64))
         paths.append(path)
     return paths
 
