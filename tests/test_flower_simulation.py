@@ -218,3 +218,36 @@ def test_simulation_failure_names_the_view_and_leaves_no_process(tmp_path):
     assert exc.value.status["status"] == "failed" and "view 1" in exc.value.status["error"]
     assert "NaN" in exc.value.status["error"]
     assert _our_processes(tmp_path / "sim" / "flwr-home", "fedsonmf-ray-never-matches") == []
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_an_outsider_on_the_simulation_port_runs_nothing(tmp_path):
+    """A stock simulation SuperLink runs whatever app anyone on the host submits, as the user who
+    started it, with the views' folder in reach. Behind the gate: a foreign app and our own app
+    without the run's signature are both refused, and neither ran (no marker)."""
+    pytest.importorskip("ray")
+    from fedsonmf.federation.flower import write_app_dir
+    from fedsonmf.federation.flower.simulation import SimulationSuperLink
+    from test_flower_gate import Outsider, write_evil_app
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    sim = "num-supernodes=2 client-resources-num-cpus=1"
+    with SimulationSuperLink(tmp_path / "sim") as link:
+        mallory = Outsider(tmp_path / "mallory", link.port)
+        evil = mallory.submit(write_evil_app(tmp_path / "evil", markers), "--federation-config", sim)
+        copy = write_app_dir(tmp_path / "copy")  # byte-identical to the app a run of ours submits
+        link.authorise(copy, {"out-dir": str(tmp_path / "sim" / "server")})  # ... and now pinned
+        unsigned = mallory.submit(copy, "--federation-config", sim, "--run-config",
+                                  f'num-clients=2 out-dir="{markers}" sim-data-dir="{tmp_path / "sim"}"')
+        expected = {evil: "is not the fedsonmf app pinned", unsigned: "carries no coordinator authorisation"}
+        for run_id, why in expected.items():
+            info = mallory.wait_finished(run_id)
+            assert info["status"] == "finished:failed" and "refused by the fedsonmf gate" in info["status-details"]
+            assert why in info["status-details"], info
+        assert not link.simulation_alive()
+    assert list(markers.iterdir()) == []  # neither app's ServerApp nor any ClientApp ran
+    log = (tmp_path / "sim" / "logs" / "gate-simulation.log").read_text()
+    assert f"run {evil}: refused" in log and f"run {unsigned}: refused" in log
+    assert _our_processes(tmp_path / "sim" / "flwr-home", "fedsonmf-ray-never-matches") == []

@@ -37,9 +37,14 @@ ServerApp tasks (one per run, long) run in a child process, so that this
 executor keeps refusing foreign runs meanwhile, and so that an external
 ``flwr stop`` ends that run only (reported as :class:`RunStopped`).
 
+A simulation SuperLink (:class:`~fedsonmf.federation.flower.simulation.SimulationSuperLink`)
+gets the same executor with the role ``simulation``: the same checks, then Flower's own
+simulation runtime in a child process (:func:`run_simulation_task`).  There (b) reads: the
+runtime installs the FAB, which the pin makes our shim, which imports the installed apps.
+
 Command line (started by :class:`~fedsonmf.federation.flower.launcher.LoopbackDeployment`)::
 
-    python -m fedsonmf.federation.flower.gate --role clientapp|serverapp \\
+    python -m fedsonmf.federation.flower.gate --role clientapp|serverapp|simulation \\
         --runtime-api HOST:PORT --pin PIN.json --secret SECRET --ledger LEDGER.json \\
         [--parent-pid PID] [--root-certificates CA.pem] [--app module:attr]
 """
@@ -73,6 +78,9 @@ __all__ = [
 
 #: run-config key of the coordinator's signed authorisation
 TOKEN_KEY = "gate-token"
+#: the executor's roles: a SuperNode's (ClientApp tasks), a SuperLink's (ServerApp tasks), a
+#: simulation SuperLink's (one simulation per run: ServerApp and every virtual node's ClientApp)
+ROLES = ("clientapp", "serverapp", "simulation")
 DEFAULT_CLIENT_APP = "fedsonmf.federation.flower.client_app:app"
 DEFAULT_SERVER_APP = "fedsonmf.federation.flower.server_app:app"
 #: seconds a token may be old when a node first sees it (our choice: generous for slow starts)
@@ -287,8 +295,8 @@ def executor_argv(role: str, runtime_api: str, gate_dir, *, parent_pid: int, roo
 
     Parameters
     ----------
-    role : {"serverapp", "clientapp"}
-        The SuperLink's executor or a SuperNode's.
+    role : {"serverapp", "clientapp", "simulation"}
+        The SuperLink's executor, a SuperNode's, or a simulation SuperLink's.
     runtime_api : str
         ``HOST:PORT`` of its daemon's runtime API.
     gate_dir : path
@@ -485,11 +493,12 @@ class Executor:
         from flwr.supercore.constant import TaskType
         from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
 
-        if role not in ("clientapp", "serverapp"):
-            raise ValueError(f"role must be 'clientapp' or 'serverapp', got {role!r}")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(map(repr, ROLES))}, got {role!r}")
         self.role, self.runtime_api, self.gate = role, runtime_api, gate
         self.root_certificates, self.parent_pid, self.poll = root_certificates, parent_pid, poll
-        self.task_type = TaskType.CLIENT_APP if role == "clientapp" else TaskType.SERVER_APP
+        self.task_type = {"clientapp": TaskType.CLIENT_APP, "serverapp": TaskType.SERVER_APP,
+                          "simulation": TaskType.SIMULATION}[role]
         self.app_ref = app_ref or (DEFAULT_CLIENT_APP if role == "clientapp" else DEFAULT_SERVER_APP)
         # the app is imported once, here, from the installed environment
         self.app = _load_object(self.app_ref) if role == "clientapp" else None
@@ -574,9 +583,10 @@ class Executor:
             push_task_output(client=client, context=context, sub_status=sub_status, details=details)
             client.close()
 
-    # ---------------------------------------------------------------- ServerApp, in a child process
+    # ------------------------------------------------ ServerApp or simulation, in a child process
     def handle_server_task(self, token: str) -> None:
-        """Run one ServerApp task in a child process, after the pin and authorisation checks."""
+        """Run one ServerApp task (role ``serverapp``) or one simulation run (role ``simulation``)
+        in a child process, after the pin and authorisation checks."""
         from flwr.common.constant import SubStatus
         from flwr.common.serde import fab_from_proto, run_from_proto
         from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
@@ -597,13 +607,15 @@ class Executor:
         spec = {"token": token, "task_input": _b64(res.SerializeToString()), "runtime_api": self.runtime_api,
                 "root_certificates": self.root_certificates, "app": self.app_ref, "parent_pid": self.parent_pid}
         # the token goes through stdin, not argv (argv is readable by every local user in /proc)
-        child = subprocess.Popen([sys.executable, "-m", "fedsonmf.federation.flower.gate", "--serverapp-task"],
+        flag = "--simulation-task" if self.role == "simulation" else "--serverapp-task"
+        child = subprocess.Popen([sys.executable, "-m", "fedsonmf.federation.flower.gate", flag],
                                  stdin=subprocess.PIPE)
         assert child.stdin is not None  # stdin=PIPE
         child.stdin.write(json.dumps(spec).encode())
         child.stdin.close()
         self.children.append(child)
-        self.log(f"run {run.run_id}: authorised; ServerApp started (pid {child.pid})")
+        what = "simulation" if self.role == "simulation" else "ServerApp"
+        self.log(f"run {run.run_id}: authorised; {what} started (pid {child.pid})")
 
 
 def _alive(pid: int) -> bool:
@@ -686,10 +698,11 @@ def run_serverapp_task(spec: dict) -> int:
     def watch() -> None:  # a stopped run (heartbeat) or a dead SuperLink ends this process's main loop
         while True:
             time.sleep(0.2)
-            if stop.due() or (not stopped.is_set() and parent is not None and not _alive(int(parent))):
-                os.kill(os.getpid(), signal.SIGUSR1 if stopped.is_set() else signal.SIGTERM)
-                if not stopped.is_set():
-                    return
+            if stop.due():  # a stopped run not yet told, or told in vain (the app swallowed RunStopped)
+                os.kill(os.getpid(), signal.SIGUSR1)
+            elif not stopped.is_set() and parent is not None and not _alive(int(parent)):
+                os.kill(os.getpid(), signal.SIGTERM)  # the SuperLink's executor is gone: a failure, once
+                return
 
     threading.Thread(target=watch, daemon=True).start()
     heartbeat = HeartbeatSender(_heartbeat_fn(client, stopped))
@@ -719,10 +732,46 @@ def run_serverapp_task(spec: dict) -> int:
     return 0 if sub_status == SubStatus.COMPLETED else 1
 
 
+def run_simulation_task(spec: dict) -> int:
+    """The child of a simulation task: Flower's simulation runtime (``flwr-simulation``'s body) on
+    the input the parent pulled and checked.
+
+    A task's input can be pulled once (the pull starts the task), and Flower's runtime pulls it
+    itself, so the connection it opens is given that one reply instead of a second pull.  The FAB
+    it installs and loads is the pinned one (the parent checked its sha256 and the run's
+    signature): the shim app that imports the installed fedsonmf objects.
+    """
+    from queue import Queue
+
+    from flwr.proto.runtime_pb2 import PullTaskInputResponse
+    from flwr.simulation import app as sim_app
+    from flwr.supercore.logger import mirror_output_to_queue, restore_output
+
+    pulled = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
+
+    class PrePulled(sim_app.SimulationIoConnection):
+        def _connect(self) -> None:
+            super()._connect()
+            assert self._client is not None  # connected
+            self._client.PullTaskInput = lambda request: pulled  # type: ignore[method-assign] # the task's one input
+
+    sim_app.SimulationIoConnection = PrePulled  # type: ignore[misc]
+    certs = Path(spec["root_certificates"]).read_bytes() if spec.get("root_certificates") else None
+    log_queue: Queue = Queue()
+    mirror_output_to_queue(log_queue)
+    try:  # ends with flwr_exit (SystemExit) like flwr-simulation
+        sim_app.run_simulation_process(runtime_api_address=spec["runtime_api"], log_queue=log_queue,
+                                       token=spec["token"], insecure=certs is None, certificates=certs,
+                                       parent_pid=spec.get("parent_pid"), runtime_dependency_install=False)
+    finally:
+        restore_output()
+    return 0
+
+
 def serve(argv=None) -> int:
     """Entry point of ``python -m fedsonmf.federation.flower.gate``."""
     ap = argparse.ArgumentParser(prog="fedsonmf-gate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--role", choices=["clientapp", "serverapp"])
+    ap.add_argument("--role", choices=list(ROLES))
     ap.add_argument("--runtime-api")
     ap.add_argument("--pin")
     ap.add_argument("--secret")
@@ -732,9 +781,12 @@ def serve(argv=None) -> int:
     ap.add_argument("--root-certificates", default=None)
     ap.add_argument("--poll", type=float, default=float(os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", 0.05)))
     ap.add_argument("--serverapp-task", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--simulation-task", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serverapp_task:
         return run_serverapp_task(json.loads(sys.stdin.read()))
+    if args.simulation_task:
+        return run_simulation_task(json.loads(sys.stdin.read()))
     missing = [f"--{k}" for k in ("role", "runtime_api", "pin", "secret", "ledger") if getattr(args, k) is None]
     if missing:
         ap.error(f"missing {', '.join(m.replace('_', '-') for m in missing)}")

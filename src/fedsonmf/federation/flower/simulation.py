@@ -10,7 +10,8 @@ partition); :mod:`.nodeconfig` has the rule and why it cannot redirect a real no
 The route, and why: ``flwr run <app> <connection> --federation-config
 "num-supernodes=N ..."`` (the CLI, as a Flower user runs it) against a simulation
 SuperLink (``flower-superlink --simulation``) that :class:`SimulationSuperLink`
-starts in its own session on a free loopback port and stops again.  Our choice
+starts in its own session on a free loopback port, behind the gate (:mod:`.gate`: only
+the pinned app, only the signed run), and stops again.  Our choice
 over the two alternatives: the CLI's managed ``:local:`` SuperLink is detached and
 outlives ``flwr run`` (docs/flower.md, "Flower behaviours"), and ``flwr.simulation.run_simulation`` is
 deprecated in flwr 1.42 and passes an empty run config.
@@ -21,7 +22,8 @@ Everything lives in one run folder::
     <run_dir>/app/         the app (written fresh by write_app_dir)
     <run_dir>/views/       the sim-data-dir: view<p>.* (written or linked), .fedsonmf-state/p<p>/ (node state)
     <run_dir>/server/      the ServerApp's out-dir: status.json, result.json, V.npy
-    <run_dir>/logs/        superlink.log, flwr-run.log, run-config.toml
+    <run_dir>/logs/        superlink.log, gate-simulation.log, flwr-run.log, run-config.toml
+    <run_dir>/gate/        the gate's files (0700): coordinator key, SuperExec secret, pin, ledger
 
 Needs Ray: ``pip install ".[simulation]"`` (``flwr[simulation]``, ≈220 MB).
 """
@@ -38,14 +40,18 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+from fedsonmf._io import new_private_dir, open_private, write_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
+from fedsonmf.federation.flower import security as sec
 from fedsonmf.federation.flower.deployment import (
     STARTUP_TIMEOUT,
     _bin,
     _free_port,
+    _gate,
     _read_status,
     flower_env,
     wait_health,
@@ -108,17 +114,21 @@ def _tail(path: Path, n: int = 25) -> str:
 
 
 class SimulationSuperLink:
-    """``flower-superlink --simulation`` on a free loopback port, in its own session.
+    """``flower-superlink --simulation`` on a free loopback port, in its own session, behind the gate.
 
-    Runs submitted to it (``flwr run ... fedsonmf-sim``) execute in Flower's
-    simulation engine.  :meth:`stop` ends the SuperLink and every process
-    descended from it: ``flower-superexec``, ``flwr-simulation`` and the Ray
-    processes (the SuperLink starts ``flower-superexec`` in a new session, so
-    neither a process-group nor a session kill would reach them; the tree is
-    read from /proc before the SuperLink goes).  Telemetry, update checks,
-    run-time dependency installation and Ray's usage statistics are off; Ray gets
-    its own short temporary folder (removed by :meth:`stop`) and never joins
-    another Ray instance on the machine.
+    Runs submitted to it execute in Flower's simulation engine, but only the runs
+    :meth:`authorise` signed: the SuperLink starts with ``--isolation process`` and a fresh
+    SuperExec secret (0600), and our gate executor (:mod:`.gate`, role ``simulation``) is the
+    only process that can take its tasks.  It refuses any app bundle but the pinned one and any
+    run config the per-run coordinator key did not sign, before anything reads a view: a
+    loopback port is open to every local user, and a stock simulation SuperLink runs whatever
+    app anyone submits, as the user who started it, with the views' folder in its run config.
+
+    :meth:`stop` ends the SuperLink, the executor and every process descended from them
+    (the simulation child and the Ray processes; the tree is read from /proc before the
+    SuperLink goes).  Telemetry, update checks, run-time dependency installation and Ray's usage
+    statistics are off; Ray gets its own short temporary folder (removed by :meth:`stop`) and
+    never joins another Ray instance on the machine.
     """
 
     def __init__(self, run_dir, *, pin_threads: bool = True, log_level: str = "WARNING"):
@@ -131,30 +141,46 @@ class SimulationSuperLink:
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         })
         self.proc: subprocess.Popen | None = None
+        self.executor: subprocess.Popen | None = None
         self.port: int | None = None
         self.ray_tmp: Path | None = None
         self.log = self.run_dir / "logs" / "superlink.log"
+        self.gate_dir = self.run_dir / "gate"
+        self._authority: Any = None  # gate.Authority once started
+        self._pinned: set[str] = set()
 
     def start(self, timeout: float = STARTUP_TIMEOUT) -> SimulationSuperLink:
         """Start the SuperLink in simulation mode and wait until it answers (an event, with a ceiling)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.flwr_home.mkdir(parents=True, exist_ok=True)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (self.run_dir, self.flwr_home, self.log.parent):
+            new_private_dir(folder)
         self.port = _free_port()
-        (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        write_atomic(self.flwr_home / "config.toml",
+                     f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                     f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
         # Ray's unix sockets live in its temp dir: keep the path short (AF_UNIX paths are <= 107 bytes)
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="fedsonmf-ray-"))
         self.env["RAY_TMPDIR"] = str(self.ray_tmp)
-        with open(self.log, "ab") as fh:
+        gate = _gate()
+        new_private_dir(self.gate_dir)
+        authority = self._authority = gate.Authority.create(self.gate_dir / "coordinator.key")  # 0600
+        gate.write_secret(self.gate_dir / "superexec.secret")
+        gate.write_pin(self.gate_dir / "pin.json", sorted(self._pinned), authority.public_key)
+        with open_private(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
                 [_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--disable-runtime-dependency-installation"],
+                 "--port", str(self.port), "--disable-runtime-dependency-installation",
+                 *sec.gate_daemon_args(self.gate_dir / "superexec.secret")],
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.run_dir)
+                start_new_session=True, cwd=self.run_dir, umask=0o077)
         try:
             self._wait_health(timeout)
+            env = {**self.env, "FEDSONMF_OUT_ROOT": str(self.run_dir)}  # the ServerApp writes only there
+            with open_private(self.run_dir / "logs" / "gate-simulation.log", "ab") as fh:
+                self.executor = subprocess.Popen(
+                    gate.executor_argv("simulation", f"127.0.0.1:{self.port}", self.gate_dir,
+                                       parent_pid=self.proc.pid),
+                    env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, cwd=self.run_dir, umask=0o077)
         except BaseException:
             self.stop()  # __exit__ does not run when __enter__ raises
             raise
@@ -166,12 +192,27 @@ class SimulationSuperLink:
         assert self.proc is not None  # started by start()
         wait_health(self.proc, url, deadline, self.log, what="flower-superlink --simulation")
 
+    def authorise(self, app_dir, run_config: dict) -> dict:
+        """Pin the FAB that ``flwr run app_dir`` submits (Flower's builder is deterministic) and
+        return ``run_config`` signed for it (the gate token: single-use, bound to the whole config)."""
+        if self._authority is None:
+            raise RuntimeError("start the SuperLink first")
+        gate = _gate()
+        fab_hash = gate.fab_sha256(gate.build_fab(app_dir))
+        if fab_hash not in self._pinned:
+            self._pinned.add(fab_hash)
+            gate.write_pin(self.gate_dir / "pin.json", sorted(self._pinned), self._authority.public_key)
+        return gate.sign_run_config(self._authority, fab_hash, dict(run_config))
+
+    def _roots(self) -> dict[int, int]:
+        table = _proc_table()
+        return {p.pid: table[p.pid][1] for p in (self.proc, self.executor) if p is not None and p.pid in table}
+
     def stop(self) -> None:
-        """TERM the SuperLink and its descendants, then KILL what is left; remove Ray's temp folder."""
-        if self.proc is not None and self.proc.poll() is None:
-            table = _proc_table()
-            root = {self.proc.pid: table[self.proc.pid][1]} if self.proc.pid in table else {}
-            procs = _tree(root)
+        """TERM the SuperLink, the executor and their descendants, then KILL what is left; remove
+        Ray's temp folder."""
+        if any(p is not None and p.poll() is None for p in (self.proc, self.executor)):
+            procs = _tree(self._roots())
             for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
                 procs.update(_tree(_alive(procs)))  # children started since the last look
                 for pid in _alive(procs):
@@ -181,21 +222,25 @@ class SimulationSuperLink:
                         pass
                 deadline = time.monotonic() + wait
                 while _alive(procs) and time.monotonic() < deadline:
-                    self.proc.poll()  # reap the SuperLink
+                    for p in (self.proc, self.executor):  # reap our own children
+                        if p is not None:
+                            p.poll()
                     time.sleep(0.1)
                 if not _alive(procs):
                     break
-            self.proc.wait(timeout=10)
+            for p in (self.proc, self.executor):
+                if p is not None:
+                    p.wait(timeout=10)
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def simulation_alive(self) -> bool:
-        """True while a ``flwr-simulation`` process (a run in the engine) runs under this SuperLink."""
+        """True while a simulation (the gate's ``--simulation-task`` child) runs under this SuperLink."""
         if self.proc is None or self.proc.poll() is not None:
             return False
-        for pid in _tree({self.proc.pid: _proc_table().get(self.proc.pid, (0, None))[1]}):
+        for pid in _tree(self._roots()):
             try:
-                if b"flwr-simulation" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"--simulation-task" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return True
             except OSError:
                 continue
@@ -289,8 +334,7 @@ def _view_dir(views, run_dir: Path) -> tuple[Path, int]:
     views = list(views)
     if not views:
         raise InputError("no views given")
-    folder = run_dir / "views"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = new_private_dir(run_dir / "views")
     for old in folder.iterdir():  # this folder is the driver's: drop the previous run's view files
         if old.name.startswith("view") and (old.is_symlink() or old.is_file()):
             old.unlink()
@@ -356,11 +400,11 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
     t0 = time.perf_counter()
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    new_private_dir(run_dir)
     sim_dir, m = _view_dir(views, run_dir)
     _check_view_files([sim_view_path(sim_dir, p) for p in range(m)], cfg.n_components)
     out_dir = run_dir / "server"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    new_private_dir(out_dir)
     for stale in ("status.json", "result.json", "V.npy"):
         (out_dir / stale).unlink(missing_ok=True)
     app_dir = write_app_dir(run_dir / "app")
@@ -368,19 +412,20 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
                                max_rounds=max_rounds, tol=tol, seed=seed, round_timeout=round_timeout,
                                node_timeout=node_timeout, record_wire=record_wire)
     logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    new_private_dir(logs)
     overrides = logs / "run-config.toml"
-    overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in rc.items()))
     log = logs / "flwr-run.log"
     with SimulationSuperLink(run_dir, pin_threads=pin_threads) as link:
+        rc = link.authorise(app_dir, rc)  # the gate runs this run, and only this one
+        write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in rc.items()))
         t_link = time.perf_counter() - t0
         t1 = time.perf_counter()
-        with open(log, "wb") as fh:
+        with open_private(log, "wb") as fh:
             proc = subprocess.Popen(
                 [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides),
                  "--federation-config", federation_config(m, cpus_per_client=cpus_per_client)],
                 env=link.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=run_dir)
+                start_new_session=True, cwd=run_dir, umask=0o077)
             t_server = None  # when the ServerApp wrote its first status (it starts the handshake next)
             # ``timeout`` limits stalls, not the run: it restarts whenever status.json changes
             deadline, stamp = time.monotonic() + timeout, None
