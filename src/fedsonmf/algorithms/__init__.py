@@ -12,6 +12,7 @@ from functools import partial
 
 from fedsonmf.algorithms.ablations import LocalCopy, ServerUpdateV
 from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.algorithms.efimvc import efimvc_cluster
 from fedsonmf.algorithms.fedmavg import FedMAvg
 from fedsonmf.algorithms.fedmgs import FedMGS
 from fedsonmf.algorithms.fedmvl import fedmvl_cluster
@@ -42,6 +43,7 @@ ALGORITHMS: dict[str, Callable[[], FederatedAlgorithm]] = {
 #: ``fn(views, n_clusters, random_state=seed) -> labels``, run in process as a comparison method of Table 1
 CLUSTERING_METHODS: dict[str, Callable] = {
     "fedmvl": fedmvl_cluster,  # Huang et al. 2019 (fedsonmf.algorithms.fedmvl)
+    "efimvc": efimvc_cluster,  # Liu et al. 2025 (fedsonmf.algorithms.efimvc)
 }
 
 #: the three adapted baselines of Fig. 3

@@ -17,6 +17,7 @@ scaling.  Methods:
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -128,16 +129,19 @@ def run_dataset(
     masks = None
     if ds.mask is not None:  # the proposed method takes the file's availability mask (§15.1)
         masks = [np.asarray(ds.mask[:, p], dtype=bool) for p in range(ds.n_views)]
-        out.note = ("incomplete views: fedsonmf uses the file's availability mask; the other methods see "
-                    "a missing view as an all-zero row")
+        out.note = ("incomplete views: fedsonmf and the comparison methods built for them (efimvc) use the "
+                    "file's availability mask; the other methods see a missing view as an all-zero row")
     t0 = time.perf_counter()
     for method in methods:
         cb = (lambda seed, row, _m=method: on_seed(_m, seed, row)) if on_seed else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning of capped runs: rounds are reported
             if method in CLUSTERING_METHODS:  # a federated comparison method with its own model
-                def fit_predict(s, _m=method):
-                    return np.asarray(CLUSTERING_METHODS[_m](ds.views, c, random_state=s)), {}
+                fn = CLUSTERING_METHODS[method]
+                extra = {"masks": masks} if masks is not None and "masks" in inspect.signature(fn).parameters else {}
+
+                def fit_predict(s, _fn=fn, _extra=extra):
+                    return np.asarray(_fn(ds.views, c, random_state=s, **_extra)), {}
 
                 rep = evaluate_method(
                     method, fit_predict,
