@@ -18,6 +18,7 @@ from fedsonmf.algorithms.fedmgs import FedMGS
 from fedsonmf.algorithms.fedmvl import fedmvl_cluster
 from fedsonmf.algorithms.fedvra import FedVRA
 from fedsonmf.algorithms.proposed import FedSONMFAlgorithm
+from fedsonmf.algorithms.psfedml import psfedml_cluster
 
 __all__ = [
     "FederatedAlgorithm", "get_algorithm", "ALGORITHMS", "BASELINES", "ABLATIONS", "CLUSTERING_METHODS",
@@ -44,6 +45,7 @@ ALGORITHMS: dict[str, Callable[[], FederatedAlgorithm]] = {
 CLUSTERING_METHODS: dict[str, Callable] = {
     "fedmvl": fedmvl_cluster,  # Huang et al. 2019 (fedsonmf.algorithms.fedmvl)
     "efimvc": efimvc_cluster,  # Liu et al. 2025 (fedsonmf.algorithms.efimvc)
+    "psfedml": psfedml_cluster,  # Li et al. 2024 (fedsonmf.algorithms.psfedml)
 }
 
 #: the three adapted baselines of Fig. 3
