@@ -224,8 +224,10 @@ def test_simulation_failure_names_the_view_and_leaves_no_process(tmp_path):
 @pytest.mark.deploy
 def test_an_outsider_on_the_simulation_port_runs_nothing(tmp_path):
     """A stock simulation SuperLink runs whatever app anyone on the host submits, as the user who
-    started it, with the views' folder in reach. Behind the gate: a foreign app and our own app
-    without the run's signature are both refused, and neither ran (no marker)."""
+    started it, with the views' folder in reach. Now the stock CLI without the SuperLink's own CA
+    certificate (in a 0700 folder) cannot reach it at all (run, ls, log, stop); with it, behind the
+    gate, a foreign app and our own app without the run's signature are both refused, and neither
+    ran (no marker)."""
     pytest.importorskip("ray")
     from fedsonmf.federation.flower import write_app_dir
     from fedsonmf.federation.flower.simulation import SimulationSuperLink
@@ -235,7 +237,13 @@ def test_an_outsider_on_the_simulation_port_runs_nothing(tmp_path):
     markers.mkdir()
     sim = "num-supernodes=2 client-resources-num-cpus=1"
     with SimulationSuperLink(tmp_path / "sim") as link:
-        mallory = Outsider(tmp_path / "mallory", link.port)
+        assert (link.gate_dir.stat().st_mode & 0o777) == 0o700 and Path(link.tls[0]).parent.parent == link.gate_dir
+        eve = Outsider(tmp_path / "eve", link.port)  # no CA certificate: plain HTTP or an unknown issuer
+        for args in (("ls", "x"), ("log", "1", "x"), ("stop", "1", "x"),
+                     ("run", str(write_evil_app(tmp_path / "evil0", markers)), "x", "--federation-config", sim)):
+            p = eve.flwr(*args, check=False)
+            assert p.returncode != 0 and "unavailable" in (p.stdout + p.stderr).lower(), (args, p.stdout, p.stderr)
+        mallory = Outsider(tmp_path / "mallory", link.port, ca=link.tls[0])  # one who got hold of the CA certificate
         evil = mallory.submit(write_evil_app(tmp_path / "evil", markers), "--federation-config", sim)
         copy = write_app_dir(tmp_path / "copy")  # byte-identical to the app a run of ours submits
         link.authorise(copy, {"out-dir": str(tmp_path / "sim" / "server")})  # ... and now pinned

@@ -10,8 +10,8 @@ partition); :mod:`.nodeconfig` has the rule and why it cannot redirect a real no
 The route, and why: ``flwr run <app> <connection> --federation-config
 "num-supernodes=N ..."`` (the CLI, as a Flower user runs it) against a simulation
 SuperLink (``flower-superlink --simulation``) that :class:`SimulationSuperLink`
-starts in its own session on a free loopback port, behind the gate (:mod:`.gate`: only
-the pinned app, only the signed run), and stops again.  Our choice
+starts in its own session on a free loopback port, with TLS under a CA of its own, behind the gate
+(:mod:`.gate`: only the pinned app, only the signed run), and stops again.  Our choice
 over the two alternatives: the CLI's managed ``:local:`` SuperLink is detached and
 outlives ``flwr run`` (docs/flower.md, "Flower behaviours"), and ``flwr.simulation.run_simulation`` is
 deprecated in flwr 1.42 and passes an empty run config.
@@ -23,7 +23,8 @@ Everything lives in one run folder::
     <run_dir>/views/       the sim-data-dir: view<p>.* (written or linked), .fedsonmf-state/p<p>/ (node state)
     <run_dir>/server/      the ServerApp's out-dir: status.json, result.json, V.npy
     <run_dir>/logs/        superlink.log, gate-simulation.log, flwr-run.log, run-config.toml
-    <run_dir>/gate/        the gate's files (0700): coordinator key, SuperExec secret, pin, ledger
+    <run_dir>/gate/        the gate's files (0700): coordinator key, SuperExec secret, pin, ledger,
+                           tls/ (this SuperLink's own CA certificate, server certificate and key)
 
 Needs Ray: ``pip install ".[simulation]"`` (``flwr[simulation]``, ≈220 MB).
 """
@@ -35,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -143,6 +145,7 @@ class SimulationSuperLink:
         self.proc: subprocess.Popen | None = None
         self.executor: subprocess.Popen | None = None
         self.port: int | None = None
+        self.tls: tuple[str, str, str] | None = None  # (ca.crt, server.pem, server.key) once started
         self.ray_tmp: Path | None = None
         self.log = self.run_dir / "logs" / "superlink.log"
         self.gate_dir = self.run_dir / "gate"
@@ -154,21 +157,23 @@ class SimulationSuperLink:
         for folder in (self.run_dir, self.flwr_home, self.log.parent):
             new_private_dir(folder)
         self.port = _free_port()
-        write_atomic(self.flwr_home / "config.toml",
-                     f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-                     f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        gate = _gate()
+        new_private_dir(self.gate_dir)
+        # TLS with a CA of this SuperLink alone, in a 0700 folder: another local user's stock `flwr`
+        # (ls, log, stop, run) cannot even connect to the Control API, which has no authentication
+        # in Flower OSS (a client that skips certificate checks still can: the gate is the defence)
+        self.tls = sec.make_tls(self.gate_dir / "tls", ["127.0.0.1"]).as_tuple()
+        sec.write_connection(self.flwr_home, CONNECTION, f"127.0.0.1:{self.port}", self.tls[0])
         # Ray's unix sockets live in its temp dir: keep the path short (AF_UNIX paths are <= 107 bytes)
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="fedsonmf-ray-"))
         self.env["RAY_TMPDIR"] = str(self.ray_tmp)
-        gate = _gate()
-        new_private_dir(self.gate_dir)
         authority = self._authority = gate.Authority.create(self.gate_dir / "coordinator.key")  # 0600
         gate.write_secret(self.gate_dir / "superexec.secret")
         gate.write_pin(self.gate_dir / "pin.json", sorted(self._pinned), authority.public_key)
         with open_private(self.log, "ab") as fh:
             self.proc = subprocess.Popen(
-                [_bin("flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--disable-runtime-dependency-installation",
+                [_bin("flower-superlink"), "--simulation",
+                 *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=False),
                  *sec.gate_daemon_args(self.gate_dir / "superexec.secret")],
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.run_dir, umask=0o077)
@@ -178,7 +183,7 @@ class SimulationSuperLink:
             with open_private(self.run_dir / "logs" / "gate-simulation.log", "ab") as fh:
                 self.executor = subprocess.Popen(
                     gate.executor_argv("simulation", f"127.0.0.1:{self.port}", self.gate_dir,
-                                       parent_pid=self.proc.pid),
+                                       parent_pid=self.proc.pid, root_certificates=self.tls[0]),
                     env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True, cwd=self.run_dir, umask=0o077)
         except BaseException:
@@ -188,9 +193,10 @@ class SimulationSuperLink:
 
     def _wait_health(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.port}/health"
-        assert self.proc is not None  # started by start()
-        wait_health(self.proc, url, deadline, self.log, what="flower-superlink --simulation")
+        url = f"https://127.0.0.1:{self.port}/health"
+        assert self.proc is not None and self.tls is not None  # started by start()
+        wait_health(self.proc, url, deadline, self.log, what="flower-superlink --simulation",
+                    context=ssl.create_default_context(cafile=self.tls[0]))
 
     def authorise(self, app_dir, run_config: dict) -> dict:
         """Pin the FAB that ``flwr run app_dir`` submits (Flower's builder is deterministic) and
