@@ -93,8 +93,10 @@ def problem(small_problem):
 
 def _nodes(tmp_path, views, node_ids=(101, 202, 303)):
     paths = write_views(views, tmp_path / "views")
-    return {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}")}
-            for p, nid in enumerate(node_ids)}
+    # these tests drive the plain protocol, so the nodes allow it (a deployment node's default
+    # refuses it: tests/test_secagg.py)
+    return {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
+                  "require-secure-aggregation": False} for p, nid in enumerate(node_ids)}
 
 
 def _run_config(tmp_path, **kw):

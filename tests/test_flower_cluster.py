@@ -107,12 +107,13 @@ class FakeGrid:
         return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
 
 
-def _fake_run(tmp_path, views, new_views=None, **rc_extra):
+def _fake_run(tmp_path, views, new_views=None, node_extra=None, **rc_extra):
     paths = write_views(views, tmp_path / "views")
     new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
     nodes = {}
     for p, nid in enumerate((11, 22, 33)[: len(views)]):
-        nc = {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}")}
+        nc = {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
+              **(node_extra or {})}
         if new_paths[p] is not None:
             nc["predict-path"] = str(new_paths[p])
         nodes[nid] = nc
@@ -450,3 +451,44 @@ def test_the_setup_reply_does_not_tell_whether_a_widening_rule_triggered(tmp_pat
     setup = [codec.decode(r.content)[0] for r in grid.log
              if str(r.content[codec.META]["kind"]) == codec.SETUP_AT_HELLO]
     assert sorted(int(m.scalars["d"]) for m in setup) == sorted(max(X.shape[1], 2 * C) for X in views)
+
+
+def test_a_node_refusing_small_clusters_gets_no_seeding_labels_and_the_run_completes(tmp_path):
+    """A node's ``refine-min-cluster-size`` (here 2) refuses the seeded starts' labels, which put
+    drawn samples alone in a cluster: the server drops those starts and goes on, and the result
+    is the estimator's without seeded starts, bit for bit; no node answered a partition with a
+    cluster of one sample."""
+    views, _ = blobs()
+    ref = reference(views, refine_seeded_starts=0)
+    assert reference(views).refine_iter_[0] > ref.refine_iter_[0]  # the default seeds here (dense views)
+    grid, rc = _fake_run(tmp_path, views, node_extra={"refine-min-cluster-size": 2})
+    out = Path(rc["out-dir"])
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    summary = json.loads((out / "result.json").read_text())["clustering"]
+    assert "refine_error" not in summary
+    assert len(summary["refine_notes"]) == 1 and "seeded starts skipped" in summary["refine_notes"][0]
+    assert "refine-min-cluster-size = 2" in summary["refine_notes"][0]
+    assert summary["refine_start"] == ref.refine_start_[0] and summary["graph_iterations"] == ref.graph_iter_[0]
+    refused = [r for r in grid.log if r.has_error()]
+    assert refused and all("refine-min-cluster-size" in r.error.reason for r in refused)
+
+
+def test_the_min_cluster_size_policy_of_a_node():
+    from types import SimpleNamespace
+
+    from fedsonmf.exceptions import ProtocolError
+    from fedsonmf.federation.flower.clustering import _request_labels
+    from fedsonmf.federation.flower.nodeconfig import min_cluster_size
+    from fedsonmf.protocol.messages import Message
+
+    assert min_cluster_size(SimpleNamespace(node_config={})) == 1
+    assert min_cluster_size(SimpleNamespace(node_config={"refine-min-cluster-size": "3"})) == 3
+    for bad in (0, -1, True, 1.5, "x"):
+        with pytest.raises(ValueError, match="integer >= 1"):
+            min_cluster_size(SimpleNamespace(node_config={"refine-min-cluster-size": bad}))
+    msg = Message("refine", 0, {"labels": np.array([0, 0, 1, 1, 1, 2])}, {"n_clusters": 3})
+    assert _request_labels(msg, 6, 0, "refine", 1)[1] == 3
+    with pytest.raises(ProtocolError, match="a cluster of 1 sample"):
+        _request_labels(msg, 6, 0, "refine", 2)
+    empty = Message("refine", 0, {"labels": np.array([0, 0, 1, 1])}, {"n_clusters": 3})
+    assert _request_labels(empty, 4, 0, "refine", 2)[1] == 3  # an empty cluster singles no one out

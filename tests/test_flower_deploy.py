@@ -80,7 +80,8 @@ def deployment(tmp_path_factory, data):
     mods = root / "mods"
     mods.mkdir()
     (mods / "fedsonmf_fault_client.py").write_text(FAULT_CLIENT)
-    dep = LoopbackDeployment(root / "run", paths, client_app="fedsonmf_fault_client:app")
+    dep = LoopbackDeployment(root / "run", paths, client_app="fedsonmf_fault_client:app",
+                             require_secure_aggregation=False)  # the plain protocol (below)
     dep.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(mods), dep.env.get("PYTHONPATH", "")) if p)
     dep.start()
     try:

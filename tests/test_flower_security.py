@@ -471,3 +471,20 @@ def test_flower_run_insecure_and_tls_exclude_each_other(tmp_path):
     r = CliRunner().invoke(app, ["flower", "run", str(tmp_path / "v.npy"), "--out", str(tmp_path / "run"), "--rank",
                                  "2", "--insecure", "--tls", "a", "--tls", "b", "--tls", "c"])
     assert r.exit_code == 2 and "--insecure and --tls exclude each other" in r.output, r.output
+
+
+def test_a_nodes_config_states_its_policies_as_flower_parses_them(tmp_path):
+    """The node config the launcher and ``fedsonmf flower supernode`` write: the secure-aggregation
+    policy always spelled out (on unless allowed off), the cluster-size policy when above 1, both
+    read back by the ClientApp's own rules from Flower's parse."""
+    from types import SimpleNamespace
+
+    from flwr.common.config import parse_config_args
+
+    from fedsonmf.federation.flower.nodeconfig import min_cluster_size, requires_secure_aggregation
+
+    for kw, secure, size in (({}, True, 1), ({"require_secure": False}, False, 1),
+                             ({"min_cluster_size": 3}, True, 3)):
+        nc = parse_config_args([sec.node_config(0, 2, tmp_path / "v.npy", **kw)])
+        ctx = SimpleNamespace(node_config=nc)
+        assert requires_secure_aggregation(ctx) is secure and min_cluster_size(ctx) == size, nc

@@ -478,14 +478,35 @@ def test_estimator_takes_the_parameter(small_problem):
     assert secure.result_.config["secure_aggregation"] is True
 
 
-def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem, task_identity):
+@pytest.mark.parametrize("policy", ["default", True, "true"])
+def test_a_node_that_requires_secure_aggregation_refuses_a_plain_run(tmp_path, small_problem, task_identity, policy):
+    """A deployment node (one with a data-path) refuses plain runs unless its operator allows them:
+    by default, or with the node config set (TOML's bool, or its text)."""
     from fedsonmf.exceptions import FederationError
     from fedsonmf.federation.flower.client_app import make_client_app
     from test_flower_apps import FakeGrid, _nodes, _run_config, _server
 
     nodes = _nodes(tmp_path, small_problem.views[:3])
     for nc in nodes.values():
-        nc["require-secure-aggregation"] = True
+        del nc["require-secure-aggregation"]
+        if policy != "default":
+            nc["require-secure-aggregation"] = policy
     grid = FakeGrid(make_client_app(), nodes)
     with pytest.raises(FederationError, match="requires secure aggregation"):
         _server(grid, _run_config(tmp_path))  # the plain protocol
+
+
+def test_the_secure_aggregation_policy_of_a_node():
+    from types import SimpleNamespace
+
+    from fedsonmf.federation.flower.nodeconfig import requires_secure_aggregation
+
+    def ctx(**nc):
+        return SimpleNamespace(node_config=nc)
+
+    assert requires_secure_aggregation(ctx(**{"data-path": "/v.npy"}))  # a deployment node: on unless allowed
+    assert not requires_secure_aggregation(ctx(**{"partition-id": 0}))  # a simulated node follows the run
+    for value, want in ((True, True), (False, False), ("true", True), ("False", False)):
+        assert requires_secure_aggregation(ctx(**{"data-path": "/v.npy", "require-secure-aggregation": value})) is want
+    with pytest.raises(ValueError, match="must be true or false"):
+        requires_secure_aggregation(ctx(**{"data-path": "/v.npy", "require-secure-aggregation": 1}))

@@ -732,11 +732,17 @@ def _register_machine_commands(flower_app) -> None:
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no key (warns)."),
         coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
                                                        "PUBLIC key (coordinator.pub): only runs it signed execute."),
+        allow_plain: bool = typer.Option(False, "--allow-plain", help="Take part in runs without secure "
+                                         "aggregation too (this node's uploads then reach the server unmasked)."),
+        min_cluster_size: int = typer.Option(1, "--refine-min-cluster-size", min=1, help="Answer refinement "
+                                             "labels only when every nonempty cluster holds at least this many "
+                                             "samples (2 or more refuses the seeded starts)."),
     ):
         """Run flower-supernode for one view, with TLS, its own key and the gate (foreground).
 
         The node starts no app itself (``--isolation process``): its gate executor runs the installed
-        fedsonmf ClientApp, only for the pinned app bundle and coordinator-signed runs."""
+        fedsonmf ClientApp, only for the pinned app bundle and coordinator-signed runs.  It refuses
+        runs without secure aggregation unless given ``--allow-plain``."""
         sec = _sec()
         try:
             if not view.is_file():
@@ -750,7 +756,9 @@ def _register_machine_commands(flower_app) -> None:
                 private = sec.load_node_key(key).private  # refuses a group/world-readable key
                 ca_cert = ca.resolve()
             args = sec.supernode_args(superlink_addr, ca_cert, private,
-                                      sec.node_config(partition, partitions, view, state_dir, mask), port=runtime_port)
+                                      sec.node_config(partition, partitions, view, state_dir, mask,
+                                                      require_secure=not allow_plain,
+                                                      min_cluster_size=min_cluster_size), port=runtime_port)
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)

@@ -13,8 +13,12 @@ Node config (``flower-supernode --node-config``):
 ``mask-path``     str, optional: the samples this node holds (incomplete views, §15.1),
                   ``.npy`` of a boolean vector of length n or of int sample ids.
                   Absent: every sample.  Only membership is sent to the server.
-``require-secure-aggregation``  bool, optional: refuse a run whose setup turns secure
-                  aggregation off (the node's own policy: a server cannot downgrade it).
+``require-secure-aggregation``  bool, default true on a deployment node (false on a simulated
+                  one): refuse a run whose setup turns secure aggregation off, and any request
+                  for an upload in the clear (the node's own policy: a server cannot downgrade
+                  it); ``false`` lets this node take part in plain runs.
+``refine-min-cluster-size``  int, default 1: refuse refinement labels with a nonempty cluster of
+                  fewer samples (2 or more refuses the seeded starts, which single out samples).
 ``predict-path``  str, optional: new samples of this view (same format as ``data-path``) for a
                   ``predict`` run (:mod:`.clustering`); only the node config names the files a node reads.
 
@@ -202,9 +206,10 @@ def _data_path(context: Context) -> str:
 
 def _check_secure_policy(context: Context, cfg) -> None:
     """The node's ``require-secure-aggregation`` policy against the run's config."""
-    if bool(context.node_config.get("require-secure-aggregation", False)) and not cfg.secure_aggregation:
-        raise ProtocolError("this node requires secure aggregation (node config require-secure-aggregation) "
-                            "but the run's config has secure_aggregation=False")
+    if nodeconfig.requires_secure_aggregation(context) and not cfg.secure_aggregation:
+        raise ProtocolError("this node requires secure aggregation (node config require-secure-aggregation, "
+                            "true unless its operator sets it to false) but the run's config has "
+                            "secure_aggregation=False")
 
 
 def _state_round(msg: Message) -> int:
@@ -336,14 +341,16 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             state, fit_secure = fclust.fitted_state(sdir, p)
             # masked when this node's fit was (its own record) or its policy asks: a server cannot
             # downgrade these uploads to the clear
-            secure = fit_secure or bool(context.node_config.get("require-secure-aggregation", False))
+            secure = fit_secure or nodeconfig.requires_secure_aggregation(context)
             steps = fclust.load_steps(clustering)
             if fed_msg.kind == "refine":  # distances from the raw view
-                reply = fclust.node_refine(fed_msg, _raw_view(context, p), state, p, steps, secure=secure)
+                reply = fclust.node_refine(fed_msg, _raw_view(context, p), state, p, steps, secure=secure,
+                                           min_size=nodeconfig.min_cluster_size(context))
             elif fed_msg.kind in ("graph", "spectral"):  # products with the view's k-NN graph (read once, to build it)
                 max_steps = context.run_config.get("refine-spectral-steps")
                 reply = fclust.node_graph(fed_msg, lambda: _raw_view(context, p), sdir, state, p, steps,
-                                          secure=secure, max_steps=None if max_steps is None else int(max_steps))
+                                          secure=secure, max_steps=None if max_steps is None else int(max_steps),
+                                          min_size=nodeconfig.min_cluster_size(context))
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:

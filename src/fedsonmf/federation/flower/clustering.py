@@ -220,7 +220,8 @@ def fitted_state(sdir: Path, p: int):
 def refuse_clear(secure: bool, p: int, what: str, request: str) -> None:
     """A node whose uploads must be masked (``secure``) refuses a request for ``what`` in the clear."""
     if secure:
-        raise ProtocolError(f"client {p}: the fit ran with secure aggregation, so {what} sent masked only; "
+        raise ProtocolError(f"client {p}: the fit ran with secure aggregation or the node requires it "
+                            f"(node config require-secure-aggregation), so {what} sent masked only; "
                             f"{request} asks for them in the clear")
 
 
@@ -288,19 +289,32 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     on the nodes' graphs, after the k-means refinement, as the estimator does; ``spectral(M) ->
     sum_p A_p M / n`` (optional, with ``graph``): the products of one spectral exchange
     (:func:`spectral_exchange`), for the graph refinement's spectral step.  A node lost during any
-    of them keeps the partition reached before it.  Returns the clustering summary for result.json.
+    of them keeps the partition reached before it, and so does a node whose policy
+    (``refine-min-cluster-size``) refuses a partition, except that a refused seeding only drops the
+    seeded starts (``refine_notes``).  Returns the clustering summary for result.json.
     """
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
     iters, index, graph_iters, error, refined, kept = 0, None, 0, None, False, False
+    notes: list[str] = []
     try:
         if refine is not None:
             starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
                                          normalize_embedding=opts["normalize_embedding"],
                                          kmeans_max_iter=opts["kmeans_max_iter"])
-            seeded = functools.partial(steps.refine_seeded, n_samples=int(V.shape[1]), n_clusters=opts["n_clusters"],
-                                       n_starts=opts["refine_seeded_starts"], seed=seed)
+            seeding = functools.partial(steps.refine_seeded, n_samples=int(V.shape[1]),
+                                        n_clusters=opts["n_clusters"], n_starts=opts["refine_seeded_starts"], seed=seed)
+
+            def seeded(exchange):
+                try:
+                    return seeding(exchange)
+                except FederationError as exc:  # a node's policy refuses labels that single out samples
+                    if SMALL_CLUSTER_REFUSAL not in str(exc):
+                        raise
+                    notes.append(f"seeded starts skipped: {exc}")
+                    return []
+
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
         if graph is not None:
@@ -324,7 +338,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
             "refine_start": index, "graph_iterations": graph_iters, "spectral_kept": kept,
-            **({"refine_error": error} if error else {})}
+            **({"refine_error": error} if error else {}), **({"refine_notes": notes} if notes else {})}
 
 
 # ----------------------------------------------------------------------------- the k-means refinement
@@ -412,14 +426,25 @@ def _request_block(msg: Message, n: int, p: int) -> np.ndarray:
     return M
 
 
-def _request_labels(msg: Message, n: int, p: int, what: str) -> tuple[np.ndarray, int]:
-    """The labels (n,) and cluster count of a refinement request, checked against this node's ``n`` samples."""
+#: what a node's refusal under its ``refine-min-cluster-size`` policy says (the server recognises it)
+SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
+
+
+def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1) -> tuple[np.ndarray, int]:
+    """The labels (n,) and cluster count of a refinement request, checked against this node's ``n``
+    samples and its policy: no nonempty cluster of fewer than ``min_size`` samples."""
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
     c = int(msg.scalars["n_clusters"])
     if labels.shape != (n,):
         raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {n} samples")
     if c < 1 or (labels.size and (labels.min() < 0 or labels.max() >= c)):
         raise ProtocolError(f"client {p}: {what} labels outside 0..{c - 1}")
+    if min_size > 1 and labels.size:
+        sizes = np.bincount(labels, minlength=c)
+        small = int(np.min(sizes[sizes > 0]))
+        if small < min_size:
+            raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
+                                f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
     return labels, c
 
 
@@ -428,7 +453,7 @@ def _graph_path(sdir: Path, p: int) -> Path:
 
 
 def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, steps, *,
-               secure: bool, max_steps: int | None = None) -> Message:
+               secure: bool, max_steps: int | None = None, min_size: int = 1) -> Message:
     """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
     its own raw view (``read_view()``: (n, d_p)), built at the first exchange of the job and kept in
     the node's state folder (``graph-<p>.npz``, mode 0600; it never leaves the node; dropped when the
@@ -439,7 +464,8 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     ``spectral_steps(n, c, max_steps) - 1`` such blocks per job (``max_steps``: the run config's
     ``refine-spectral-steps``; the first step is a graph exchange): the node enforces the cap that
     keeps the products from spanning half of the sample space, whatever the server asks (a count
-    of columns in ``spectral-<p>.json`` of the state folder)."""
+    of columns in ``spectral-<p>.json`` of the state folder).  Labels with a nonempty cluster of
+    fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) are refused."""
     import scipy.sparse as sp
 
     from fedsonmf.federation import secagg
@@ -456,7 +482,7 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     if spectral:
         block = _request_block(msg, int(n), p)
     else:
-        labels, c = _request_labels(msg, int(n), p, "graph")
+        labels, c = _request_labels(msg, int(n), p, "graph", min_size)
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     if spectral:
@@ -490,14 +516,15 @@ def _count_spectral_columns(sdir: Path, p: int, n: int, width: int, max_steps: i
     _atomic_write(path, lambda fh: fh.write(json.dumps({"columns": answered + width}).encode()))
 
 
-def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool) -> Message:
+def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size: int = 1) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
     (n, d_p) and its score (its k-means objective as a share of its spread when its view is dense,
     else 0: decided from its own view), masked with the pair keys of the fit's ``state`` when the
-    request is masked; a plain request is refused when ``secure``."""
+    request is masked; a plain request is refused when ``secure``, and labels with a nonempty
+    cluster of fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) always."""
     from fedsonmf.federation import secagg
 
-    labels, c = _request_labels(msg, X.shape[0], p, "refine")
+    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size)
     Y = steps.refine_view(X)
     D, score = steps.refine_reply(Y, labels, c, scores=steps.refine_scores(Y))
     reply = Message("refine", msg.round, {"D": D, "score": score})

@@ -226,13 +226,17 @@ class LoopbackDeployment:
         registered with ``flwr supernode register``; each view pinned to its node's
         key (the ServerApp refuses other nodes).  Needs TLS (Flower refuses
         authentication over plain HTTP).  False warns.
+    require_secure_aggregation : bool, default=True
+        Every node's policy (node config ``require-secure-aggregation``): True refuses runs
+        whose uploads are not masked, as a real organisation's node does by default; False for a
+        plain run (``run_flower`` passes the run's own choice).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
-                 client_app: str | None = None, predict_paths=None):
+                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True):
         #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
         self.tls: tuple[str, str, str] | None
         if tls is None:
@@ -264,6 +268,7 @@ class LoopbackDeployment:
         #: optional per-view files of new samples (node config ``predict-path``; a predict run reads them)
         self.predict_paths = [None if q is None else Path(q).resolve()
                               for q in (predict_paths or [None] * len(view_paths))]
+        self.require_secure_aggregation = bool(require_secure_aggregation)
         self.flwr_home = self.run_dir / "flwr-home"
         self.env = flower_env(self.flwr_home, pin_threads=pin_threads, log_level=log_level,
                               superexec_poll=superexec_poll)
@@ -396,7 +401,8 @@ class LoopbackDeployment:
         self._node_ports[p] = port
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
-        node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p])
+        node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p],
+                                      require_secure=self.require_secure_aggregation)
         if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
             node_config += f' predict-path="{self.predict_paths[p]}"'
         self.nodes[p] = self._spawn(

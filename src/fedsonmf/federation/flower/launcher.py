@@ -259,7 +259,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                                      "views": [str(Path(p).resolve()) for p in view_paths]})
         t0 = time.perf_counter()
         with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
-                                mask_paths=mask_paths) as dep:
+                                mask_paths=mask_paths,
+                                require_secure_aggregation=bool(run_config["secure-aggregation"])) as dep:
             outcome = dep.run(run_config, timeout=timeout, progress=progress)
         wall = time.perf_counter() - t0
         if not outcome.ok:
@@ -368,8 +369,9 @@ def predict_flower(view_paths, new_view_paths, *, run_dir, out_dir=None,
     out_dir = Path(out_dir or run_dir / "predict").resolve()
     rc = {"mode": "predict", "model-dir": str(model), "round-timeout": float(round_timeout),
           "node-timeout": float(node_timeout), "record-wire": bool(record_wire)}
-    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls,
-                            predict_paths=new_view_paths) as dep:
+    fit_secure = bool(json.loads((model / "result.json").read_text())["config"].get("secure_aggregation", False))
+    with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, predict_paths=new_view_paths,
+                            require_secure_aggregation=fit_secure) as dep:  # nodes as the fit had them
         outcome = dep.run(rc, out_dir=out_dir, timeout=timeout, progress=progress)
     if not outcome.ok:
         raise FlowerRunError(f"Flower predict run failed: {outcome.status.get('error')}", outcome.status)

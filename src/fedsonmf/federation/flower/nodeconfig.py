@@ -34,10 +34,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["SIM_DATA_DIR", "data_path", "state_base", "in_simulation", "sim_view_path", "sim_state_dir"]
+__all__ = ["SIM_DATA_DIR", "REQUIRE_SECURE", "data_path", "state_base", "in_simulation", "sim_view_path",
+           "sim_state_dir", "requires_secure_aggregation", "MIN_CLUSTER_SIZE", "min_cluster_size"]
 
 #: run-config key of the simulation view folder
 SIM_DATA_DIR = "sim-data-dir"
+#: node-config key of the node's secure-aggregation policy
+REQUIRE_SECURE = "require-secure-aggregation"
+#: node-config key of the smallest cluster a refinement request may hold
+MIN_CLUSTER_SIZE = "refine-min-cluster-size"
 
 
 def in_simulation() -> bool:
@@ -122,3 +127,36 @@ def state_base(context, *, simulation: bool | None = None) -> Path:
     if sim_dir is None:
         raise ValueError("node config has neither 'state-dir' nor 'data-path'")
     return sim_state_dir(sim_dir, _partition(nc))
+
+
+def requires_secure_aggregation(context) -> bool:
+    """The node's own secure-aggregation policy: node config ``require-secure-aggregation``, else
+    True on a deployment node (one with a ``data-path``) and False on a simulated one.
+
+    A deployment node belongs to an organisation that never hands the server its uploads in the
+    clear unless its operator says so (``require-secure-aggregation=false``): the run config comes
+    from the coordinator, so a coordinator that turns masking off cannot downgrade such a node.  A
+    simulation's nodes are the simulating user's own, and follow the run.
+    """
+    nc = context.node_config
+    if REQUIRE_SECURE not in nc:
+        return "data-path" in nc
+    value = nc[REQUIRE_SECURE]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"node config {REQUIRE_SECURE!r} must be true or false, got {value!r}")
+
+
+def min_cluster_size(context) -> int:
+    """The node's ``refine-min-cluster-size`` (default 1: any partition): the node answers a
+    refinement request (``refine``, ``graph``) only when every nonempty cluster of its labels holds
+    at least that many samples, so no request singles out fewer samples than its operator allows
+    (the seeded starts put drawn samples alone in a cluster: a node with 2 or more refuses them)."""
+    value = context.node_config.get(MIN_CLUSTER_SIZE, 1)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"node config {MIN_CLUSTER_SIZE!r} must be an integer >= 1, got {value!r}")
+    return int(value)

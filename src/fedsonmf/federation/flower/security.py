@@ -439,7 +439,8 @@ def superlink_runtime_api(host: str, port: int) -> str:
     return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
-def node_config(partition: int, partitions: int, view, state_dir=None, mask=None) -> str:
+def node_config(partition: int, partitions: int, view, state_dir=None, mask=None, *,
+                require_secure: bool = True, min_cluster_size: int = 1) -> str:
     """The ``--node-config`` string of the node holding view ``partition``.
 
     Parameters
@@ -454,16 +455,24 @@ def node_config(partition: int, partitions: int, view, state_dir=None, mask=None
         The node-local state folder (``state-dir``).
     mask : path or None, default=None
         The availability mask (``mask-path``, incomplete views).
+    require_secure : bool, default=True
+        The node's policy ``require-secure-aggregation`` (written out either way): False lets it
+        take part in runs whose uploads are not masked.
+    min_cluster_size : int, default=1
+        The node's policy ``refine-min-cluster-size`` (written when above 1).
 
     Returns
     -------
     str
     """
-    text = f'partition-id={int(partition)} num-partitions={int(partitions)} data-path="{Path(view).resolve()}"'
+    text = (f'partition-id={int(partition)} num-partitions={int(partitions)} data-path="{Path(view).resolve()}"'
+            f' require-secure-aggregation={"true" if require_secure else "false"}')
     if state_dir is not None:
         text += f' state-dir="{Path(state_dir).resolve()}"'
     if mask is not None:
         text += f' mask-path="{Path(mask).resolve()}"'
+    if int(min_cluster_size) > 1:
+        text += f" refine-min-cluster-size={int(min_cluster_size)}"
     return text
 
 
