@@ -369,7 +369,10 @@ def predict_flower(view_paths, new_view_paths, *, run_dir, out_dir=None,
     out_dir = Path(out_dir or run_dir / "predict").resolve()
     rc = {"mode": "predict", "model-dir": str(model), "round-timeout": float(round_timeout),
           "node-timeout": float(node_timeout), "record-wire": bool(record_wire)}
-    fit_secure = bool(json.loads((model / "result.json").read_text())["config"].get("secure_aggregation", False))
+    try:
+        fit_secure = bool(json.loads((model / "result.json").read_text())["config"].get("secure_aggregation", False))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{run_dir} holds no readable fit record (server/result.json): {exc}") from exc
     with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, predict_paths=new_view_paths,
                             require_secure_aggregation=fit_secure) as dep:  # nodes as the fit had them
         outcome = dep.run(rc, out_dir=out_dir, timeout=timeout, progress=progress)
