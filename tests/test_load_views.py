@@ -617,8 +617,8 @@ def test_flower_apps_on_shuffled_csv_mtx_mat_views_give_the_inprocess_result(tmp
         (tmp_path / f"node{p}").mkdir()  # each node holds only its own view file (and its ids) in its folder
         path = write_view(tmp_path / f"node{p}" / f"view{ext}", (sp.csr_array(X) if ext == ".mtx" else X)[perm],
                           ids=ids[perm])
-        nodes[101 * (p + 1)] = {"partition-id": p, "data-path": str(path),
-                                "state-dir": str(tmp_path / f"node{p}" / "state")}
+        nodes[101 * (p + 1)] = {"partition-id": p, "data-path": str(path),  # the plain protocol: allowed
+                                "state-dir": str(tmp_path / f"node{p}" / "state"), "require-secure-aggregation": False}
     old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
     TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
     try:
