@@ -92,8 +92,7 @@ class PSFedMLResult:
 
 def scale01(X) -> np.ndarray:
     """(d, n) view -> (d, n) with every column (sample) min-max scaled to [0, 1] (0 if constant)."""
-    X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-    X = np.asarray(X, dtype=np.float64)
+    X = np.asarray(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
     lo, hi = X.min(axis=0, keepdims=True), X.max(axis=0, keepdims=True)
     span = hi - lo
     return np.where(span > 0, (X - lo) / np.where(span > 0, span, 1.0), 0.0)
@@ -188,7 +187,7 @@ def _check(Xs, n_clusters, n_components, rho, beta, lam, max_iter, client_max_it
     K = math.floor(rho * C + 1e-9)
     if K < 1:
         raise ValueError(f"n_components * rho must be >= 1 (K shared rows), got {C} * {rho}")
-    views = [scale01(X.T if not sp.issparse(X) else X.T.tocsr()) for X in Xs]
+    views = [scale01(X.T) for X in Xs]
     return views, int(C), int(K)
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -103,10 +104,14 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         proc.wait(timeout=10)
 
 
-def wait_health(proc: subprocess.Popen, url: str, deadline: float, log, *, context=None,
+def wait_health(proc: subprocess.Popen, port: int, timeout: float, log, *, ca_cert=None,
                 what: str = "flower-superlink") -> None:
-    """Poll a SuperLink's ``/health`` until it answers 200 (an event); fail at once when ``proc``
-    (the SuperLink) exits, and with TimeoutError at ``deadline`` (``time.monotonic()``)."""
+    """Poll the loopback SuperLink's ``/health`` on ``port`` until it answers 200 (an event): over
+    HTTPS verified against ``ca_cert`` when given, else plain HTTP.  Fail at once when ``proc`` (the
+    SuperLink) exits, and with TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    url = f"{'https' if ca_cert else 'http'}://127.0.0.1:{int(port)}/health"
+    context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode}; see {log}")
@@ -336,7 +341,9 @@ class LoopbackDeployment:
             [_bin("flower-superlink"), *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=self.auth),
              *self._gate_superlink_args()],
             self.run_dir / "logs" / "superlink.log")
-        self._wait_health(timeout)
+        assert self.superlink is not None and self.port is not None  # just started
+        wait_health(self.superlink, self.port, timeout, self.run_dir / "logs" / "superlink.log",
+                    ca_cert=self.tls[0] if self.tls else None)
         self._start_executor("superlink")
         if self.auth:
             t1 = time.perf_counter()
@@ -347,17 +354,6 @@ class LoopbackDeployment:
         self.security_seconds = t_sec
         self.startup_seconds = time.perf_counter() - t0
         return self
-
-    def _wait_health(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/health"
-        ctx = None
-        if self.tls:
-            import ssl
-
-            ctx = ssl.create_default_context(cafile=self.tls[0])
-        assert self.superlink is not None  # started by start()
-        wait_health(self.superlink, url, deadline, self.run_dir / "logs" / "superlink.log", context=ctx)
 
     def node_dir(self, p: int) -> Path:
         """SuperNode ``p``'s folder: its state, key, gate files and log."""

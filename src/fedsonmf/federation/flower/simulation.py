@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import tempfile
 import time
@@ -178,7 +177,8 @@ class SimulationSuperLink:
                 env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, cwd=self.run_dir, umask=0o077)
         try:
-            self._wait_health(timeout)
+            wait_health(self.proc, self.port, timeout, self.log, ca_cert=self.tls[0],
+                        what="flower-superlink --simulation")
             env = {**self.env, "FEDSONMF_OUT_ROOT": str(self.run_dir)}  # the ServerApp writes only there
             with open_private(self.run_dir / "logs" / "gate-simulation.log", "ab") as fh:
                 self.executor = subprocess.Popen(
@@ -190,13 +190,6 @@ class SimulationSuperLink:
             self.stop()  # __exit__ does not run when __enter__ raises
             raise
         return self
-
-    def _wait_health(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"https://127.0.0.1:{self.port}/health"
-        assert self.proc is not None and self.tls is not None  # started by start()
-        wait_health(self.proc, url, deadline, self.log, what="flower-superlink --simulation",
-                    context=ssl.create_default_context(cafile=self.tls[0]))
 
     def authorise(self, app_dir, run_config: dict) -> dict:
         """Pin the FAB that ``flwr run app_dir`` submits (Flower's builder is deterministic) and
