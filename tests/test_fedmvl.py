@@ -4,11 +4,51 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from conftest import planted
 from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.algorithms.fedmvl import _solve_low_rank, _standardize_samples, fedmvl, fedmvl_cluster
+from fedsonmf.exceptions import InputError
 from fedsonmf.experiments.table1 import available_methods
+
+
+def _bad_views(case: str):
+    """The planted views with one defect (``case``)."""
+    Xs = [X.copy() for X in planted()[0]]
+    if case == "nan":
+        Xs[1][2, 3] = np.nan
+    elif case == "inf":
+        Xs[2][0, 0] = -np.inf
+    elif case == "sparse-nan":
+        Xs[0][4, 1] = np.nan
+        Xs[0] = sp.csr_array(Xs[0])
+    elif case == "rows":
+        Xs[1] = Xs[1][:-1]
+    elif case == "1-D":
+        Xs[1] = Xs[1][:, 0]
+    elif case == "3-D":
+        Xs[1] = Xs[1][:, :, None]
+    elif case == "zeros":
+        Xs[1] = np.zeros_like(Xs[1])
+    elif case == "strings":
+        Xs[1] = Xs[1].astype(str)
+    elif case == "empty":
+        Xs[2] = Xs[2][:, :0]
+    elif case == "no-views":
+        return []
+    elif case == "not-a-list":
+        return Xs[0]
+    return Xs
+
+
+BAD_VIEWS = [
+    ("nan", r"view 1 contains NaN or Inf"), ("inf", r"view 2 contains NaN or Inf"),
+    ("sparse-nan", r"view 0 contains NaN or Inf"), ("rows", r"different numbers of samples \(rows\): \[45, 44, 45\]"),
+    ("1-D", r"view 1 must be 2-D"), ("3-D", r"view 1 must be 2-D"), ("zeros", r"view 1 is all zeros"),
+    ("strings", r"view 1 must hold real numbers"), ("empty", r"view 2 is empty"), ("no-views", r"Xs is empty"),
+    ("not-a-list", r"must be a list of views"),
+]
 
 
 def test_low_rank_solve_is_the_inverse():
@@ -48,3 +88,17 @@ def test_bad_parameters_and_registration():
         fedmvl(Xs, 3, r=1.0)
     assert CLUSTERING_METHODS["fedmvl"] is fedmvl_cluster
     assert "fedmvl" in available_methods()
+
+
+@pytest.mark.parametrize("case, match", BAD_VIEWS)
+def test_bad_views_are_an_input_error_naming_the_problem(case, match):
+    with pytest.raises(InputError, match=match):
+        fedmvl(_bad_views(case), 3, random_state=0)
+
+
+@pytest.mark.parametrize("init", ["random", "kmeans"])
+def test_dense_and_sparse_views_give_the_same_labels(init):
+    Xs, _ = planted()
+    dense = fedmvl_cluster(Xs, 3, random_state=0, init=init)
+    np.testing.assert_array_equal(fedmvl_cluster([sp.csr_array(X) for X in Xs], 3, random_state=0, init=init), dense)
+    np.testing.assert_array_equal(fedmvl_cluster(Xs, 3, random_state=0, init=init), dense)

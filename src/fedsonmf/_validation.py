@@ -3,6 +3,7 @@
 One validation path for every public entry point:
 
 * :func:`check_views` -- the data (a list of views);
+* :func:`check_view_arrays` -- the same checks, the views' storage kept (comparison methods);
 * :func:`check_seed` -- ``random_state``;
 * :func:`check_n_jobs` -- ``n_jobs``;
 * :func:`check_int`, :func:`check_real`, :func:`check_bool`, :func:`check_choice` --
@@ -29,8 +30,8 @@ import scipy.sparse as sp
 from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
 
 __all__ = [
-    "check_views", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real", "check_bool",
-    "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
+    "check_views", "check_view_arrays", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real",
+    "check_bool", "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
     "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names",
     "check_constant_views",
 ]
@@ -412,19 +413,9 @@ def _as_matrix(X, p: int, check_scale: bool = True):
     return A
 
 
-def check_views(Xs, n_components: int | None = None) -> list:
-    """Validate views given as (n_samples, d_p) and return them as (d_p, n).
-
-    Dense views become transposed ndarrays (no copy for float32/float64
-    input) -- unless at most :data:`SPARSE_STORAGE_DENSITY` of their entries
-    are nonzero, then CSC like sparse ones; sparse views (every scipy.sparse
-    format, matrices and arrays) become CSC matrices (no copy for CSR input).  float32 is kept, every other
-    real dtype becomes float64 (see ``fedsonmf.core._linalg``).  Negative
-    entries are valid (only U and V are constrained).  Refused with an
-    :class:`InputError` naming the view: non-2-D, complex/object/string
-    dtypes, NaN/Inf, empty, all-zero, and views whose squared norm would
-    overflow or underflow (see :func:`_check_scale`).
-    """
+def _checked_arrays(Xs, n_components: int | None) -> tuple[list, list[int]]:
+    """The checks of :func:`check_view_arrays` (plus, per view, ``n_components <= d_p`` when given, in
+    :func:`check_views`' order): the validated (n_samples, d_p) matrices and their nonzero counts."""
     Xs = as_view_list(Xs)
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
         raise InputError(
@@ -438,7 +429,7 @@ def check_views(Xs, n_components: int | None = None) -> list:
     if len(set(ns)) != 1:
         raise InputError(f"views have different numbers of samples (rows): {ns}")
     n = ns[0]
-    out = []
+    nzs = []
     for p, M in enumerate(mats):
         d = M.shape[1]
         if n == 0 or d == 0:
@@ -451,8 +442,43 @@ def check_views(Xs, n_components: int | None = None) -> list:
                 f"n_components={n_components} is larger than view {p}'s number of features ({d}); "
                 "a nonnegative orthonormal basis needs n_features >= n_components"
             )
-        out.append(_internal(M, int(nz)))
-    return out
+        nzs.append(int(nz))
+    return mats, nzs
+
+
+def check_view_arrays(Xs) -> list:
+    """Validate views given as (n_samples, d_p) and return them as (n_samples, d_p), storage kept.
+
+    ``Xs``: a list or tuple of views (or a :class:`fedsonmf.model_selection.MultiViewData`).
+    Dense views come back as 2-D ndarrays (no copy for float32/float64 input), sparse ones
+    (every scipy.sparse format) as CSR or CSC (CSR/CSC input kept, other formats become CSR);
+    float32 is kept (float16 becomes float32, with a warning), every other real dtype becomes
+    float64.  No transposition and no dense/sparse conversion: for callers with their own
+    storage (the comparison methods).  Refused with an :class:`InputError` naming the view:
+    a non-list ``Xs``, no views, non-2-D views, complex/object/string dtypes
+    (:class:`~fedsonmf.exceptions.InputTypeError` for objects that are not numbers), NaN/Inf,
+    views with different numbers of samples, empty and all-zero views, and views whose squared
+    norm would overflow or underflow (see :func:`_check_scale`).
+    """
+    return _checked_arrays(Xs, None)[0]
+
+
+def check_views(Xs, n_components: int | None = None) -> list:
+    """Validate views given as (n_samples, d_p) and return them as (d_p, n).
+
+    The checks of :func:`check_view_arrays`, and ``n_components <= d_p`` for every view when
+    ``n_components`` is given.  Dense views become transposed ndarrays (no copy for float32/float64
+    input) -- unless at most :data:`SPARSE_STORAGE_DENSITY` of their entries
+    are nonzero, then CSC like sparse ones; sparse views (every scipy.sparse
+    format, matrices and arrays) become CSC matrices (no copy for CSR input).  float32 is kept, every other
+    real dtype becomes float64 (see ``fedsonmf.core._linalg``).  Negative
+    entries are valid (only U and V are constrained).  Refused with an
+    :class:`InputError` naming the view: non-2-D, complex/object/string
+    dtypes, NaN/Inf, empty, all-zero, and views whose squared norm would
+    overflow or underflow (see :func:`_check_scale`).
+    """
+    mats, nzs = _checked_arrays(Xs, n_components)
+    return [_internal(M, nz) for M, nz in zip(mats, nzs)]
 
 
 def _internal(M, nz: int | None = None):

@@ -74,6 +74,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf._validation import check_view_arrays
+
 __all__ = ["EFIMVCResult", "efimvc", "efimvc_cluster", "EFIMVC_DEFAULTS"]
 
 #: our fixed hyper-parameters (n_anchors None = 2 * n_clusters) and the release's loop limits and tolerances
@@ -349,13 +351,13 @@ def _server_train(P: list, Zall: np.ndarray, Zs: list, Ss: list, beta: float, in
 
 
 def _check(Xs, n_clusters: int, masks, n_anchors, lambda2: float, lambda3: float):
-    """Validate the views and parameters; return the views as float arrays and ind (n, V)."""
-    if len(Xs) < 1:
-        raise ValueError("Xs must hold at least one view")
-    Xs = [_as_float(X) for X in Xs]
+    """Validate the views and parameters; return the views as float arrays and ind (n, V).
+
+    The views are checked by :func:`fedsonmf._validation.check_view_arrays` (an InputError naming the
+    view for NaN/Inf, non-2-D, non-numeric, empty or all-zero views and different numbers of samples),
+    then converted by ``_as_float`` as before (float64; sparse as CSR)."""
+    Xs = [_as_float(X) for X in check_view_arrays(Xs)]
     n = Xs[0].shape[0]
-    if any(X.ndim != 2 or X.shape[0] != n for X in Xs):
-        raise ValueError("Xs: every view must be 2-D with the same number of samples (rows)")
     if int(n_clusters) != n_clusters or n_clusters < 2:
         raise ValueError(f"n_clusters must be an integer >= 2, got {n_clusters!r}")
     if masks is None:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf._validation import check_view_arrays
+
 __all__ = ["FedMVLResult", "fedmvl", "fedmvl_cluster", "FEDMVL_DEFAULTS"]
 
 #: the published hyper-parameters
@@ -105,7 +107,11 @@ def fedmvl(Xs, n_clusters: int, *, random_state=None, rho: float = FEDMVL_DEFAUL
            varrho: float = FEDMVL_DEFAULTS["varrho"], mu: float = FEDMVL_DEFAULTS["mu"],
            r: float = FEDMVL_DEFAULTS["r"], max_iter: int = FEDMVL_DEFAULTS["max_iter"],
            tol: float = FEDMVL_DEFAULTS["tol"], init: str = "random") -> FedMVLResult:
-    """Run FedMVL in process on the views ``Xs`` (list of (n_samples, d_m)); see the module docstring."""
+    """Run FedMVL in process on the views ``Xs`` (list of (n_samples, d_m)); see the module docstring.
+
+    The views are checked first by :func:`fedsonmf._validation.check_view_arrays` (an InputError naming
+    the view for NaN/Inf, non-2-D, non-numeric, empty or all-zero views and different numbers of samples)."""
+    Xs = check_view_arrays(Xs)
     if init not in ("random", "kmeans"):
         raise ValueError(f"init must be 'random' or 'kmeans', got {init!r}")
     if r == 1:

@@ -67,6 +67,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf._validation import as_view_list, check_view_arrays
+
 __all__ = ["PSFedMLResult", "psfedml", "psfedml_cluster", "PSFEDML_DEFAULTS"]
 
 #: main.m's hyper-parameters, except n_components (C): None = max(20, ceil(n_clusters / rho)), our choice
@@ -162,12 +164,14 @@ def select_rows(H: np.ndarray, V: np.ndarray, G: np.ndarray, beta: float):
 
 def _check(Xs, n_clusters, n_components, rho, beta, lam, max_iter, client_max_iter, server_max_iter,
            n_neighbors, t, tol):
-    """Validate the views and parameters; return the views as (d_p, n) float arrays, C and K."""
-    if len(Xs) < 1:
-        raise ValueError("Xs must hold at least one view")
-    n = Xs[0].shape[0]
-    if any(len(X.shape) != 2 or X.shape[0] != n for X in Xs):
-        raise ValueError("Xs: every view must be 2-D with the same number of samples (rows)")
+    """Validate the views and parameters; return the views as (d_p, n) float arrays, C and K.
+
+    The views are checked by :func:`fedsonmf._validation.check_view_arrays` (an InputError naming the
+    view for NaN/Inf, non-2-D, non-numeric, empty or all-zero views and different numbers of samples).
+    ``scale01`` then densifies a sparse view as given (not the CSR the check makes of COO, DOK, ...): the
+    dense array's memory order follows the format, and with it the rounding of the run."""
+    checked = check_view_arrays(Xs)
+    raw = as_view_list(Xs)
     if int(n_clusters) != n_clusters or n_clusters < 2:
         raise ValueError(f"n_clusters must be an integer >= 2, got {n_clusters!r}")
     if not (0 < rho <= 1):
@@ -187,7 +191,7 @@ def _check(Xs, n_clusters, n_components, rho, beta, lam, max_iter, client_max_it
     K = math.floor(rho * C + 1e-9)
     if K < 1:
         raise ValueError(f"n_components * rho must be >= 1 (K shared rows), got {C} * {rho}")
-    views = [scale01(X.T) for X in Xs]
+    views = [scale01((X if sp.issparse(X) else M).T) for X, M in zip(raw, checked)]
     return views, int(C), int(K)
 
 
