@@ -303,3 +303,35 @@ def test_dp_then_secure_aggregation_gives_the_dp_run():
     V0, V1 = plain.embedding_, masked.embedding_
     assert np.linalg.norm(V1 - V0) <= 1e-6 * np.linalg.norm(V0)
     assert masked.privacy_["epsilon"] == plain.privacy_["epsilon"]
+
+
+@pytest.mark.parametrize("sigma", [0.0001, 1.0])
+def test_dp_drift_correction_remembers_the_released_gradient(data, sigma):
+    """Under DP the clients' corrections still sum to zero and the server's step is the prox-gradient step
+    of the gradients it received (docs/algorithm.md §4.2; docs/privacy.md): every client's G_prev is
+    (V^s - released Vhat) / (alpha tau) - C_p, not the gradient it computed before clipping."""
+    from fedsonmf.core.vstep import drift_correction
+    from fedsonmf.federation.inprocess import InProcessTransport
+
+    cfg = FedConfig(n_components=4, dp_noise_multiplier=sigma, dp_clip=1e-3, dp_rounds=5, **DP)
+    clients = [ClientRuntime(X, "fedsonmf", cfg, dp_seed=[4, 1, p]) for p, X in enumerate(_views_dn(data))]
+    transport = InProcessTransport(clients)
+    transport.log = []
+    checked, clipped = [], []
+
+    def on_round_end(state, history):
+        V_s = clients[0].state.arrays["V_prev"]
+        G = np.mean([c.state.arrays["G_prev"] for c in clients], axis=0)
+        Vbar_next = state.arrays["Vbar"]
+        np.testing.assert_allclose(Vbar_next, V_s - cfg.eta_tilde * G, atol=1e-9)
+        C = [drift_correction(c.state.arrays["V_prev"], Vbar_next, cfg.eta_tilde, c.state.arrays["G_prev"])
+             for c in clients]
+        assert np.abs(np.sum(C, axis=0)).max() <= 1e-9 * max(1.0, np.abs(C).max())
+        ups = [m.arrays["Vhat"] for d, _, m in transport.log if d == "up" and m.kind == "round"][-len(clients):]
+        clipped.append(max(np.linalg.norm(u - V_s) for u in ups))  # the released change: at most the clip + noise
+        checked.append(state.round)
+
+    run_federation(transport, "fedsonmf", cfg, max_rounds=5, seed=3, on_round_end=on_round_end)
+    assert len(checked) == 5
+    if sigma < 0.01:  # the clip binds: the change each client computed was many times dp_clip
+        assert max(clipped) <= 1.01e-3

@@ -116,6 +116,13 @@ class FederatedAlgorithm:
             return {"Vproj": None}
         raise NotImplementedError(f"{self.name} does not implement differential privacy")
 
+    def dp_released(self, state: ClientState, sent: Message, released: Message, cfg: FedConfig) -> ClientState:
+        """Under DP: the client's state once its reply ``sent`` has left as ``released`` (clipped and
+        noised around :meth:`dp_references`).  What the algorithm keeps about its own upload (e.g.
+        a drift correction's memory of its gradient) must describe what the server received, not
+        what was computed.  Default: the state unchanged."""
+        return state
+
     # ------------------------------------------------------------------ server side
     def server_setup(self, replies: list[Message], cfg: FedConfig, seed: int,
                      agg: Aggregate | None = None) -> ServerState:

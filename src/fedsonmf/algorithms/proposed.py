@@ -61,6 +61,23 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu_value)
         return {"Vhat": V if cols is None else V[:, cols]}
 
+    def dp_released(self, state: ClientState, sent: Message, released: Message, cfg: FedConfig) -> ClientState:
+        """Under DP the drift correction remembers the gradient the server *received*.
+
+        The server's step is V-bar^{s+1} = V^s - eta_tilde * mean_p G~_p with the released
+        G~_p = (V^s - Vhat~_p) / (alpha tau) - C_p (Vhat~_p: the clipped, noised upload), so
+        C_p^{s+1} = (V^s - V-bar^{s+1}) / eta_tilde - G~_p keeps sum_p C_p = 0 (§4.2) only with G~_p.
+        With the computed G_p instead, a clipped upload (the first rounds' changes are many times
+        ``dp_clip``) leaves the global term shrunk by the clip and the own term whole, so C_p
+        cancels most of the client's own gradient and the fit stalls (docs/privacy.md, "Differential
+        privacy"). G~_p = G_p + (Vhat_p - Vhat~_p) / (alpha tau). The state is local and never sent,
+        so this is post-processing of the client's own data: the guarantee does not change."""
+        if sent.kind != "round" or "G_prev" not in state.arrays:
+            return state
+        step = cfg.alpha * cfg.tau
+        G = state.arrays["G_prev"] + (np.asarray(sent.arrays["Vhat"]) - np.asarray(released.arrays["Vhat"])) / step
+        return ClientState(state.round, {**state.arrays, "G_prev": G})
+
     def summed_items(self, cfg: FedConfig, kind: str, **options) -> dict[str, tuple[str, int]]:
         """As the base class; ``kept_sum=True`` (rule (b) under secure aggregation) adds the
         upload ``dG`` = G_p^s minus the G_p this client last had counted (r x n, summed)."""

@@ -250,7 +250,10 @@ class ClientRuntime:
             if key in arrays:
                 rng = np.random.default_rng([int(w) for w in seed] + [int(msg.round), i])
                 arrays[key], _ = gaussian_release(arrays[key], refs[key], clip, std, rng)
-        return dataclasses.replace(reply, arrays=arrays)
+        released = dataclasses.replace(reply, arrays=arrays)
+        # the algorithm's memory of its own upload follows what was released (its drift correction)
+        self.state = alg.dp_released(self.state, reply, released, cfg)
+        return released
 
 
 def _dp_seed_words(seed) -> np.ndarray:
