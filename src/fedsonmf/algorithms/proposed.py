@@ -67,8 +67,8 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         The server's step is V-bar^{s+1} = V^s - eta_tilde * mean_p G~_p with the released
         G~_p = (V^s - Vhat~_p) / (alpha tau) - C_p (Vhat~_p: the clipped, noised upload), so
         C_p^{s+1} = (V^s - V-bar^{s+1}) / eta_tilde - G~_p keeps sum_p C_p = 0 (§4.2) only with G~_p.
-        With the computed G_p instead, a clipped upload (the first rounds' changes are many times
-        ``dp_clip``) leaves the global term shrunk by the clip and the own term whole, so C_p
+        With the computed G_p instead, a clipped upload (at the default step a round's change is
+        2-8 times ``dp_clip``) leaves the global term shrunk by the clip and the own term whole, so C_p
         cancels most of the client's own gradient and the fit stalls (docs/privacy.md, "Differential
         privacy"). G~_p = G_p + (Vhat_p - Vhat~_p) / (alpha tau). The state is local and never sent,
         so this is post-processing of the client's own data: the guarantee does not change."""
