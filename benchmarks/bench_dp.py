@@ -6,7 +6,7 @@ and ``dp_epsilon=eps`` (the DP setting's own defaults: ``dp_rounds`` rounds, ``d
 lines: the non-private default (up to 200 rounds, tol 1e-4) and the same number of rounds as a DP
 run without noise (what the fewer rounds alone cost).
 
-    .venv/bin/python benchmarks/bench_dp.py            # BBCSport and 3Sources, 2 seeds, 6 budgets
+    .venv/bin/python benchmarks/bench_dp.py            # BBCSport and 3Sources, 2 seeds, 7 budgets
     .venv/bin/python benchmarks/bench_dp.py --quick    # BBCSport, 1 seed, 3 budgets (about a minute)
     # or one process per data set (two cores), then one figure:
     .venv/bin/python benchmarks/bench_dp.py --datasets BBCSport --out /tmp/dp-BBCSport.json --png /tmp/b.png &
@@ -38,7 +38,7 @@ from fedsonmf.protocol.params import default
 
 DATASETS = {"BBCSport": ("BBCSport", "zskong", "BBCSport.mat"),
             "3Sources": ("3Sources", "ChuanbinZhang", "3Sources.mat")}
-EPSILONS = (1e1, 1e3, 1e5, 1e6, 1e7, 1e8)
+EPSILONS = (1e1, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
 QUICK_EPSILONS = (1e2, 1e5, 1e8)
 
 
