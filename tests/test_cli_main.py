@@ -133,3 +133,22 @@ def test_a_successful_command_exits_zero(tmp_path, capsys):
     code, lines, out = run_main(["synthetic", "--rounds", 2, "--clients", 2, "--samples", 20, "-q"], capsys)
     assert code == 0 and "max_rounds=2 reached" in out
     assert not [line for line in lines if line.startswith("error:")]
+
+
+def test_flower_views_without_flwr_is_one_error_line(tmp_path):
+    """`fedsonmf flower views` before the Flower extra is installed: rc 2 and one `error:` line naming
+    the extra, not a traceback (the README's Flower commands start with it)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "flwr.py").write_text("raise ImportError('No module named flwr')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "block"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "from fedsonmf.cli.app import main; main()", "flower", "views",
+                           str(tmp_path / "views")], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "fedsonmf[flower]" in lines[0], proc.stderr
+    assert not (tmp_path / "views").exists()

@@ -443,6 +443,8 @@ def register(app, reproduce_app) -> None:
     ):
         """Write synthetic views (make_synthetic), one .npy file per client."""
         from fedsonmf.datasets import make_synthetic
+
+        _flower()  # without flwr: one error line, not a traceback
         from fedsonmf.federation.flower.viewfiles import write_views
 
         data = make_synthetic(n_clients=clients, n_samples=samples, n_features=features, rank=rank,
