@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from fedsonmf.datasets import make_synthetic
 
@@ -31,3 +32,42 @@ def planted(n_per=15, c=3, dims=(12, 9, 10), seed=0):
             X[np.ix_(y == k, blocks[k])] += 1.0 + rng.random(((y == k).sum(), blocks[k].size))
         views.append(X)
     return views, y
+
+
+def bad_planted_views(case: str):
+    """The planted views with one defect (``case``)."""
+    Xs = [X.copy() for X in planted()[0]]
+    if case == "nan":
+        Xs[1][2, 3] = np.nan
+    elif case == "inf":
+        Xs[2][0, 0] = -np.inf
+    elif case == "sparse-nan":
+        Xs[0][4, 1] = np.nan
+        Xs[0] = sp.csr_array(Xs[0])
+    elif case == "rows":
+        Xs[1] = Xs[1][:-1]
+    elif case == "1-D":
+        Xs[1] = Xs[1][:, 0]
+    elif case == "3-D":
+        Xs[1] = Xs[1][:, :, None]
+    elif case == "zeros":
+        Xs[1] = np.zeros_like(Xs[1])
+    elif case == "strings":
+        Xs[1] = Xs[1].astype(str)
+    elif case == "empty":
+        Xs[2] = Xs[2][:, :0]
+    elif case == "no-views":
+        return []
+    elif case == "not-a-list":
+        return Xs[0]
+    return Xs
+
+
+#: (case of bad_planted_views, the message it must give) -- the comparison methods' bad-view tests
+BAD_PLANTED_VIEWS = [
+    ("nan", r"view 1 contains NaN or Inf"), ("inf", r"view 2 contains NaN or Inf"),
+    ("sparse-nan", r"view 0 contains NaN or Inf"), ("rows", r"different numbers of samples \(rows\): \[45, 44, 45\]"),
+    ("1-D", r"view 1 must be 2-D"), ("3-D", r"view 1 must be 2-D"), ("zeros", r"view 1 is all zeros"),
+    ("strings", r"view 1 must hold real numbers"), ("empty", r"view 2 is empty"), ("no-views", r"Xs is empty"),
+    ("not-a-list", r"must be a list of views"),
+]

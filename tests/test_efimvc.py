@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from conftest import planted
+from conftest import BAD_PLANTED_VIEWS, bad_planted_views, planted
 from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.algorithms.efimvc import (
     _check,
@@ -26,44 +26,6 @@ from fedsonmf.algorithms.efimvc import (
 from fedsonmf.exceptions import InputError
 from fedsonmf.experiments.table1 import available_methods
 from fedsonmf.metrics import clustering_scores
-
-
-def _bad_views(case: str):
-    """The planted views with one defect (``case``)."""
-    Xs = [X.copy() for X in planted()[0]]
-    if case == "nan":
-        Xs[1][2, 3] = np.nan
-    elif case == "inf":
-        Xs[2][0, 0] = -np.inf
-    elif case == "sparse-nan":
-        Xs[0][4, 1] = np.nan
-        Xs[0] = sp.csr_array(Xs[0])
-    elif case == "rows":
-        Xs[1] = Xs[1][:-1]
-    elif case == "1-D":
-        Xs[1] = Xs[1][:, 0]
-    elif case == "3-D":
-        Xs[1] = Xs[1][:, :, None]
-    elif case == "zeros":
-        Xs[1] = np.zeros_like(Xs[1])
-    elif case == "strings":
-        Xs[1] = Xs[1].astype(str)
-    elif case == "empty":
-        Xs[2] = Xs[2][:, :0]
-    elif case == "no-views":
-        return []
-    elif case == "not-a-list":
-        return Xs[0]
-    return Xs
-
-
-BAD_VIEWS = [
-    ("nan", r"view 1 contains NaN or Inf"), ("inf", r"view 2 contains NaN or Inf"),
-    ("sparse-nan", r"view 0 contains NaN or Inf"), ("rows", r"different numbers of samples \(rows\): \[45, 44, 45\]"),
-    ("1-D", r"view 1 must be 2-D"), ("3-D", r"view 1 must be 2-D"), ("zeros", r"view 1 is all zeros"),
-    ("strings", r"view 1 must hold real numbers"), ("empty", r"view 2 is empty"), ("no-views", r"Xs is empty"),
-    ("not-a-list", r"must be a list of views"),
-]
 
 
 def _brute_projection(v: np.ndarray) -> np.ndarray:
@@ -265,10 +227,10 @@ def test_table1_hands_an_incomplete_files_masks_to_efimvc_only(monkeypatch):
     assert "efimvc" in res.note
 
 
-@pytest.mark.parametrize("case, match", BAD_VIEWS)
+@pytest.mark.parametrize("case, match", BAD_PLANTED_VIEWS)
 def test_bad_views_are_an_input_error_naming_the_problem(case, match):
     with pytest.raises(InputError, match=match):
-        efimvc(_bad_views(case), 3, random_state=0)
+        efimvc(bad_planted_views(case), 3, random_state=0)
 
 
 def test_valid_views_keep_their_storage_and_dense_and_sparse_give_the_same_labels():
