@@ -71,3 +71,15 @@ BAD_PLANTED_VIEWS = [
     ("strings", r"view 1 must hold real numbers"), ("empty", r"view 2 is empty"), ("no-views", r"Xs is empty"),
     ("not-a-list", r"must be a list of views"),
 ]
+
+
+def assert_correction_identity(Vbar_next, clients, eta_tilde: float) -> None:
+    """After a round: Vbar^{s+1} = V^s - eta_tilde G^s (the clients' mean kept gradient) and the next
+    corrections sum to zero (docs/algorithm.md §4.2, §5); ``clients``: the ClientRuntimes."""
+    from fedsonmf.core.vstep import drift_correction
+
+    V_s = clients[0].state.arrays["V_prev"]
+    G = np.mean([c.state.arrays["G_prev"] for c in clients], axis=0)
+    np.testing.assert_allclose(Vbar_next, V_s - eta_tilde * G, atol=1e-9)
+    C = [drift_correction(c.state.arrays["V_prev"], Vbar_next, eta_tilde, c.state.arrays["G_prev"]) for c in clients]
+    assert np.abs(np.sum(C, axis=0)).max() <= 1e-9 * max(1.0, np.abs(C).max())
