@@ -255,6 +255,11 @@ def test_status_file_reports_progress(tmp_path):
     assert st["status"] == "completed" and st["rounds_done"] == ROUNDS == st["max_rounds"] and st["round"] == ROUNDS
     assert st["started_at"] <= st["round1_started_at"] <= st["updated_at"]
     assert st["seconds_per_round"] > 0
+    # the refinement's exchanges, each counted as it started (the transport's hook)
+    wire = json.loads((Path(rc["out-dir"]) / "result.json").read_text())["flower"]["wire_bytes"]
+    kinds = [w["kind"] for w in wire if w["kind"] in ("refine", "graph", "spectral")]
+    assert kinds and st["exchanges"] == len(kinds) and st["stage"] == kinds[-1]
+    assert st["seconds_per_exchange"] >= 0 and st["n_rounds"] == ROUNDS
 
 
 def test_a_clustering_run_needs_the_steps(tmp_path):

@@ -70,11 +70,15 @@ class FlowerProgress:
 
     Before round 1 it names the phase (starting, handshake, setup); then round k of K,
     the mean seconds per round and the ETA (rounds left x s/round; a run that meets
-    ``tol`` stops earlier).  ``enabled=False``: silent.
+    ``tol`` stops earlier); then, in a clustering run, the refinement's stage and
+    exchange count with the mean seconds per exchange (no ETA: the count is not known
+    in advance).  At the end the bar holds the rounds that ran.  ``enabled=False``: silent.
     """
 
     PHASES = {"handshake": "waiting for the SuperNodes (handshake)", "setup": "setting up the clients",
               "clustering": "k-means on V", "embed": "embedding the new samples"}
+    #: the clustering phase's exchanges (``stage`` in status.json)
+    STAGES = {"refine": "k-means refinement", "graph": "graph refinement", "spectral": "spectral step"}
 
     def __init__(self, total: int, *, enabled: bool = True):
         self.total, self.enabled = total, enabled
@@ -98,7 +102,13 @@ class FlowerProgress:
         if self._progress is None:
             return
         phase, done = st.get("phase"), int(st.get("rounds_done", 0) or 0)
-        if phase == "round" or (done and phase not in self.PHASES):
+        if st.get("status") == "completed":
+            self._completed(st, done)
+        elif phase == "clustering":
+            # the rounds are over (an early stop may have ended them before the budget): the bar holds those run
+            self._progress.update(self._task, description="clustering", total=done or self.total or None,
+                                  completed=done, status=self._clustering_status(st))
+        elif phase == "round" or (done and phase not in self.PHASES):
             spr = st.get("seconds_per_round")
             status = f"round {st.get('round')} of {self.total}"
             if spr:
@@ -106,8 +116,24 @@ class FlowerProgress:
             self._progress.update(self._task, description="rounds", completed=done, status=status)
         elif phase in self.PHASES:
             self._progress.update(self._task, description=phase, completed=done, status=self.PHASES[phase])
-        if st.get("status") == "completed":
-            self._progress.update(self._task, completed=self.total or done, status="done")
+
+    def _clustering_status(self, st: dict) -> str:
+        """The clustering phase: the stage and exchange count, with s/exchange once known."""
+        stage = st.get("stage")
+        if not stage:  # no exchange yet: the server's k-means of V
+            return self.PHASES["clustering"]
+        status = f"{self.STAGES.get(stage, stage)}, exchange {st.get('exchanges')}"
+        spe = st.get("seconds_per_exchange")
+        return (status + f" ({spe:.1f} s/exchange)") if spe else status
+
+    def _completed(self, st: dict, done: int) -> None:
+        """The end: the rounds that ran (fewer than the budget after an early stop)."""
+        ran = int(st.get("n_rounds") or done)
+        if not ran:  # a predict run: one embedding, no rounds
+            self._progress.update(self._task, description="embed", total=1, completed=1, status="done")
+            return
+        status = f"done: {ran} of at most {self.total} rounds" if ran < self.total else "done"
+        self._progress.update(self._task, description="rounds", total=ran, completed=ran, status=status)
 
     def __exit__(self, *exc):
         if self._progress is not None:

@@ -162,9 +162,17 @@ class StatusFile:
     setup | round | clustering | done), ``round`` (the current round, 0 before round 1),
     ``rounds_done``, ``max_rounds``, ``started_at`` (the ServerApp's start),
     ``round1_started_at``, ``round_started_at``, ``last_round_seconds``,
-    ``seconds_per_round`` (mean of the completed rounds), ``updated_at``.  A launcher
-    polls it for a progress display (round k of K, s/round, ETA).
+    ``seconds_per_round`` (mean of the completed rounds), ``updated_at``.  In the clustering
+    phase (the refinement exchanges after the rounds, as many as the refinement needs):
+    ``stage`` (the kind of the current exchange: refine | graph | spectral),
+    ``exchanges`` (clustering exchanges started so far), ``exchange_started_at`` and,
+    once two have started, ``seconds_per_exchange`` (mean time between their starts).
+    At the end: ``n_rounds`` (rounds run; fewer than ``max_rounds`` after an early stop)
+    and ``seconds``.  A launcher polls it for a progress display (round k of K, s/round, ETA).
     """
+
+    #: the exchanges of the clustering phase (:mod:`.clustering`)
+    CLUSTERING_KINDS = frozenset({"refine", "graph", "spectral"})
 
     def __init__(self, path: Path, **fields):
         self.path = Path(path)
@@ -172,6 +180,7 @@ class StatusFile:
         self.data = {"status": "running", "phase": "handshake", "round": 0, "rounds_done": 0,
                      "started_at": now, "round1_started_at": None, **fields}
         self._secs: list[float] = []
+        self._n_exchanges, self._first_exchange_at = 0, 0.0  # the clustering phase's exchanges
         self.write()
 
     def write(self, **fields) -> None:
@@ -180,13 +189,27 @@ class StatusFile:
         _write_json(self.path, self.data)
 
     def exchange_started(self, kind: str, s: int) -> None:
-        """The transport's hook: a setup or round exchange is about to be pushed."""
+        """The transport's hook: an exchange of ``kind`` (round or counter ``s``) is about to be pushed."""
         if kind == "setup":
             self.write(phase="setup")
         elif kind == "round":
             now = time.time()
             extra = {"round1_started_at": now} if self.data.get("round1_started_at") is None else {}
             self.write(phase="round", round=int(s), round_started_at=now, **extra)
+        elif kind in self.CLUSTERING_KINDS or self.data.get("phase") == "clustering":
+            self._clustering_exchange(kind)
+
+    def _clustering_exchange(self, kind: str) -> None:
+        """One more exchange of the clustering phase: its stage, the count, the mean s/exchange."""
+        # counted here: ``s`` restarts at 1 for every stage (each has its own counter)
+        now = time.time()
+        self._n_exchanges += 1
+        if self._n_exchanges == 1:
+            self._first_exchange_at = now
+        extra = {}
+        if self._n_exchanges >= 2:  # the mean of the gaps between successive starts
+            extra["seconds_per_exchange"] = (now - self._first_exchange_at) / (self._n_exchanges - 1)
+        self.write(phase="clustering", stage=kind, exchanges=self._n_exchanges, exchange_started_at=now, **extra)
 
     def round_done(self, s: int, seconds: float) -> None:
         """Round ``s`` completed in ``seconds``: the counters and the mean seconds per round."""
