@@ -152,3 +152,23 @@ def test_flower_views_without_flwr_is_one_error_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "fedsonmf[flower]" in lines[0], proc.stderr
     assert not (tmp_path / "views").exists()
+
+
+def test_reproduce_table1_names_the_protocol_it_ran(tmp_path, capsys):
+    """The table's caption says what "ours" is: the label-free defaults, or the paper's literal protocol
+    under --paper (it said "label-free defaults" for both)."""
+    from scipy.io import savemat
+
+    from fedsonmf.datasets.synthetic import make_synthetic
+
+    d = make_synthetic(n_clients=2, n_samples=60, n_features=10, rank=3, random_state=0)
+    (tmp_path / "Toy").mkdir()
+    cell = np.empty((1, 2), dtype=object)
+    cell[0, 0], cell[0, 1] = d.views
+    savemat(tmp_path / "Toy" / "toy.mat", {"X": cell, "Y": np.repeat([1, 2, 3], 20)[:, None]})
+    for flags, ours in (([], "ours = label-free defaults"), (["--paper"], "ours = the paper's literal protocol")):
+        with pytest.raises(SystemExit) as exc:
+            main(["reproduce", "table1", "--data", str(tmp_path), "--seeds", "1", "-m", "fedsonmf", "-q",
+                  "--rounds", "5", *flags])
+        assert exc.value.code in (0, None)
+        assert ours in " ".join(capsys.readouterr().out.split())
