@@ -497,3 +497,44 @@ def test_the_min_cluster_size_policy_of_a_node():
         _request_labels(msg, 6, 0, "refine", 2)
     empty = Message("refine", 0, {"labels": np.array([0, 0, 1, 1])}, {"n_clusters": 3})
     assert _request_labels(empty, 4, 0, "refine", 2)[1] == 3  # an empty cluster singles no one out
+
+
+def test_a_node_answers_a_block_of_partitions_within_its_limits():
+    """The k-means refinement's starts travel side by side: a node answers an (S, n) block of labels with
+    its distances side by side (n, S c) and S scores -- each the reply to that partition alone --, checks
+    every row (range, its min-cluster-size policy) and refuses more rows than refine_batch_rows allows;
+    the graph exchange takes one partition only."""
+    from fedsonmf.estimators import clustering_steps as steps
+    from fedsonmf.exceptions import ProtocolError
+    from fedsonmf.federation.flower.clustering import _request_labels, node_refine
+    from fedsonmf.protocol.messages import Message
+
+    rng = np.random.default_rng(0)
+    X = rng.random((12, 5)) + 0.5  # dense: the node scores
+    rows = rng.integers(0, 3, size=(4, 12))
+    rows[:, :3] = [0, 1, 2]  # no empty cluster, nor a singleton below
+    rows[:, 3:6] = [0, 1, 2]
+    block = node_refine(Message("refine", 1, {"labels": rows}, {"n_clusters": 3}), X, None, 0, steps, secure=False)
+    assert block.arrays["D"].shape == (12, 4 * 3) and block.arrays["score"].shape == (4,)
+    for k in range(4):
+        one = node_refine(Message("refine", 1, {"labels": rows[k]}, {"n_clusters": 3}), X, None, 0, steps, secure=False)
+        assert np.array_equal(block.arrays["D"][:, 3 * k:3 * k + 3], one.arrays["D"])
+        assert block.arrays["score"][k] == one.arrays["score"][0] > 0
+    msg = Message("refine", 1, {"labels": rows}, {"n_clusters": 3})
+    with pytest.raises(ProtocolError, match="labels of shape"):  # not a graph request
+        _request_labels(msg, 12, 0, "graph", 1)
+    with pytest.raises(ProtocolError, match="more than the 2 one exchange"):
+        _request_labels(msg, 12, 0, "refine", 1, block=lambda n, c: 2)
+    single = rows.copy()
+    single[2, :] = 0
+    single[2, 0] = 1  # one row of the block with a cluster of one sample
+    with pytest.raises(ProtocolError, match="a cluster of 1 sample"):
+        _request_labels(Message("refine", 1, {"labels": single}, {"n_clusters": 3}), 12, 0, "refine", 2,
+                        block=steps.refine_batch_rows)
+    bad = rows.copy()
+    bad[1, 0] = 3
+    with pytest.raises(ProtocolError, match="outside 0..2"):
+        _request_labels(Message("refine", 1, {"labels": bad}, {"n_clusters": 3}), 12, 0, "refine", 1,
+                        block=steps.refine_batch_rows)
+    with pytest.raises(ProtocolError, match="labels of shape"):  # a block for another n
+        _request_labels(msg, 13, 0, "refine", 1, block=steps.refine_batch_rows)

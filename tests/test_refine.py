@@ -15,8 +15,10 @@ from fedsonmf.estimators.refine import (
     client_distances,
     client_refine,
     client_score,
+    exchange_batch,
     refine_best,
     refine_partition,
+    refine_side_by_side,
     refine_view,
     sample_distances,
     score_weight,
@@ -143,7 +145,9 @@ def test_refine_best_keeps_the_lowest_score_and_stops_early_when_nobody_scores()
     refined = [refine_partition(s, exchange) for s in starts]
     labels, iters, index = refine_best(starts, exchange)
     assert index == int(np.argmin([sc for _, _, sc in refined]))  # first of the lowest on ties
-    assert np.array_equal(labels, refined[index][0]) and iters == sum(it for _, it, _ in refined)
+    assert np.array_equal(labels, refined[index][0])
+    # the first start alone in the first exchange, then all side by side: the slowest start's exchanges
+    assert iters == max(refined[0][1], 1 + max(it for _, it, _ in refined[1:])) < sum(it for _, it, _ in refined)
     calls = []
     silent = lambda lab: (calls.append(1), exchange(lab, scoring=False))[1]  # noqa: E731
     labels0, iters0, index0 = refine_best(starts, silent)
@@ -165,15 +169,75 @@ def test_sample_distances_are_the_pooled_squared_distances_to_those_samples(seed
 
     def exchange(lab):
         calls.append(lab)
-        return sum(client_distances(Y, lab, c) for Y in Ys), np.zeros(1)
+        return sum(client_refine(Y, lab, c)[0] for Y in Ys), np.zeros(len(lab))
 
     D = sample_distances(exchange, ids, 12, c)
     Z = np.hstack([Y.toarray() if sp.issparse(Y) else Y for Y in Ys])
     np.testing.assert_allclose(D, ((Z[:, None, :] - Z[None, ids, :]) ** 2).sum(axis=2), atol=1e-12)
-    assert len(calls) == -(-np.unique(ids).size // (c - 1))  # each sample asked once, c - 1 per exchange
+    # one exchange: a block of partitions, each sample asked once, c - 1 per partition
+    assert len(calls) == 1 and calls[0].shape == (-(-np.unique(ids).size // (c - 1)), 12)
     assert all(lab.min() >= 0 and lab.max() < c for lab in calls)
     with pytest.raises(ValueError, match="n_clusters >= 2"):  # no cluster left for the rest of the samples
         sample_distances(exchange, ids, 12, 1)
+
+
+def _one_by_one(starts, exchange, seeded=None):
+    """refine_best as it was before the starts travelled side by side: each start refined alone, in
+    turn, the seeding asked for after the first; the partitions and the index must not change."""
+    best, best_score, index = None, np.inf, 0
+    starts = list(starts)
+    for i, s in enumerate(starts):
+        labels, _, score = refine_partition(s, exchange)
+        if best is None or score < best_score:
+            best, best_score, index = labels, score, i
+        if i == 0:
+            if score == 0.0:
+                break
+            if seeded is not None:
+                starts += seeded(exchange)
+    return best, index
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 5), st.integers(1, 6), st.booleans())
+def test_starts_side_by_side_reach_what_each_reaches_alone(seed, c, n_starts, small_blocks):
+    """Lloyd's algorithm of several starts sharing each exchange: every start's partition, iterations and
+    score are those it has refined alone; the exchanges are the slowest start's (more only when a block
+    must be split: here, with small_blocks, one partition per exchange)."""
+    rng = np.random.default_rng(seed)
+    # a dense view (it scores: the starts are compared, seeded starts asked for) and a sparse one
+    views = [rng.normal(size=(20, 3)) + 2.0, sp.random(20, 8, density=0.4, random_state=seed, format="csr")]
+    exchange = _pooled_exchange(views, c)
+    assert scores_partitions(refine_view(views[0]))
+    starts = [rng.integers(0, c, size=20) for _ in range(n_starts)]
+    alone = [refine_partition(s, exchange) for s in starts]
+    with pytest.MonkeyPatch.context() as mp:
+        if small_blocks:
+            mp.setattr("fedsonmf.estimators.refine.BATCH_VALUES", 1)
+        together, calls = refine_side_by_side(starts, exchange, c)
+    for (la, ia, sa), (lt, it, st_) in zip(alone, together):
+        assert np.array_equal(la, lt) and ia == it and sa == st_
+    slowest = max(it for _, it, _ in alone)
+    assert calls == (sum(sum(it > k for _, it, _ in alone) for k in range(slowest)) if small_blocks else slowest)
+    # and refine_best keeps the partition and the start that refining them one by one keeps
+    seeded = lambda ex: seeded_starts(ex, 20, c, n_starts=2, seed=seed)  # noqa: E731
+    labels, _, index = refine_best(starts, exchange, seeded=seeded)
+    ref_labels, ref_index = _one_by_one(starts, exchange, seeded=seeded)
+    assert index == ref_index and np.array_equal(labels, ref_labels)
+
+
+def test_a_block_of_partitions_is_answered_row_by_row():
+    views, y = _views(seed=4)
+    Y = refine_view(views[0])
+    rows = np.random.default_rng(0).integers(0, 3, size=(4, y.size))
+    D, S = client_refine(Y, rows, 3, scores=0.5)
+    assert D.shape == (4, y.size, 3) and S.shape == (4,)
+    for k in range(4):
+        Dk, Sk = client_refine(Y, rows[k], 3, scores=0.5)
+        assert np.array_equal(D[k], Dk) and np.array_equal(S[k:k + 1], Sk)
+    exchange = _pooled_exchange(views, 3)
+    with pytest.raises(ValueError, match="nonempty"):
+        exchange_batch(exchange, np.zeros((0, y.size), dtype=np.int64), 3)
 
 
 def _pooled_exchange(views, c, scoring=True):
@@ -197,8 +261,8 @@ def test_seeded_starts_find_planted_clusters_and_are_deterministic_under_the_see
     assert len(starts) == 3 and all(s.shape == (y.size,) and s.min() >= 0 and s.max() < c for s in starts)
     for s in starts:  # k-means++ puts one centre in each of four far-apart clusters: the planted partition
         assert clustering_scores(y, s)["acc"] == pytest.approx(1.0)
-    # c - 1 further centres for 3 starts of 2 + ln 4 = 3 candidates: 9 samples, 3 per exchange
-    assert len(calls) <= 1 + (c - 1) * 3
+    # the first centres, then c - 1 further ones for 3 starts of 2 + ln 4 = 3 candidates: one exchange each
+    assert len(calls) == c
     again = seeded_starts(exchange, y.size, c, n_starts=3, seed=11)
     assert all(np.array_equal(a, b) for a, b in zip(starts, again))  # determinism under the seed
     assert seeded_starts(exchange, y.size, c, n_starts=0, seed=11) == []

@@ -208,8 +208,9 @@ default="auto"
         Starts of the refinement: the fit's partition and ``refine_starts - 1`` partitions of
         k-means on V (one replicate each).  The refined partition of lowest summed score is
         kept; a client scores (its k-means objective as a share of its view's spread) only when
-        its view is dense, so with no dense view only the fit's partition is refined.
-        ``refine_start_`` says which start won.
+        its view is dense, so with no dense view only the fit's partition is refined.  The starts
+        travel side by side (each exchange carries every start still moving), so they cost the
+        exchanges of the slowest one.  ``refine_start_`` says which start won.
     refine_seeded_starts : int, default=3
         More starts, once the first start has scored (a dense view takes part): partitions seeded
         by greedy k-means++ on the pooled row-normalised views, federated through the
@@ -281,7 +282,7 @@ default="auto"
         The index of the fit kept (the medoid, or the lowest final objective); None when the
         partitions were combined by consensus.
     refine_iter_, refine_start_ : list of int
-        With a k-means stage, per refined fit: the refinement's exchanges (over all its starts)
+        With a k-means stage, per refined fit: the refinement's exchanges (all its starts, side by side)
         and the index of the start whose refined partition was kept (0: the fit's partition).
     graph_iter_ : list of int
         With a graph stage, per refined fit: its exchanges (the spectral step's included).
@@ -567,7 +568,9 @@ default="auto"
         def exchange(labels):
             replies = [client_refine(Y, labels, self.n_clusters, held=h, scores=sc)
                        for Y, h, sc in zip(rviews, held, scores)]
-            return (_server_sum([D for D, _ in replies], secure), _server_sum([S for _, S in replies], secure))
+            # degree-0 items: the public exponent 0, as the ServerApp's (a block of partitions is 3-D)
+            return (_server_sum([D for D, _ in replies], secure, exp=0),
+                    _server_sum([S for _, S in replies], secure, exp=0))
 
         return exchange
 

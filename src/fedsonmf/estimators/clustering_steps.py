@@ -21,15 +21,17 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
-# the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply) and the
-# server's (refine_starts, refine_partition, refine_best); the graph refinement after it: a node's half
-# (graph_view, graph_reply, graph_products) and the server's (graph_refine, spectral_steps, spectral_refine)
+# the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply, and the
+# largest block of partitions it answers, refine_batch_rows) and the server's (refine_starts,
+# refine_partition, refine_best); the graph refinement after it: a node's half (graph_view,
+# graph_reply, graph_products) and the server's (graph_refine, spectral_steps, spectral_refine)
 from fedsonmf.estimators.graph import client_graph as graph_view
 from fedsonmf.estimators.graph import client_links as graph_reply
 from fedsonmf.estimators.graph import client_products as graph_products
 from fedsonmf.estimators.graph import graph_refine
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
 from fedsonmf.estimators.refine import assign as refine_assign
+from fedsonmf.estimators.refine import batch_rows as refine_batch_rows
 from fedsonmf.estimators.refine import client_distances as refine_distances
 from fedsonmf.estimators.refine import client_refine as refine_reply
 from fedsonmf.estimators.refine import refine_best, refine_partition, refine_stages, refine_view
@@ -42,8 +44,8 @@ from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
-           "embedding_centers",
-           "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign", "refine_partition",
+           "embedding_centers", "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign",
+           "refine_batch_rows", "refine_partition",
            "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
            "graph_products", "graph_refine", "spectral_steps", "spectral_refine", "normalize_rows",
            "kmeans_on_embedding"]

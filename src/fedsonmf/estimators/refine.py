@@ -79,8 +79,9 @@ from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean,
 from fedsonmf.exceptions import ParameterError
 
 __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "scores_partitions", "score_weight",
-           "client_distances", "client_score", "client_refine", "assign", "refine_partition", "refine_best",
-           "sample_distances", "seeded_starts"]
+           "client_distances", "client_score", "client_refine", "assign", "BATCH_VALUES", "batch_rows",
+           "exchange_batch", "refine_partition", "refine_side_by_side", "refine_best", "sample_distances",
+           "seeded_starts"]
 
 #: a dense view scores only when at least this share of its energy (rows at unit norm) is off its
 #: mean sample.  Our choice, between the measured 3.5e-6 of a 3 025-feature view of ACM that is all
@@ -93,6 +94,11 @@ MIN_SCORE_SPREAD = 1e-4
 #: module), "graph" (:mod:`fedsonmf.estimators.graph`), both, or "none"; "auto" (the default) is
 #: both, and none under differential privacy (the refinements read the exact views: no noise covers them)
 REFINE_RULES = ("auto", "kmeans+graph", "kmeans", "graph", "none")
+
+#: the most distances one refinement exchange asks of a node: partitions travel side by side, up
+#: to BATCH_VALUES // (n c) of them per exchange (a node's reply then stays under 32 MB of float64),
+#: and a node refuses a block larger than that
+BATCH_VALUES = 2**22
 
 
 def refine_stages(rule: str, *, dp: bool = False) -> tuple[str, ...]:
@@ -213,7 +219,12 @@ def client_score(D, labels, held=None, *, scores: float = 1.0) -> np.ndarray:
 def client_refine(Y, labels, n_clusters: int, held=None, *, scores: float = 1.0):
     """One client's reply to a refinement exchange: ``(D, score)``, its distances (n, c) and its
     score (1,) of the partition it was sent (:func:`client_distances`, :func:`client_score`; ``scores``
-    its :func:`score_weight`)."""
+    its :func:`score_weight`); for a block of partitions (S, n), side by side: (S, n, c) and (S,)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.ndim == 2:
+        replies = [client_refine(Y, row, n_clusters, held, scores=scores) for row in labels]
+        return (np.stack([D for D, _ in replies]).reshape(labels.shape[0], Y.shape[0], int(n_clusters)),
+                np.concatenate([s for _, s in replies]).reshape(labels.shape[0]))
     D = client_distances(Y, labels, n_clusters, held=held)
     return D, client_score(D, labels, held, scores=scores)
 
@@ -221,6 +232,53 @@ def client_refine(Y, labels, n_clusters: int, held=None, *, scores: float = 1.0)
 def assign(D) -> np.ndarray:
     """The server's half: every sample to its nearest cluster (ties: the lowest index)."""
     return np.asarray(np.argmin(np.asarray(D), axis=1), dtype=np.int64)
+
+
+def batch_rows(n_samples: int, n_clusters: int) -> int:
+    """The most partitions one refinement exchange carries: :data:`BATCH_VALUES` // (n c), at least 1
+    (a node's reply then holds at most that many distances; a node refuses a larger batch)."""
+    return max(1, BATCH_VALUES // max(1, int(n_samples) * int(n_clusters)))
+
+
+def exchange_batch(exchange: Callable, rows, n_clusters: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The replies to the partitions ``rows`` (a list of (n,) labels or an (S, n) array), sent side by
+    side: as few exchanges as :func:`batch_rows` allows, each sent an (S_k, n) block.
+
+    ``exchange(labels) -> (D, score)`` answers an (S, n) block with the summed distances (S, n, c) and
+    scores (S,).  Returns ``(D, score, exchanges)``: (S, n, c), (S,) and the exchanges used."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[0] == 0:
+        raise ValueError(f"exchange_batch needs a nonempty (S, n) block of labels, got shape {rows.shape}")
+    per = batch_rows(rows.shape[1], n_clusters)
+    Ds, scores, calls = [], [], 0
+    for lo in range(0, rows.shape[0], per):
+        block = rows[lo:lo + per]
+        D, s = exchange(block)
+        Ds.append(np.asarray(D, dtype=np.float64).reshape(block.shape[0], rows.shape[1], int(n_clusters)))
+        scores.append(np.asarray(s, dtype=np.float64).reshape(block.shape[0]))
+        calls += 1
+    return np.concatenate(Ds), np.concatenate(scores), calls
+
+
+class _Lloyd:
+    """One start's Lloyd iterations, advanced one reply at a time (so that several starts can share
+    each exchange); :func:`refine_partition` is its loop."""
+
+    def __init__(self, labels, max_iter: int):
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.max_iter, self.iterations, self.score, self.done = int(max_iter), 0, 0.0, int(max_iter) < 1
+
+    def step(self, D, score) -> None:
+        """The reply (D, score) to the current labels: the next labels, or done when they did not
+        change (the score is then that of the labels kept) or the iterations ran out."""
+        self.iterations += 1
+        self.score = float(np.sum(score))
+        new = assign(D)
+        if np.array_equal(new, self.labels):
+            self.done = True
+            return
+        self.labels = new
+        self.done = self.iterations >= self.max_iter
 
 
 def refine_partition(labels, exchange: Callable, *, max_iter: int = 100):
@@ -231,34 +289,52 @@ def refine_partition(labels, exchange: Callable, *, max_iter: int = 100):
     Returns ``(labels, iterations, score)``; the score is that of the returned labels when they
     converged (the last exchange was sent them), else of the labels before the last assignment.
     """
-    labels = np.asarray(labels, dtype=np.int64)
-    score = 0.0
-    for it in range(1, int(max_iter) + 1):
-        D, s = exchange(labels)
-        score = float(np.sum(s))
-        new = assign(D)
-        if np.array_equal(new, labels):
-            return labels, it, score
-        labels = new
-    return labels, int(max_iter), score
+    run = _Lloyd(labels, max_iter)
+    while not run.done:
+        run.step(*exchange(run.labels))
+    return run.labels, run.iterations, run.score
+
+
+def _side_by_side(runs: list, exchange: Callable, n_clusters: int) -> int:
+    """Advance the Lloyd runs until each is done, each exchange carrying every run still moving;
+    the exchanges used."""
+    calls = 0
+    while live := [r for r in runs if not r.done]:
+        D, score, k = exchange_batch(exchange, [r.labels for r in live], n_clusters)
+        calls += k
+        for r, Dr, sr in zip(live, D, score):
+            r.step(Dr, sr)
+    return calls
+
+
+def refine_side_by_side(starts, exchange: Callable, n_clusters: int, *, max_iter: int = 100):
+    """:func:`refine_partition` of every start, the starts side by side: each exchange carries the
+    labels of every start still moving (:func:`exchange_batch`), so the exchanges are those of the
+    slowest start, not the sum over the starts.  Every start's result is the one it reaches alone.
+
+    Returns ``(results, exchanges)``: ``(labels, iterations, score)`` per start, and the exchanges used.
+    """
+    runs = [_Lloyd(s, max_iter) for s in starts]
+    calls = _side_by_side(runs, exchange, n_clusters)
+    return [(r.labels, r.iterations, r.score) for r in runs], calls
 
 
 def sample_distances(exchange: Callable, ids, n_samples: int, n_clusters: int) -> np.ndarray:
     """The summed distances of every sample to the samples ``ids``, (n_samples, len(ids)), through
-    refinement exchanges (``exchange(labels) -> (D, score)``): each exchange puts up to
-    ``n_clusters - 1`` of them each alone in a cluster and every other sample in the last one, so
-    column k of the reply is the distance to the k-th (a client not holding it replies ``||y_i||^2``)."""
+    refinement exchanges (``exchange(labels) -> (D, score)``, labels an (S, n) block): each
+    partition sent puts up to ``n_clusters - 1`` of them each alone in a cluster and every other
+    sample in the last one, so column k of its reply is the distance to the k-th (a client not
+    holding it replies ``||y_i||^2``); the partitions travel side by side (:func:`exchange_batch`)."""
     if int(n_clusters) < 2:  # one cluster leaves no room for a sample alone beside the rest
         raise ValueError(f"sample_distances needs n_clusters >= 2, got {n_clusters}")
     ids, back = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)  # a sample asked twice: once
     per = int(n_clusters) - 1
-    out = np.empty((int(n_samples), ids.size))
-    for lo in range(0, ids.size, per):
-        chunk = ids[lo:lo + per]
-        labels = np.full(int(n_samples), int(n_clusters) - 1, dtype=np.int64)
-        labels[chunk] = np.arange(chunk.size)
-        D, _ = exchange(labels)
-        out[:, lo:lo + chunk.size] = np.asarray(D)[:, :chunk.size]
+    chunks = [ids[lo:lo + per] for lo in range(0, ids.size, per)]
+    rows = np.full((len(chunks), int(n_samples)), int(n_clusters) - 1, dtype=np.int64)
+    for row, chunk in zip(rows, chunks):
+        row[chunk] = np.arange(chunk.size)
+    D, _, _ = exchange_batch(exchange, rows, n_clusters)
+    out = np.concatenate([D[i][:, :chunk.size] for i, chunk in enumerate(chunks)], axis=1)
     return out[:, back.ravel()]
 
 
@@ -270,7 +346,7 @@ def seeded_starts(exchange: Callable, n_samples: int, n_clusters: int, *, n_star
     drawn with probability proportional to their summed squared distance to the nearest centre
     chosen, and the one that lowers the summed distances most is kept.  The distances come from
     :func:`sample_distances`; the starts are seeded side by side, so centre t of every start costs
-    one exchange (or more, c - 1 samples per exchange).  Each start is the partition into the
+    one exchange (more only past :func:`batch_rows`).  Each start is the partition into the
     nearest centre; the random draws are those of ``numpy.random.default_rng([seed, 7919])``.
     Returns a list of (n_samples,) int arrays.
     """
@@ -301,34 +377,39 @@ def seeded_starts(exchange: Callable, n_samples: int, n_clusters: int, *, n_star
 
 def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Callable | None = None):
     """Refine every start (:func:`refine_partition`) and keep the refined partition of lowest
-    summed score; ties keep the earlier start.  When the first start's score is 0 (no client
-    scores: no dense view), it is kept and the other starts are not refined.  ``seeded(exchange)``
-    (optional) gives more starts through ``exchange`` (:func:`seeded_starts`), asked for only once
-    the first start has scored, refined after the others.
+    summed score; ties keep the earlier start.
 
-    Returns ``(labels, iterations, index)``: the kept partition, the exchanges of all the starts
-    refined (the seeding's included), and the index of the start it came from (the seeded starts
-    after ``starts``).
+    The first exchange carries the first start alone.  When its summed score is 0 (no client
+    scores: no dense view), that start is refined alone and kept, and no other start is sent.
+    Otherwise ``seeded(exchange)`` (optional) gives more starts through ``exchange``
+    (:func:`seeded_starts`, after the others in the order), and every start -- the first from
+    where its first exchange left it -- is refined side by side (:func:`refine_side_by_side`): the
+    partitions reached and kept are those of refining them one by one, in far fewer exchanges.
+    ``exchange`` answers (n,) labels with ((n, c), (1,)) and an (S, n) block with ((S, n, c), (S,)).
+
+    Returns ``(labels, exchanges, index)``: the kept partition, the exchanges of the whole
+    refinement (the seeding's included), and the index of the start it came from.
     """
     starts = list(starts)
-    best, total_iters, index, best_score = None, 0, 0, np.inf
-    i = 0
-    while i < len(starts):
-        labels, iters, score = refine_partition(starts[i], exchange, max_iter=max_iter)
-        total_iters += iters
-        if best is None or score < best_score:
-            best, index, best_score = labels, i, score
-        if i == 0:
-            if score == 0.0:
-                break
-            if seeded is not None:
-                counter = _Counted(exchange)
-                starts += seeded(counter)
-                total_iters += counter.calls
-        i += 1
-    if best is None:
+    if not starts:
         raise ValueError("refine_best needs at least one start")
-    return best, total_iters, index
+    first = _Lloyd(starts[0], max_iter)
+    D, score = exchange(first.labels)
+    first.step(D, score)
+    calls = 1
+    if first.score == 0.0:  # nobody scores (text): the fit's partition, refined alone
+        while not first.done:
+            first.step(*exchange(first.labels))
+            calls += 1
+        return first.labels, calls, 0
+    runs = [first] + [_Lloyd(s, max_iter) for s in starts[1:]]
+    if seeded is not None:
+        counter = _Counted(exchange)
+        runs += [_Lloyd(s, max_iter) for s in seeded(counter)]
+        calls += counter.calls
+    calls += _side_by_side(runs, exchange, np.asarray(D).shape[1])
+    index = min(range(len(runs)), key=lambda i: (runs[i].score, i))  # the lowest score; ties: the earlier
+    return runs[index].labels, calls, index
 
 
 class _Counted:

@@ -115,8 +115,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         ("down", "round"): down_round,
         ("up", "round"): round_up,
         # a clustering run's k-means refinement: the partition down, each node's distances up
-        ("down", "refine"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
-        ("up", "refine"): {codec.ARRAYS: {"D": "n*", "score": "1"}},
+        # (several partitions side by side: labels (S, n) down, distances (n, S c) and scores (S,) up)
+        ("down", "refine"): {codec.ARRAYS: {"labels": "labels*"}, codec.SCALARS: {"n_clusters": "scalar"}},
+        ("up", "refine"): {codec.ARRAYS: {"D": "n*", "score": "k"}},
         # its graph refinement: the partition down, each node's neighbour counts per cluster up
         ("down", "graph"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
         ("up", "graph"): {codec.ARRAYS: {"L": "n*"}},
@@ -171,10 +172,10 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("down", "round"): down_round,
         ("up", "round"): round_up,
         # the k-means refinement of a clustering run: the partition down, the masked distances up
-        ("down", "refine"): {codec.ARRAYS: {"labels": "labels"},
+        ("down", "refine"): {codec.ARRAYS: {"labels": "labels*"},
                              codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
         ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64",
-                                          f"{MASKED_PREFIX}arrays.score": "1-u64"}},
+                                          f"{MASKED_PREFIX}arrays.score": "k-u64"}},
         # the graph refinement: the partition down, the masked neighbour counts up
         ("down", "graph"): {codec.ARRAYS: {"labels": "labels"},
                             codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
@@ -212,6 +213,12 @@ def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
         return shape == [n] and dtype == "float64"
     if kind == "labels":
         return shape == [n] and dtype == "int64"
+    if kind == "labels*":  # one partition, or a block of them side by side
+        return (shape == [n] or (len(shape or []) == 2 and shape[0] >= 1 and shape[1] == n)) and dtype == "int64"
+    if kind == "k":
+        return len(shape or []) == 1 and shape[0] >= 1 and dtype == "float64"
+    if kind == "k-u64":
+        return len(shape or []) == 1 and shape[0] >= 1 and dtype == "uint64"
     if kind == "n*":
         return len(shape) == 2 and shape[0] == n and dtype == "float64"
     if kind == "n*-u64":
@@ -290,6 +297,7 @@ def audit_wire(rows: Iterable[dict], algorithm, cfg: FedConfig, n_samples: int, 
                                 "rn-u64": f"uint64 ({r}, {n})", "1-u64": "uint64 (1,)", "1": "float64 (1,)",
                                 "key": "uint8 (32,)",
                                 "labels": f"int64 ({n},)", "n*": f"float64 ({n}, k)", "n*-u64": f"uint64 ({n}, k)",
+                                "labels*": f"int64 ({n},) or (k, {n})", "k": "float64 (k,)", "k-u64": "uint64 (k,)",
                                 "keys": "uint8 (k, 32)"}[kind_k]
                         bad.append(f"{where}: {name}[{k!r}] has shape {item.get('shape')} dtype "
                                    f"{item.get('dtype')}, declared {want}")

@@ -382,12 +382,19 @@ def _array_exchange(transport, m: int, kind: str, spec: dict, secure: bool, payl
 
 def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
     """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
-    over the nodes, one ``refine`` message each (masked sums under secure aggregation)."""
+    over the nodes, one ``refine`` message each (masked sums under secure aggregation): (n, c) and
+    (1,) for labels (n,); for a block of partitions (S, n), (S, n, c) and (S,) (a node sends its
+    distances side by side, (n, S c))."""
     sums = _labels_exchange(transport, m, "refine", REFINE_SPEC, n_clusters, secure)
 
     def exchange(labels):
+        labels = np.asarray(labels, dtype=np.int64)
         out = sums(labels)
-        return out["D"], out["score"]
+        if labels.ndim == 1:
+            return out["D"], out["score"]
+        S, n = labels.shape
+        return (np.asarray(out["D"]).reshape(n, S, int(n_clusters)).transpose(1, 0, 2),
+                np.asarray(out["score"], dtype=np.float64).reshape(S))
 
     return exchange
 
@@ -430,21 +437,29 @@ def _request_block(msg: Message, n: int, p: int) -> np.ndarray:
 SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
 
 
-def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1) -> tuple[np.ndarray, int]:
+def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, *,
+                    block: Callable[[int, int], int] | None = None) -> tuple[np.ndarray, int]:
     """The labels (n,) and cluster count of a refinement request, checked against this node's ``n``
-    samples and its policy: no nonempty cluster of fewer than ``min_size`` samples."""
+    samples and its policy: no nonempty cluster of fewer than ``min_size`` samples.  ``block``
+    (the k-means refinement's ``refine_batch_rows``): an (S, n) block of partitions side by side is
+    accepted too, each checked alike, S at most ``block(n, c)``."""
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
     c = int(msg.scalars["n_clusters"])
-    if labels.shape != (n,):
+    if labels.shape != (n,) and not (block and labels.ndim == 2 and labels.shape[0] >= 1 and labels.shape[1] == n):
         raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {n} samples")
     if c < 1 or (labels.size and (labels.min() < 0 or labels.max() >= c)):
         raise ProtocolError(f"client {p}: {what} labels outside 0..{c - 1}")
+    rows = labels.reshape(-1, n)
+    if block is not None and rows.shape[0] > block(n, c):  # the node's memory: S n c distances in its reply
+        raise ProtocolError(f"client {p}: a block of {rows.shape[0]} {what} partitions, more than the "
+                            f"{block(n, c)} one exchange may carry for {n} samples and {c} clusters")
     if min_size > 1 and labels.size:
-        sizes = np.bincount(labels, minlength=c)
-        small = int(np.min(sizes[sizes > 0]))
-        if small < min_size:
-            raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
-                                f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
+        for row in rows:
+            sizes = np.bincount(row, minlength=c)
+            small = int(np.min(sizes[sizes > 0]))
+            if small < min_size:
+                raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
+                                    f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
     return labels, c
 
 
@@ -524,9 +539,11 @@ def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size
     cluster of fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) always."""
     from fedsonmf.federation import secagg
 
-    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size)
+    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=steps.refine_batch_rows)
     Y = steps.refine_view(X)
     D, score = steps.refine_reply(Y, labels, c, scores=steps.refine_scores(Y))
+    if labels.ndim == 2:  # a block: the distances side by side, (n, S c), the scores (S,)
+        D = np.ascontiguousarray(np.transpose(D, (1, 0, 2)).reshape(X.shape[0], -1))
     reply = Message("refine", msg.round, {"D": D, "score": score})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, REFINE_SPEC)
