@@ -287,13 +287,13 @@ def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
         wire = [json.loads(line) for line in open(Path(rc["out-dir"]) / "wire.jsonl")]
         kinds = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire if r["direction"] == "down"]
         # after the rounds, the k-means refinement then the graph refinement and its spectral step (graph and
-        # spectral exchanges, then two refine exchanges for the dense score when the cut has dropped): one
-        # message per node and iteration
+        # spectral exchanges, then one refine exchange for the dense scores of both partitions when the cut
+        # has dropped): one message per node and iteration
         first = kinds.index("refine")
         tail, kinds = kinds[first:], kinds[:first]
         assert set(tail) <= {"refine", "graph", "spectral"} and all(tail.count(k) % 3 == 0 for k in set(tail))
         start_graph = tail.index("graph")
-        assert set(tail[:start_graph]) == {"refine"} and "refine" not in tail[start_graph:-6]
+        assert set(tail[:start_graph]) == {"refine"} and "refine" not in tail[start_graph:-3]
         assert tail.count("spectral") > 0  # the blobs' graph: a few steps (n // 2c of them at most)
         out[at_hello] = (np.load(Path(rc["out-dir"]) / "V.npy"), read_labels_csv(Path(rc["out-dir"]) / "labels.csv"),
                          kinds)

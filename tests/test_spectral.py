@@ -141,10 +141,16 @@ def test_the_candidate_is_kept_only_when_it_lowers_the_cut_clearly_and_the_score
     kept, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=20, seed=0)
     assert info["kept"] and clustering_scores(y, kept)["acc"] == 1.0
     assert info["cut"] < (1 - SPECTRAL_MARGIN) * cut and info["exchanges"] >= 20
-    # a score that says the candidate is worse keeps the refined partition
-    worse = lambda labels: (None, np.array([0.0 if np.array_equal(labels, refined) else 1.0]))  # noqa: E731
+    # a score that says the candidate is worse keeps the refined partition; both scores in one exchange
+    asked = []
+
+    def worse(block):
+        asked.append(np.asarray(block))
+        return None, np.array([0.0 if np.array_equal(row, refined) else 1.0 for row in block])
+
     same, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=20, seed=0, refine=worse)
     assert not info["kept"] and np.array_equal(same, refined)
+    assert len(asked) == 1 and asked[0].shape == (2, y.size) and np.array_equal(asked[0][1], refined)
     # a cut lower by less than the margin keeps it too
     near, info = spectral_refine(start, first[0], refined, info["cut"] * (1 + SPECTRAL_MARGIN / 2), exchange,
                                  products, 4, steps=20, seed=0)

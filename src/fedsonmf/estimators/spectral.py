@@ -131,7 +131,8 @@ def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: C
     and that partition's normalized cut (:func:`~fedsonmf.estimators.graph.graph_refine`);
     ``graph_exchange(labels) -> L``, ``products(M) -> sum_p A_p M / n``: the exchanges with the
     clients; ``refine(labels) -> (D, score)`` (optional): a k-means refinement exchange, whose summed
-    score (0 without dense views) is compared only when the cut has dropped; ``n_init``, ``seed``:
+    scores (0 without dense views) of the candidate and ``refined``, sent side by side as a (2, n)
+    block in one exchange, are compared only when the cut has dropped; ``n_init``, ``seed``:
     the k-means replicates on the block (:func:`spectral_partition`).
     Returns ``(labels, info)`` with info ``{"steps", "exchanges", "cut", "kept"}``: the candidate's
     cut, and whether it replaced ``refined``.
@@ -156,9 +157,8 @@ def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: C
     if cut < (1.0 - SPECTRAL_MARGIN) * float(refined_cut):
         if refine is None:
             info["kept"] = True
-        else:
-            def score(labels) -> float:
-                return float(np.sum(counted(refine)(labels)[1]))
-            info["kept"] = score(candidate) <= score(refined)
+        else:  # both partitions' scores in one exchange, side by side
+            scores = np.asarray(counted(refine)(np.stack([candidate, refined]))[1], dtype=np.float64).reshape(2)
+            info["kept"] = bool(scores[0] <= scores[1])
     info["exchanges"] = count[0]
     return (np.asarray(candidate, dtype=np.int64) if info["kept"] else refined), info
