@@ -52,7 +52,8 @@ def main() -> None:
                 accs.append(clustering_scores(ds.labels, labels)["acc"])
             out[name] = {"seconds_mean": float(np.mean(secs)), "acc_mean": float(np.mean(accs)),
                          "acc_per_seed": accs, "seconds_per_seed": secs}
-            print(f"{name:32s} ACC {100 * np.mean(accs):5.1f} ± {100 * np.std(accs):4.1f}   {np.mean(secs):6.2f} s/seed")
+            print(f"{name:32s} ACC {100 * np.mean(accs):5.1f} ± {100 * np.std(accs):4.1f}   "
+                  f"{np.mean(secs):6.2f} s/seed")
     base = out["sklearn NMF concat + k-means"]["seconds_mean"]
     for v in out.values():
         v["time_ratio_to_sklearn_nmf"] = v["seconds_mean"] / base

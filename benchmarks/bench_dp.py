@@ -158,7 +158,7 @@ def plot(result: dict, path: Path) -> None:
         ax.axhline(100.0 / res["n_classes"], color="tab:red", ls="-.", lw=0.8, label="1 / classes")
         ax.set_xscale("log")
         ax.set_ylim(0, 100)
-        ax.set_xlabel("epsilon (one client's whole view, delta = %g)" % result["settings"]["dp_delta"])
+        ax.set_xlabel(f"epsilon (one client's whole view, delta = {result['settings']['dp_delta']:g})")
         ax.set_ylabel("ACC %")
         ax.set_title(f"{name} (n = {res['n_samples']}, {res['n_views']} views)")
         ax.grid(alpha=0.3, which="both")

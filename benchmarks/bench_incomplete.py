@@ -14,7 +14,8 @@ as it is done, so a partial run keeps what it measured):
 * ``partial``: make_synthetic(m=10, n=100, d=20, r=6, h=0.6), 50/80/100 % of the clients
   sampled per round; rounds until the *full* residual R/R1 <= 1e-4 (computed outside the
   federation from every client's current U_p, so all variants are judged on the same
-  number; R1 is the full-participation run's value after round 1, with and without correction) for each rejoin rule and without correction.
+  number; R1 is the full-participation run's value after round 1, with and without correction) for
+  each rejoin rule and without correction.
 
     PYTHONPATH=src OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/bench_incomplete.py \
         [--parts threesources,synthetic,partial] [--seeds 3] [--sources-seeds 5] [--sources-rounds 40]
@@ -161,7 +162,7 @@ def bench_partial(seeds: int, max_rounds: int) -> dict:
                 clients = [ClientRuntime(X, "fedsonmf", c) for X in views]
                 trace = []
 
-                def on_round_end(state, history, clients=clients, trace=trace, c=c, corr=corr):
+                def on_round_end(state, history, clients=clients, trace=trace, c=c, corr=corr, ref=ref):
                     R = full_residual(clients, state.arrays["V"], c.eta_tilde, c.mu)
                     trace.append(R)
                     ref.setdefault(corr, R)
@@ -201,7 +202,7 @@ def main() -> None:
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         if part == "threesources":
-            def on_seed(d):
+            def on_seed(d, part=part):
                 results[part] = d
                 save(results, args.out)
 

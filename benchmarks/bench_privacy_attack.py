@@ -338,7 +338,8 @@ def _over_seeds(runs: list[dict]) -> dict:
 
 def _print(name: str, modes: dict) -> None:
     print(f"{name}: model error ||X_p - U_p V|| / ||X_p|| = {modes.get('_model_error_plain', float('nan')):.3f}; "
-          f"rebuild error of the known samples' mean {modes['baseline (public V only)']['rebuild_error_known_mean']:.3f}")
+          "rebuild error of the known samples' mean "
+          f"{modes['baseline (public V only)']['rebuild_error_known_mean']:.3f}")
     print(f"  {'mode':34s} {'Gram err':>9s} {'NN agree':>9s} {'rebuild':>9s}")
     for mode, e in modes.items():
         if mode.startswith("_"):

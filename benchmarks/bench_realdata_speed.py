@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-DATASETS = {"BBCSport": ("BBCSport", "zskong", "BBCSport.mat"), "3Sources": ("3Sources", "ChuanbinZhang", "3Sources.mat"),
+DATASETS = {"BBCSport": ("BBCSport", "zskong", "BBCSport.mat"),
+            "3Sources": ("3Sources", "ChuanbinZhang", "3Sources.mat"),
             "MSRC-v1": ("MSRC-v1", "youweiliang", "MSRC_v1.mat"),
             "Handwritten": ("Handwritten", "ChuanbinZhang", "Handwritten.mat")}
 #: generated problems: name -> (generator, seeds used at most)
@@ -260,7 +261,7 @@ def table(result: dict) -> str:
     """The before/after table (markdown)."""
     lines = ["| data set | code | seeds | s / fit | rounds | data s | fit / data | U-step s | ACC % |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for name, cur in result["current"].items():
+    for name in result["current"]:
         for label in ("baseline", "current"):
             r = result[label].get(name)
             if r is None:

@@ -36,7 +36,7 @@ def make_views(kind: str, m: int, n: int, d: int, density: float, seed: int = 0)
     if kind == "dense":
         return [rng.random((n, d)) for _ in range(m)]
     views = []
-    for p in range(m):
+    for _ in range(m):
         nnz = int(n * d * density)
         rows = rng.integers(0, n, nnz)
         cols = rng.integers(0, d, nnz)

@@ -78,7 +78,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": {"python": platform.python_version(), "processor": platform.processor(),
-                    "blas": [{k: i.get(k) for k in ("internal_api", "num_threads", "version")} for i in threadpool_info()]},
+                    "blas": [{k: i.get(k) for k in ("internal_api", "num_threads", "version")}
+                             for i in threadpool_info()]},
         "setup": {"n_clients": 10, "n_samples": 100, "n_features": 20, "rank": 6, "tau": 10, "rounds": args.rounds,
                   "seeds": args.seeds},
         "convergence": rows, "ustep_variants": timing,

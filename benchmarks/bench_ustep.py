@@ -134,7 +134,8 @@ def bench_ustep(old, cap):
                 res["new_ge_old"].append(None)
                 res["new_minus_old_rel"].append(None)
             print(f"{case:10s} r={r:2d} d={d:6d}  old {res['old_s'][-1] or float('nan'):9.4f} s  "
-                  f"new {tn:8.4f} s  new-old {res['new_minus_old_rel'][-1]}  certified {info.certified} ({info.source})",
+                  f"new {tn:8.4f} s  new-old {res['new_minus_old_rel'][-1]}  "
+                  f"certified {info.certified} ({info.source})",
                   flush=True)
         res["old_exponent"] = slope(ds, res["old_s"])
         res["new_exponent"] = slope(ds, res["new_s"])

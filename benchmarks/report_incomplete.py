@@ -41,7 +41,8 @@ def main(path="benchmarks/results/incomplete.json"):
             g[(r["removed"], r["variant"])].append(r)
         seeds = len({r["seed"] for r in s["rows"]})
         print(f"### Synthetic, samples removed from each view ({s['setting']}; {seeds} seeds)\n")
-        print("| removed per view | variant | V recovery error (mean, max) | rounds to R/R¹ ≤ 1e-4 | uploaded floats/round |")
+        print("| removed per view | variant | V recovery error (mean, max) | rounds to R/R¹ ≤ 1e-4 "
+              "| uploaded floats/round |")
         print("|---|---|---|---|---|")
         for (frac, var), rows in sorted(g.items()):
             e = [r["V_recovery_error"] for r in rows]
