@@ -351,11 +351,17 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     nodes read the new samples from their own folders) equals the in-process predict."""
     views, y = blobs()
     new, _ = blobs(n_per=5, seed=3)
-    ref = reference(views, rounds=3, n_init=2)  # two restarts: one deployment each, the lower objective kept
+    ref = reference(views, rounds=3, n_init=2)  # two restarts: one deployment each, the medoid kept
     with pytest.warns(UserWarning, match="padded"):
         model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=2,
                                        flower_run_dir=tmp_path / "fl").fit(views)
     assert model.best_restart_ == ref.best_restart_ is not None and model.seeds_ == ref.seeds_
+    # the restarts ran without the refinement; the kept one ran again with it (as in process, only it is refined)
+    for i in range(2):
+        result = json.loads((tmp_path / "fl" / f"run-restart-{i}" / "server" / "result.json").read_text())
+        summary = result["clustering"]
+        assert summary["refine"] == "none" and summary["refine_iterations"] == 0
+    assert model.flower_run_dir_ == tmp_path / "fl" / f"run-restart-{ref.best_restart_}-refined"
     assert (model.refine_iter_, model.refine_start_, model.graph_iter_) == \
         (ref.refine_iter_, ref.refine_start_, ref.graph_iter_) and ref.graph_iter_[0] > 0
     assert np.array_equal(model.result_.V, ref.result_.V)

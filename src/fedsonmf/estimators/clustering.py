@@ -237,11 +237,13 @@ default="auto"
         ``masks``; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
         deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
         (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
-        same V bit for bit).
+        same V bit for bit).  With ``n_init > 1`` (medoid rule) each restart is one deployment
+        without the refinement, and the kept one runs once more with it.
     flower_run_dir : path or None, default=None
         ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
-        deployment: node state, logs, the server's out-dir with ``labels.csv``); None = a
-        new temporary folder.  The folder used is ``flower_run_dir_``.
+        deployment: node state, logs, the server's out-dir with ``labels.csv``; with restarts
+        ``run-restart-<i>/`` each, ``run-restart-<i>-refined/`` the kept one); None = a new
+        temporary folder.  The deployment kept is ``flower_run_dir_``.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
@@ -612,12 +614,24 @@ default="auto"
                    "refine": self.refine, "refine_starts": self.refine_starts,
                    "refine_seeded_starts": self.refine_seeded_starts,
                    "refine_spectral_steps": self.refine_spectral_steps}
-        partitions, fits = [], []
-        for i, (model, s) in enumerate(zip(models, seeds)):
-            cfg, run, _ = model._validate()
-            run_dir = base / ("run" if len(models) == 1 else f"run-restart-{i}")
+        stages = refine_stages(self.refine, dp=self._dp())
+        # the medoid is chosen from the unrefined partitions and only its fit is refined (as in process):
+        # each restart runs without the refinement exchanges, then the kept one runs again with them --
+        # the same seed gives the same V bit for bit, so one more fit's rounds instead of n_init - 1 more
+        # refinements, each several times a fit's exchanges on Flower (docs/flower.md)
+        defer = len(models) > 1 and bool(stages) and self.restart_rule == "medoid"
+
+        def deploy(i: int, opts: dict, name: str):
+            cfg, run, _ = models[i]._validate()
+            run_dir = base / name
             res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
-                             tol=run["tol"], seed=s, n_clusters=self.n_clusters, clustering=options)
+                             tol=run["tol"], seed=seeds[i], n_clusters=self.n_clusters, clustering=opts)
+            return res, run_dir
+
+        partitions, fits = [], []
+        for i in range(len(models)):
+            res, run_dir = deploy(i, {**options, "refine": "none"} if defer else options,
+                                  "run" if len(models) == 1 else f"run-restart-{i}")
             partitions.append(res.extra["labels"])
             fits.append((res, run_dir))
         # as in-process: chosen from the runs' partitions before refinement (the k-means of each V,
@@ -630,6 +644,12 @@ default="auto"
                                            kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
                          for (res, _), s in zip(fits, seeds)]
         best = choose_restart(self.restart_rule, unrefined, results)
+        if defer:  # the kept fit again, now with its refinement
+            fits[best] = deploy(best, options, f"run-restart-{best}-refined")
+            partitions[best] = fits[best][0].extra["labels"]
+            if not np.array_equal(fits[best][0].V, results[best].V):  # not expected: a run is deterministic
+                warnings.warn(f"restart {best} gave another V when run again for its refinement "
+                              f"({fits[best][1]}); its refined partition is kept", RuntimeWarning, stacklevel=3)
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])
@@ -640,7 +660,6 @@ default="auto"
             labels, centers = partitions[best or 0], res.extra["cluster_centers"]
         self.n_components_ = r
         # the kept run's refinement, as its ServerApp reported it (consensus: every run's)
-        stages = refine_stages(self.refine, dp=self._dp())
         kept = [fits[best][0]] if best is not None else [f for f, _ in fits]
         reports = [f.extra.get("clustering", {}) for f in kept]
         self.refine_iter_ = [int(c.get("refine_iterations", 0)) for c in reports] if "kmeans" in stages else []
