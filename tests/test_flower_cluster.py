@@ -544,3 +544,6 @@ def test_a_node_answers_a_block_of_partitions_within_its_limits():
                         block=steps.refine_batch_rows)
     with pytest.raises(ProtocolError, match="labels of shape"):  # a block for another n
         _request_labels(msg, 13, 0, "refine", 1, block=steps.refine_batch_rows)
+    for c in (0, 13, 10**9):  # a reply of n x c numbers: no more clusters than samples (the node's memory)
+        with pytest.raises(ProtocolError, match=f"request for {c} clusters of a view of 12 samples"):
+            _request_labels(Message("graph", 1, {"labels": rows[0]}, {"n_clusters": c}), 12, 0, "graph", 1)

@@ -447,7 +447,9 @@ def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, 
     c = int(msg.scalars["n_clusters"])
     if labels.shape != (n,) and not (block and labels.ndim == 2 and labels.shape[0] >= 1 and labels.shape[1] == n):
         raise ProtocolError(f"client {p}: {what} labels of shape {labels.shape} for a view of {n} samples")
-    if c < 1 or (labels.size and (labels.min() < 0 or labels.max() >= c)):
+    if not 1 <= c <= n:  # the reply holds n x c numbers: no more clusters than samples
+        raise ProtocolError(f"client {p}: {what} request for {c} clusters of a view of {n} samples")
+    if labels.size and (labels.min() < 0 or labels.max() >= c):
         raise ProtocolError(f"client {p}: {what} labels outside 0..{c - 1}")
     rows = labels.reshape(-1, n)
     if block is not None and rows.shape[0] > block(n, c):  # the node's memory: S n c distances in its reply
