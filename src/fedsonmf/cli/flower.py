@@ -129,6 +129,8 @@ class FlowerProgress:
     def _completed(self, st: dict, done: int) -> None:
         """The end: the rounds that ran (fewer than the budget after an early stop)."""
         ran = int(st.get("n_rounds") or done)
+        if self._progress is None:
+            return
         if not ran:  # a predict run: one embedding, no rounds
             self._progress.update(self._task, description="embed", total=1, completed=1, status="done")
             return

@@ -644,7 +644,7 @@ default="auto"
                                            kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
                          for (res, _), s in zip(fits, seeds)]
         best = choose_restart(self.restart_rule, unrefined, results)
-        if defer:  # the kept fit again, now with its refinement
+        if defer and best is not None:  # the kept fit again, now with its refinement (the medoid: always one)
             fits[best] = deploy(best, options, f"run-restart-{best}-refined")
             partitions[best] = fits[best][0].extra["labels"]
             if not np.array_equal(fits[best][0].V, results[best].V):  # not expected: a run is deterministic
