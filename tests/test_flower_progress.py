@@ -67,19 +67,26 @@ def test_progress_shows_the_clustering_exchanges(shown):
     prog.update({"status": "running", "phase": "round", "round": 31, "rounds_done": 30, "seconds_per_round": 1.0})
     assert task.description == "rounds" and task.fields["status"].startswith("round 31 of 200")
     prog.update({"status": "running", "phase": "clustering", "rounds_done": 31})
-    assert (task.description, task.fields["status"]) == ("clustering", "k-means on V")
-    assert (task.total, task.completed) == (31, 31)  # the rounds ran (early stop): no bar stuck at 31/200
+    # the rounds ran (early stop): their bar ends at 31/31, not stuck at 31/200, its clock stopped there
+    assert (task.description, task.total, task.completed) == ("rounds", 31, 31) and task.finished
+    assert task.fields["status"] == "done: 31 of at most 200 rounds"
+    clu = prog._progress.tasks[1]  # the clustering phase's own bar: exchanges of an unknown count
+    assert (clu.description, clu.fields["status"], clu.total) == ("clustering", "k-means on V", None)
+    assert not clu.finished and clu.elapsed is not None  # its clock runs on
     prog.update({"status": "running", "phase": "clustering", "rounds_done": 31, "stage": "refine", "exchanges": 1})
-    assert task.fields["status"] == "k-means refinement, exchange 1"
+    assert clu.fields["status"] == "k-means refinement, exchange 1" and clu.completed == 1
     prog.update({"status": "running", "phase": "clustering", "rounds_done": 31, "stage": "refine",
                  "exchanges": 12, "seconds_per_exchange": 5.08})
-    assert task.fields["status"] == "k-means refinement, exchange 12 (5.1 s/exchange)"
-    prog.update({"status": "running", "phase": "clustering", "rounds_done": 31, "stage": "graph", "exchanges": 3})
-    assert task.fields["status"] == "graph refinement, exchange 3"
+    assert clu.fields["status"] == "k-means refinement, exchange 12 (5.1 s/exchange)" and clu.completed == 12
+    prog.update({"status": "running", "phase": "clustering", "rounds_done": 31, "stage": "graph", "exchanges": 13})
+    assert clu.fields["status"] == "graph refinement, exchange 13"
     prog.update({"status": "running", "phase": "clustering", "rounds_done": 31, "stage": "spectral",
-                 "exchanges": 7, "seconds_per_exchange": 4.96})
-    assert task.fields["status"] == "spectral step, exchange 7 (5.0 s/exchange)"
-    assert "ETA" not in task.fields["status"]
+                 "exchanges": 17, "seconds_per_exchange": 4.96})
+    assert clu.fields["status"] == "spectral step, exchange 17 (5.0 s/exchange)"
+    assert "ETA" not in clu.fields["status"] and not clu.finished and len(prog._progress.tasks) == 2
+    prog.update({"status": "completed", "phase": "done", "rounds_done": 31, "n_rounds": 31, "exchanges": 17})
+    assert (clu.total, clu.completed, clu.fields["status"]) == (17, 17, "done") and clu.finished
+    assert (task.total, task.completed) == (31, 31)
 
 
 def test_progress_after_an_early_stop_shows_the_rounds_run(shown):

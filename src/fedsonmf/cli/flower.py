@@ -70,9 +70,9 @@ class FlowerProgress:
 
     Before round 1 it names the phase (starting, handshake, setup); then round k of K,
     the mean seconds per round and the ETA (rounds left x s/round; a run that meets
-    ``tol`` stops earlier); then, in a clustering run, the refinement's stage and
-    exchange count with the mean seconds per exchange (no ETA: the count is not known
-    in advance).  At the end the bar holds the rounds that ran.  ``enabled=False``: silent.
+    ``tol`` stops earlier).  The rounds' bar ends at the rounds that ran; in a clustering run
+    a second bar then counts the refinement's exchanges, with the stage and the mean seconds
+    per exchange (no ETA: the count is not known in advance).  ``enabled=False``: silent.
     """
 
     PHASES = {"handshake": "waiting for the SuperNodes (handshake)", "setup": "setting up the clients",
@@ -82,7 +82,7 @@ class FlowerProgress:
 
     def __init__(self, total: int, *, enabled: bool = True):
         self.total, self.enabled = total, enabled
-        self._progress = self._task = None
+        self._progress = self._task = self._clustering_task = None
 
     def __enter__(self):
         if self.enabled:
@@ -105,9 +105,7 @@ class FlowerProgress:
         if st.get("status") == "completed":
             self._completed(st, done)
         elif phase == "clustering":
-            # the rounds are over (an early stop may have ended them before the budget): the bar holds those run
-            self._progress.update(self._task, description="clustering", total=done or self.total or None,
-                                  completed=done, status=self._clustering_status(st))
+            self._clustering(st, done)
         elif phase == "round" or (done and phase not in self.PHASES):
             spr = st.get("seconds_per_round")
             status = f"round {st.get('round')} of {self.total}"
@@ -116,6 +114,23 @@ class FlowerProgress:
             self._progress.update(self._task, description="rounds", completed=done, status=status)
         elif phase in self.PHASES:
             self._progress.update(self._task, description=phase, completed=done, status=self.PHASES[phase])
+
+    def _clustering(self, st: dict, done: int) -> None:
+        """The clustering phase, on a bar of its own: the rounds' bar ends at the rounds that ran (an
+        early stop may have ended them before the budget) with its own elapsed time, and the
+        clustering bar counts the exchanges (``n/?``: how many the refinement needs is not known)
+        with a clock that runs on (a finished bar's would stop)."""
+        assert self._progress is not None
+        if self._clustering_task is None:
+            ran = done or self.total
+            self._progress.update(self._task, description="rounds", total=ran or None, completed=ran,
+                                  status=self._rounds_done_status(ran))
+            self._clustering_task = self._progress.add_task("clustering", total=None, status="")
+        self._progress.update(self._clustering_task, completed=int(st.get("exchanges") or 0),
+                              status=self._clustering_status(st))
+
+    def _rounds_done_status(self, ran: int) -> str:
+        return f"done: {ran} of at most {self.total} rounds" if ran < self.total else "done"
 
     def _clustering_status(self, st: dict) -> str:
         """The clustering phase: the stage and exchange count, with s/exchange once known."""
@@ -134,8 +149,11 @@ class FlowerProgress:
         if not ran:  # a predict run: one embedding, no rounds
             self._progress.update(self._task, description="embed", total=1, completed=1, status="done")
             return
-        status = f"done: {ran} of at most {self.total} rounds" if ran < self.total else "done"
-        self._progress.update(self._task, description="rounds", total=ran, completed=ran, status=status)
+        self._progress.update(self._task, description="rounds", total=ran, completed=ran,
+                              status=self._rounds_done_status(ran))
+        if self._clustering_task is not None:  # the exchanges counted: the clustering bar ends full
+            n = int(st.get("exchanges") or 0) or 1
+            self._progress.update(self._clustering_task, total=n, completed=n, status="done")
 
     def __exit__(self, *exc):
         if self._progress is not None:
