@@ -122,15 +122,16 @@ class FlowerProgress:
         with a clock that runs on (a finished bar's would stop)."""
         assert self._progress is not None
         if self._clustering_task is None:
-            ran = done or self.total
-            self._progress.update(self._task, description="rounds", total=ran or None, completed=ran,
-                                  status=self._rounds_done_status(ran))
+            self._end_rounds(done or self.total)
             self._clustering_task = self._progress.add_task("clustering", total=None, status="")
         self._progress.update(self._clustering_task, completed=int(st.get("exchanges") or 0),
                               status=self._clustering_status(st))
 
-    def _rounds_done_status(self, ran: int) -> str:
-        return f"done: {ran} of at most {self.total} rounds" if ran < self.total else "done"
+    def _end_rounds(self, ran: int) -> None:
+        """The rounds' bar, full at the rounds that ran (fewer than the budget after an early stop)."""
+        assert self._progress is not None
+        status = f"done: {ran} of at most {self.total} rounds" if ran < self.total else "done"
+        self._progress.update(self._task, description="rounds", total=ran or None, completed=ran, status=status)
 
     def _clustering_status(self, st: dict) -> str:
         """The clustering phase: the stage and exchange count, with s/exchange once known."""
@@ -143,14 +144,13 @@ class FlowerProgress:
 
     def _completed(self, st: dict, done: int) -> None:
         """The end: the rounds that ran (fewer than the budget after an early stop)."""
-        ran = int(st.get("n_rounds") or done)
         if self._progress is None:
             return
+        ran = int(st.get("n_rounds") or done)
         if not ran:  # a predict run: one embedding, no rounds
             self._progress.update(self._task, description="embed", total=1, completed=1, status="done")
             return
-        self._progress.update(self._task, description="rounds", total=ran, completed=ran,
-                              status=self._rounds_done_status(ran))
+        self._end_rounds(ran)
         if self._clustering_task is not None:  # the exchanges counted: the clustering bar ends full
             n = int(st.get("exchanges") or 0) or 1
             self._progress.update(self._clustering_task, total=n, completed=n, status="done")

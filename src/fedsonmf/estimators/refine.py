@@ -290,9 +290,17 @@ def refine_partition(labels, exchange: Callable, *, max_iter: int = 100):
     converged (the last exchange was sent them), else of the labels before the last assignment.
     """
     run = _Lloyd(labels, max_iter)
+    _alone(run, exchange)
+    return run.labels, run.iterations, run.score
+
+
+def _alone(run: _Lloyd, exchange: Callable) -> int:
+    """Advance one Lloyd run until it is done, one exchange per iteration; the exchanges used."""
+    calls = 0
     while not run.done:
         run.step(*exchange(run.labels))
-    return run.labels, run.iterations, run.score
+        calls += 1
+    return calls
 
 
 def _side_by_side(runs: list, exchange: Callable, n_clusters: int) -> int:
@@ -398,9 +406,7 @@ def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Call
     first.step(D, score)
     calls = 1
     if first.score == 0.0:  # nobody scores (text): the fit's partition, refined alone
-        while not first.done:
-            first.step(*exchange(first.labels))
-            calls += 1
+        calls += _alone(first, exchange)
         return first.labels, calls, 0
     runs = [first] + [_Lloyd(s, max_iter) for s in starts[1:]]
     if seeded is not None:
