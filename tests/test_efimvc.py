@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 
@@ -73,7 +73,9 @@ def _check_qp(G, shift, F, Z):
         cond = ev[-1] / ev[0] if ev[0] > 0 else np.inf
         allow = max(1e-7, min(10 * np.finfo(float).eps * cond, 1e-6)) * scale
         assert Z[:, i] @ g - g.min() <= allow  # the duality gap
-        assert np.all(g[Z[:, i] > 1e-6] - g.min() <= 1e-5 * scale)
+        if np.isfinite(cond):  # every used coordinate at the smallest gradient entry; a singular H (cond = inf)
+            # is solved to its gap floor of 1e-6 of the scale, which bounds only z_j (g_j - min g), not g_j alone
+            assert np.all(g[Z[:, i] > 1e-6] - g.min() <= 1e-5 * scale)
         ours = 0.5 * Z[:, i] @ H @ Z[:, i] + F[:, i] @ Z[:, i]
         assert ours <= _slsqp(H, F[:, i]) + allow
 
@@ -81,6 +83,7 @@ def _check_qp(G, shift, F, Z):
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(2, 6), N=st.integers(1, 4), rank=st.integers(1, 6), seed=st.integers(0, 10**6),
        lam=st.sampled_from([0.0, 1e-3, 1.0, 100.0]), warm=st.booleans())
+@example(m=5, N=2, rank=2, seed=74658, lam=0.0, warm=False)  # FISTA alone stopped at a gap of 0.0136 (a CI run)
 def test_client_qp_is_solved(m, N, rank, seed, lam, warm):
     """The client form: H = A^T A + lambda2 I shared by every sample (A^T A possibly singular)."""
     rng = np.random.default_rng(seed)

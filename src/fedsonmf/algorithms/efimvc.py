@@ -54,8 +54,10 @@ the support, batched over samples) every 10 iterations, since a view with fewer 
 anchors makes H nearly singular (cond ~1e9 on Handwritten) and FISTA alone crawls there.  A
 sample stops when its Frank-Wolfe duality gap is below ``qp_tol`` = 1e-9 of its scale, or
 below the round-off floor min(10 eps cond(H), 1e-6) where that is larger, or after
-``qp_max_iter``; no sample is returned worse than its warm start, so every Z-step (and every
-exact A-step) lowers the client objective.
+``qp_max_iter``; a sample still above its gap then (a singular H: lambda2 = 0 and fewer features
+than anchors) is finished by proximal-point steps, each a strongly convex QP solved the same way;
+no sample is returned worse than its warm start, so every Z-step (and every exact A-step) lowers
+the client objective.
 
 Where the release is loose we chose: the views' rows of samples a client lacks are never read
 (in the release they meet only zero codes, so no update depends on them); every fit starts
@@ -116,7 +118,7 @@ def _qp_objective(G: np.ndarray, shift: np.ndarray, F: np.ndarray, Z: np.ndarray
 
 def simplex_qp(G: np.ndarray, shift, F: np.ndarray, Z0: np.ndarray | None = None, *,
                tol: float = EFIMVC_DEFAULTS["qp_tol"], max_iter: int = EFIMVC_DEFAULTS["qp_max_iter"],
-               polish_every: int = 10, polish_sweeps: int = 4) -> np.ndarray:
+               polish_every: int = 10, polish_sweeps: int = 4, prox_steps: int = 200) -> np.ndarray:
     """Solve  min_z 1/2 z^T (G + shift_i I) z + f_i^T z  on the simplex for every column i at once.
 
     G (m, m) symmetric positive semidefinite, shift scalar or (N,) nonnegative, F (m, N) the linear
@@ -125,8 +127,9 @@ def simplex_qp(G: np.ndarray, shift, F: np.ndarray, Z0: np.ndarray | None = None
     upper bound on its distance to the optimum in objective) is at most max(tol, min(10 eps
     cond(H_i), 1e-6)) (lambda_max(H_i) + ||f_i||_inf) (the second term: the round-off floor).
     First and every ``polish_every`` iterations, ``polish_sweeps`` sweeps of the primal active-set
-    method start from the iterate (see ``_active_set_sweeps``).  Returns Z (m, N); no column is
-    worse than its (projected) warm start.
+    method start from the iterate (see ``_active_set_sweeps``).  A column still above its gap after
+    ``max_iter`` iterations (a singular H) is finished by at most ``prox_steps`` proximal-point steps
+    (``_proximal_finish``).  Returns Z (m, N); no column is worse than its (projected) warm start.
     """
     G = 0.5 * (G + G.T)
     F = np.asarray(F, dtype=np.float64)
@@ -176,8 +179,35 @@ def simplex_qp(G: np.ndarray, shift, F: np.ndarray, Z0: np.ndarray | None = None
         Zp, HZp, Zc, HZc = Zc, HZc, Zn, HZn
     if act.size:  # the cap was reached: keep the last iterate
         Z[:, act] = Zc
+        if prox_steps > 0:
+            Z[:, act] = _proximal_finish(G, shift[act], F[:, act], Zc, thr[act], tol, max_iter, prox_steps)
     worse = _qp_objective(G, shift, F, Z) > _qp_objective(G, shift, F, Z0)
     Z[:, worse] = Z0[:, worse]
+    return Z
+
+
+def _proximal_finish(G: np.ndarray, shift: np.ndarray, F: np.ndarray, Z: np.ndarray, thr: np.ndarray, tol: float,
+                     max_iter: int, steps: int) -> np.ndarray:
+    """Proximal-point iterations for the columns :func:`simplex_qp` left above their gap: each step
+    solves min 1/2 z^T (H + rho I) z + (f - rho z_k)^T z on the simplex with the same routine, whose
+    minimiser z_{k+1} is the proximal point of z_k, and the iterates converge to a minimiser of the
+    original QP (Rockafellar 1976).  Why: a singular H (lambda2 = 0, fewer features than anchors)
+    has directions of zero curvature; the active-set solves there are singular, and the polishing
+    restarts FISTA's momentum, so a column pulled along such a direction by its linear term alone
+    creeps at the 1 / lambda_max step.  With rho = 1e-3 lambda_max(H) every step is well conditioned.
+    Stops a column at its gap ``thr``; at most ``steps`` steps; returns Z (m, N)."""
+    rho = 1e-3 * max(float(np.linalg.eigvalsh(G)[-1]), 0.0) + 1e-3 * shift
+    rho = np.maximum(rho, 1e-12)
+    act = np.arange(Z.shape[1])
+    Z = Z.copy()
+    for _ in range(int(steps)):
+        Zk = Z[:, act]
+        Z[:, act] = simplex_qp(G, shift[act] + rho[act], F[:, act] - rho[act] * Zk, Zk, tol=tol, max_iter=max_iter,
+                               prox_steps=0)
+        grad = G @ Z[:, act] + shift[act] * Z[:, act] + F[:, act]
+        act = act[np.sum(Z[:, act] * grad, axis=0) - grad.min(axis=0) > thr[act]]
+        if act.size == 0:
+            break
     return Z
 
 
