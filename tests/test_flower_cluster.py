@@ -43,7 +43,7 @@ C, ROUNDS, SEED = 3, 4, 7
 PRIVATE_KEYS = ("mean_share", "center", "inv_scale", "scale", "standardized", "centered", "sample_l2")
 
 
-def blobs(n_per=20, seed=0):
+def blobs(n_per=20, seed=0, noise=0.3):
     """3 planted clusters seen by 3 views: a sparse text-like view, a dense view dominated by a
     common background (its node centres and standardises it), and a view narrower than r = 2c
     (its node pads it)."""
@@ -54,7 +54,7 @@ def blobs(n_per=20, seed=0):
         centers = np.zeros((C, d))
         for k in range(C):
             centers[k, (k * d) // C:((k + 1) * d) // C] = 1.0
-        views.append(background + centers[y] + 0.3 * rng.random((y.size, d)))
+        views.append(background + centers[y] + noise * rng.random((y.size, d)))
     views[0] = sp.csr_matrix(views[0] * (rng.random(views[0].shape) < 0.6))
     return views, y
 
@@ -168,9 +168,41 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
         if row["direction"] == "up":
             keys = {k for rec in row["records"].values() for k in rec["items"]}
             assert not keys & set(PRIVATE_KEYS), keys
+    # the graph refinement stops after its first exchange here, so every spectral block goes alone
+    graph_down = [r["records"]["fedsonmf.arrays"]["items"] for r in wire if r["direction"] == "down" and
+                  r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] == "graph"]
+    assert graph_down and not any("M" in items for items in graph_down)  # here it stops at once: nothing to share
     setup_down = [r for r in wire if r["direction"] == "down" and
                   r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] == "setup"]
     assert all("clustering" in r["records"]["fedsonmf.scalars"]["items"] for r in setup_down)
+
+
+def test_the_spectral_blocks_ride_on_the_graph_refinements_requests_and_give_the_estimators_labels(tmp_path):
+    """Noisy blobs: the graph refinement moves for several exchanges, during which the spectral step's
+    blocks travel in the same graph requests (a node replies both products side by side, masked);
+    the labels and the stage's exchanges are the in-process estimator's, and the audit passes."""
+    views, y = blobs(noise=3.0)
+    ref = reference(views)
+    grid, rc = _fake_run(tmp_path, views)
+    out = Path(rc["out-dir"])
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    result = json.loads((out / "result.json").read_text())
+    assert result["clustering"]["graph_iterations"] == ref.graph_iter_[0]
+    wire = [json.loads(line) for line in open(out / "wire.jsonl")]
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), y.size)
+    kind = [r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] for r in wire]
+    down = [r["records"]["fedsonmf.arrays"]["items"] for r, k in zip(wire, kind) if k == "graph" and
+            r["direction"] == "down"]
+    up = [r["records"]["fedsonmf.arrays"]["items"] for r, k in zip(wire, kind) if k == "graph" and
+          r["direction"] == "up"]
+    shared = [items["M"]["shape"] for items in down if "M" in items]
+    assert shared and all(shape == [y.size, C] for shape in shared)
+    widths = sorted({items["secagg.arrays.L"]["shape"][1] for items in up})
+    assert widths == [C, 2 * C]  # the labels' counts alone, or beside the block's products
+    # together with the blocks sent alone, no more than the capped steps' blocks per node
+    alone = sum(1 for r, k in zip(wire, kind) if k == "spectral" and r["direction"] == "down")
+    steps = min(20, y.size // (2 * C))
+    assert (len(shared) + alone) == 3 * (steps - 1)
 
 
 def test_flower_predict_equals_the_estimator(tmp_path):

@@ -13,7 +13,13 @@ from sklearn.metrics import adjusted_rand_score
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
-from fedsonmf.estimators.spectral import SPECTRAL_MARGIN, spectral_partition, spectral_refine, spectral_steps
+from fedsonmf.estimators.spectral import (
+    SPECTRAL_MARGIN,
+    graph_stage,
+    spectral_partition,
+    spectral_refine,
+    spectral_steps,
+)
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
 from test_refine import _views  # the same planted dense, signed views
@@ -169,12 +175,14 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
         secure = FedMultiViewClustering(3, secure_aggregation=True, **kw).fit(views)
     assert off.spectral_kept_ == [False] and len(on.spectral_kept_) == 1
     refine = on._refine_exchange(views, None, secure=False)
-    exchange, products = on._graph_exchanges(views, None, secure=False)
+    exchange, products, _ = on._graph_exchanges(views, None, secure=False)
     cut = normalized_cut(exchange(off.labels_), off.labels_, 3)
+    steps = spectral_steps(views[0].shape[0], 3, 20)
     want, info = spectral_refine(km.labels_, exchange(km.labels_), off.labels_, cut, exchange, products, 3,
-                                 steps=spectral_steps(views[0].shape[0], 3, 20), seed=on.seeds_[0], refine=refine)
+                                 steps=steps, seed=on.seeds_[0], refine=refine)
     assert np.array_equal(on.labels_, want) and on.spectral_kept_ == [info["kept"]]
-    assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"]]
+    # the steps' products travel with the graph refinement's labels: the shorter of the two is free
+    assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"] - min(off.graph_iter_[0] - 1, steps - 1)]
     assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition
     with pytest.raises(ParameterError, match="refine_spectral_steps"):
         FedMultiViewClustering(3, refine_spectral_steps=-1).fit(views)
@@ -215,3 +223,104 @@ def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything
         fclust.node_graph(Message("spectral", 1, {"M": M}, {}), lambda: X, tmp_path / "other", None, 0,
                           clustering_steps, secure=False, max_steps=0)
     assert not (tmp_path / "other" / "spectral-0.json").exists()
+
+
+def test_a_node_answers_a_block_that_rides_on_a_graph_request_side_by_side_and_under_the_same_cap(tmp_path):
+    pytest.importorskip("flwr")
+    from fedsonmf.estimators import clustering_steps
+    from fedsonmf.federation.flower import clustering as fclust
+    from fedsonmf.protocol.messages import Message
+
+    X = np.random.default_rng(0).random((12, 3))
+    M = np.random.default_rng(1).uniform(-1, 1, size=(12, 2))
+    labels = np.repeat(np.arange(3), 4)
+    A = client_graph(X)
+
+    def ask(r, block, folder=tmp_path, **kw):
+        msg = Message("graph", r, {"labels": labels, "M": block}, {"n_clusters": 3})
+        return fclust.node_graph(msg, lambda: X, folder, None, 0, clustering_steps, secure=False, **kw)
+
+    reply = ask(1, M)
+    assert reply.kind == "graph" and set(reply.arrays) == {"L"} and reply.arrays["L"].shape == (12, 5)
+    assert np.allclose(reply.arrays["L"], np.hstack([client_links(A, labels, 3), client_products(A, M)]))
+    with pytest.raises(ProtocolError, match="exceed 1"):  # the block is checked as a spectral request's is
+        ask(2, M * 2)
+    ask(3, M)  # the second block of 2 columns: the cap of the test above, 4 columns per job
+    with pytest.raises(ProtocolError, match="4 answered of the 4"):  # a block on a graph request counts too
+        ask(4, M)
+    with pytest.raises(ProtocolError, match="4 answered of the 4"):  # and so does a spectral one
+        fclust.node_graph(Message("spectral", 5, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+                          secure=False)
+    plain = fclust.node_graph(Message("graph", 6, {"labels": labels}, {"n_clusters": 3}), lambda: X, tmp_path, None,
+                              0, clustering_steps, secure=False)  # labels alone are still answered
+    assert np.allclose(plain.arrays["L"], client_links(A, labels, 3))
+    with pytest.raises(ProtocolError, match="0 answered of the 0"):  # the run config turned the step off
+        ask(1, M, folder=tmp_path / "off", max_steps=0)
+
+
+def _sequential(start, exchange, products, c, steps, seed, refine=None):
+    """The graph stage as two searches one after the other (graph_refine, then spectral_refine)."""
+    first = []
+    refined, iterations, cut = graph_refine(start, exchange, c, first=first)
+    labels, info = spectral_refine(start, first[0], refined, cut, exchange, products, c, steps=steps, seed=seed,
+                                   refine=refine)
+    return labels, iterations, info
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 8), st.booleans())
+def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_searches_one_after_the_other(
+        seed, steps, scored):
+    y, graphs = _planted(seed=seed % 50, c=3, n_per=12, p_in=0.35, p_out=0.08)
+    c, rng = 3, np.random.default_rng(seed)
+    start = rng.integers(0, c, size=y.size)
+    exchange, products = _exchanges(graphs, c)
+    sent = {"graph": 0, "products": 0, "both": 0, "refine": 0}
+
+    def count(kind, fn):
+        def call(*args):
+            sent[kind] += 1
+            return fn(*args)
+        return call
+
+    def both(labels, M):
+        L = total([np.hstack([client_links(A, labels, c), client_products(A, M)]) for A in graphs])
+        return L[:, :c], L[:, c:]
+
+    def scores(block):  # a dense view's score: any fixed function of the partitions
+        return None, np.array([float(np.sum(row * np.arange(row.size)) % 7) for row in block])
+
+    refine = scores if scored else None
+    want, iterations, info = _sequential(start, exchange, products, c, steps, seed, refine)
+    progress: dict = {}
+    got, stage = graph_stage(start, count("graph", exchange), count("products", products), c, steps=steps, seed=seed,
+                             refine=count("refine", refine) if scored else None, both=count("both", both),
+                             progress=progress)
+    assert np.array_equal(got, want) and stage["kept"] == info["kept"] and stage["cut"] == info["cut"]
+    assert stage["graph_iterations"] == iterations and "labels" in progress
+    shared = min(iterations - 1, max(steps - 1, 0))  # the products that rode on the graph refinement's exchanges
+    assert sent["both"] == shared
+    assert stage["exchanges"] == sum(sent.values()) == iterations + info["exchanges"] - shared
+    # without the combined exchange: the same partition, every request on its own round trip
+    alone, stage_alone = graph_stage(start, exchange, products, c, steps=steps, seed=seed, refine=refine)
+    assert np.array_equal(alone, want) and stage_alone["exchanges"] == iterations + info["exchanges"]
+
+
+def test_a_stage_that_fails_midway_leaves_the_best_partition_the_graph_refinement_met():
+    y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
+    exchange, products = _exchanges(graphs, 3)
+    start = np.random.default_rng(0).integers(0, 3, size=y.size)
+    calls = [0]
+
+    def failing(labels, M):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("a node was lost")
+        L = total([np.hstack([client_links(A, labels, 3), client_products(A, M)]) for A in graphs])
+        return L[:, :3], L[:, 3:]
+
+    progress: dict = {}
+    with pytest.raises(RuntimeError, match="lost"):
+        graph_stage(start, exchange, products, 3, steps=10, seed=0, both=failing, progress=progress)
+    partial, _, _ = graph_refine(start, exchange, 3, max_iter=2)  # the start's exchange and one combined
+    assert np.array_equal(progress["labels"], partial)

@@ -80,14 +80,13 @@ from fedsonmf.estimators.clustering_steps import (
     cluster_embedding,
     embedding_centers,
     graph_products,
-    graph_refine,
     graph_reply,
+    graph_stage,
     graph_view,
     kmeans_on_embedding,
     normalize_rows,
     prepare_view,
     refine_starts,
-    spectral_refine,
     spectral_steps,
     stop_rule,
 )
@@ -287,7 +286,8 @@ default="auto"
         With a k-means stage, per refined fit: the refinement's exchanges (all its starts, side by side)
         and the index of the start whose refined partition was kept (0: the fit's partition).
     graph_iter_ : list of int
-        With a graph stage, per refined fit: its exchanges (the spectral step's included).
+        With a graph stage, per refined fit: its exchanges (round trips; the spectral step's included,
+        its products sharing the graph refinement's exchanges: :func:`~fedsonmf.estimators.spectral.graph_stage`).
     spectral_kept_ : list of bool
         With a graph stage, per refined fit: whether the spectral step's partition was kept.
     n_iter_ : int
@@ -522,16 +522,13 @@ default="auto"
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
         if "graph" in stages:
-            exchange, products = self._graph_exchanges(views, masks, secure=secure)
+            exchange, products, both = self._graph_exchanges(views, masks, secure=secure)
             steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
             for i in refined:
-                start, first = partitions[i], list[np.ndarray]()
-                partitions[i], iters, cut = graph_refine(start, exchange, self.n_clusters, first=first)
-                partitions[i], info = spectral_refine(start, first[0], partitions[i], cut, exchange, products,
-                                                      self.n_clusters, steps=steps, refine=refine,
-                                                      max_iter=self.kmeans_max_iter, n_init=self.kmeans_n_init,
-                                                      seed=seeds[i])
-                self.graph_iter_.append(iters + info["exchanges"])
+                partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
+                                                  refine=refine, both=both, max_iter=self.kmeans_max_iter,
+                                                  n_init=self.kmeans_n_init, seed=seeds[i])
+                self.graph_iter_.append(info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
@@ -578,8 +575,9 @@ default="auto"
 
     def _graph_exchanges(self, views, masks, secure: bool):
         """The in-process drivers of the graph refinement and its spectral step: each client's
-        neighbour counts A_p Z / n, and its products A_p M / n with a block of the server's, from its
-        own k-NN graph (built once, on the client), summed as the server sums them."""
+        neighbour counts A_p Z / n, its products A_p M / n with a block of the server's, and the two
+        side by side in one exchange, from its own k-NN graph (built once, on the client), summed as
+        the server sums them."""
         graphs = [graph_view(X, held=h) for X, h in zip(views, _held_samples(views, masks))]
 
         def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
@@ -588,7 +586,13 @@ default="auto"
         def products(M):  # entries of M at most 1: the same public scale
             return _server_sum([graph_products(A, M) for A in graphs], secure, exp=0)
 
-        return exchange, products
+        def both(labels, M):  # one round trip for the two: each client replies [A_p Z | A_p M] / n
+            c = self.n_clusters
+            L = _server_sum([np.hstack([graph_reply(A, labels, c), graph_products(A, M)]) for A in graphs], secure,
+                            exp=0)
+            return L[:, :c], L[:, c:]
+
+        return exchange, products, both
 
     # ------------------------------------------------------------------ engine="flower"
     def _fit_flower(self, views, models, seeds) -> FedMultiViewClustering:

@@ -55,7 +55,7 @@ import scipy.sparse as sp
 from fedsonmf.estimators.refine import refine_view
 
 __all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "client_products",
-           "graph_assign", "normalized_cut", "graph_refine"]
+           "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
@@ -185,6 +185,38 @@ def graph_assign(L, labels, n_clusters: int) -> np.ndarray:
     return new
 
 
+class GraphSearch:
+    """The state of :func:`graph_refine` between exchanges, so that a driver can send its labels in
+    the same round trip as another request (the spectral step's products:
+    :func:`~fedsonmf.estimators.spectral.graph_stage`).
+
+    ``request()`` gives the labels of the next exchange (``None``: the search is over); ``feed(L)``
+    takes that exchange's summed links (n, c); ``best``, ``best_cut``, ``iterations``: the partition
+    of lowest normalized cut met so far (ties: the earlier), its cut, the exchanges fed.
+    """
+
+    def __init__(self, labels, n_clusters: int, *, max_iter: int = 100):
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.n_clusters, self.max_iter = int(n_clusters), int(max_iter)
+        self.best, self.best_cut, self.iterations = self.labels, np.inf, 0
+        self.done = self.max_iter < 1
+        self._seen = {self.labels.tobytes()}
+
+    def request(self):
+        return None if self.done else self.labels
+
+    def feed(self, L) -> None:
+        self.iterations += 1
+        cut = normalized_cut(L, self.labels, self.n_clusters)
+        if cut < self.best_cut:
+            self.best, self.best_cut = self.labels, cut
+        labels = graph_assign(L, self.labels, self.n_clusters)
+        # a partition met before: a fixed point, or a cycle (the kernel is indefinite)
+        self.done = labels.tobytes() in self._seen or self.iterations >= self.max_iter
+        self._seen.add(labels.tobytes())
+        self.labels = labels
+
+
 def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int = 100, first: list | None = None):
     """Kernel k-means iterations on the summed graph from ``labels`` until they reach a partition
     met before (a fixed point, or a cycle: the kernel is indefinite, and two partitions that
@@ -196,19 +228,10 @@ def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int =
     (the spectral step starts from it: :func:`~fedsonmf.estimators.spectral.spectral_refine`).
     Returns ``(labels, iterations, cut)``.
     """
-    labels = np.asarray(labels, dtype=np.int64)
-    best, best_cut, iterations = labels, np.inf, 0
-    seen = {labels.tobytes()}
-    while iterations < int(max_iter):
-        iterations += 1
-        L = exchange(labels)
-        if first is not None and iterations == 1:
+    search = GraphSearch(labels, n_clusters, max_iter=max_iter)
+    while (request := search.request()) is not None:
+        L = exchange(request)
+        if first is not None and search.iterations == 0:
             first.append(L)
-        cut = normalized_cut(L, labels, n_clusters)
-        if cut < best_cut:
-            best, best_cut = labels, cut
-        labels = graph_assign(L, labels, n_clusters)
-        if labels.tobytes() in seen:
-            break
-        seen.add(labels.tobytes())
-    return best, iterations, float(best_cut)
+        search.feed(L)
+    return search.best, search.iterations, float(search.best_cut)

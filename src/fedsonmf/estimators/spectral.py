@@ -16,7 +16,10 @@ start that has seen more of the graph than one sample's neighbours:
   each client returns ``A_p M / n`` (:func:`~fedsonmf.estimators.graph.client_products`, masked
   under secure aggregation), the server rescales and orthonormalises the sum. The first step is the
   graph refinement's first exchange, of the start itself (``A Z`` is what a graph exchange
-  returns), so the step costs T - 1 exchanges of its own.
+  returns). From there the graph refinement and the orthogonal iteration are independent, so
+  :func:`graph_stage` sends each further block in the same exchange as the graph refinement's
+  next labels while both run: the T - 1 products cost only the exchanges by which they outlast
+  the graph refinement (the partitions are those of the two run one after the other).
 * **k-means on the rows of the block**, scaled to unit norm: Lloyd's algorithm from the start's
   centroids and ``n_init`` k-means++ replicates seeded by the fit's seed, the run of lowest
   k-means objective kept (ties: the start's centroids) -- the standard replicate rule. From the
@@ -51,9 +54,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedsonmf.estimators.graph import graph_refine
+from fedsonmf.estimators.graph import GraphSearch, graph_refine
 
-__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "spectral_steps", "spectral_partition", "spectral_refine"]
+__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "spectral_steps", "PowerSteps", "spectral_partition", "block_partition",
+           "spectral_refine", "graph_stage"]
 
 #: the relative drop of the normalized cut a spectral candidate must reach to be kept
 SPECTRAL_MARGIN = 0.01
@@ -80,6 +84,38 @@ def _start_centroids(E: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.n
     return cen
 
 
+class PowerSteps:
+    """The orthogonal iteration of :func:`spectral_partition` between exchanges, so that a driver can
+    send its blocks in the same round trip as the graph refinement's labels (:func:`graph_stage`).
+
+    ``first``: the summed links ``sum_p A_p Z / n`` (n, c) of the graph exchange sent the start (the
+    first step, and the degrees ``d / n``); ``request()`` gives the next block ``M`` (n, c), entries
+    at most 1 (``None``: the ``steps`` steps are done); ``feed(P)`` takes ``sum_p A_p M / n`` for it;
+    ``F`` is the orthonormal block (n, c) reached, ``deg`` the degrees ``d / n``.
+    """
+
+    def __init__(self, first, steps: int):
+        first = np.asarray(first, dtype=np.float64)
+        self.deg = first.sum(axis=1)  # d / n: the common factor cancels in D^-1/2 A D^-1/2
+        self._isq = np.where(self.deg > 0, 1.0 / np.sqrt(np.where(self.deg > 0, self.deg, 1.0)), 0.0)
+        self.F, _ = np.linalg.qr(self._isq[:, None] * first)  # S D^1/2 Z = D^-1/2 A Z: the graph exchange's links
+        self.remaining, self._scale = int(steps) - 1, 0.0
+
+    def request(self):
+        if self.remaining < 1:
+            return None
+        M = self._isq[:, None] * self.F
+        self._scale = float(np.max(np.abs(M))) if M.size else 0.0
+        if self._scale <= 0:
+            self.remaining = 0
+            return None
+        return M / self._scale
+
+    def feed(self, P) -> None:
+        self.F, _ = np.linalg.qr(self._isq[:, None] * np.asarray(P, dtype=np.float64) * self._scale)
+        self.remaining -= 1
+
+
 def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters: int, steps: int, *,
                        seed: int | None, max_iter: int = 300, n_init: int = 10) -> np.ndarray:
     """The server's spectral candidate (before the graph refinement): ``steps`` steps of orthogonal
@@ -93,23 +129,22 @@ def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters
     ``M`` with entries at most 1: one exchange per further step. Samples with no edge keep their label.
     Returns labels (n,).
     """
+    power = PowerSteps(first, steps)
+    while (M := power.request()) is not None:
+        power.feed(products(M))
+    return block_partition(power, labels, n_clusters, seed=seed, max_iter=max_iter, n_init=n_init)
+
+
+def block_partition(power: PowerSteps, labels, n_clusters: int, *, seed: int | None, max_iter: int = 300,
+                    n_init: int = 10) -> np.ndarray:
+    """k-means on the unit rows of the block reached by ``power`` (:func:`spectral_partition`)."""
     from sklearn.cluster import KMeans
     from sklearn.exceptions import ConvergenceWarning
 
     labels = np.asarray(labels, dtype=np.int64)
     c = int(n_clusters)
-    first = np.asarray(first, dtype=np.float64)
-    deg = first.sum(axis=1)  # d / n: the common factor cancels in D^-1/2 A D^-1/2
-    isq = np.where(deg > 0, 1.0 / np.sqrt(np.where(deg > 0, deg, 1.0)), 0.0)
-    F, _ = np.linalg.qr(isq[:, None] * first)  # S D^1/2 Z = D^-1/2 A Z: the graph exchange's links
-    for _ in range(int(steps) - 1):
-        M = isq[:, None] * F
-        scale = float(np.max(np.abs(M))) if M.size else 0.0
-        if scale <= 0:
-            break
-        F, _ = np.linalg.qr(isq[:, None] * np.asarray(products(M / scale), dtype=np.float64) * scale)
-    norms = np.linalg.norm(F, axis=1, keepdims=True)
-    E = F / np.where(norms > 0, norms, 1.0)
+    norms = np.linalg.norm(power.F, axis=1, keepdims=True)
+    E = power.F / np.where(norms > 0, norms, 1.0)
     with warnings.catch_warnings():  # fewer distinct rows than clusters: Lloyd's empty clusters stay empty
         warnings.simplefilter("ignore", ConvergenceWarning)
         runs = [KMeans(c, init=_start_centroids(E, labels, c), n_init=1, max_iter=int(max_iter)).fit(E)]
@@ -117,7 +152,7 @@ def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters
             runs.append(KMeans(c, n_init=int(n_init), max_iter=int(max_iter), random_state=seed).fit(E))
     km = min(runs, key=lambda run: run.inertia_)  # ties: the first, the start's centroids
     new = np.asarray(km.labels_, dtype=np.int64)
-    new[deg <= 0] = labels[deg <= 0]
+    new[power.deg <= 0] = labels[power.deg <= 0]
     return new
 
 
@@ -152,13 +187,82 @@ def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: C
     start = np.asarray(start, dtype=np.int64)
     candidate = spectral_partition(start, first, counted(products), n_clusters, steps, max_iter=max_iter,
                                    n_init=n_init, seed=seed)
-    candidate, _, cut = graph_refine(candidate, counted(graph_exchange), n_clusters)
-    info["cut"] = float(cut)
+    labels, info["cut"], info["kept"], exchanges = _choose(candidate, refined, refined_cut, graph_exchange, refine,
+                                                           n_clusters)
+    info["exchanges"] = count[0] + exchanges
+    return labels, info
+
+
+def _choose(candidate, refined, refined_cut: float, graph_exchange: Callable, refine: Callable | None,
+            n_clusters: int):
+    """The candidate's own graph refinement, then the rule of the module docstring: the candidate
+    replaces ``refined`` when its cut is ``SPECTRAL_MARGIN`` lower and the dense views' summed score
+    (``refine``, both partitions in one exchange) is not higher.
+    Returns ``(labels, candidate's cut, kept, exchanges)``."""
+    candidate, iterations, cut = graph_refine(candidate, graph_exchange, n_clusters)
+    kept, exchanges = False, iterations
     if cut < (1.0 - SPECTRAL_MARGIN) * float(refined_cut):
         if refine is None:
-            info["kept"] = True
+            kept = True
         else:  # both partitions' scores in one exchange, side by side
-            scores = np.asarray(counted(refine)(np.stack([candidate, refined]))[1], dtype=np.float64).reshape(2)
-            info["kept"] = bool(scores[0] <= scores[1])
-    info["exchanges"] = count[0]
-    return (np.asarray(candidate, dtype=np.int64) if info["kept"] else refined), info
+            exchanges += 1
+            scores = np.asarray(refine(np.stack([candidate, refined]))[1], dtype=np.float64).reshape(2)
+            kept = bool(scores[0] <= scores[1])
+    return (np.asarray(candidate, dtype=np.int64) if kept else refined), float(cut), kept, exchanges
+
+
+def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_clusters: int, *, steps: int,
+                seed: int | None, refine: Callable | None = None, both: Callable | None = None,
+                max_iter: int = 300, n_init: int = 10, progress: dict | None = None):
+    """The whole graph stage from the k-means refinement's partition ``start``: the graph refinement
+    (:func:`~fedsonmf.estimators.graph.graph_refine`), then its spectral step (:func:`spectral_refine`;
+    ``steps`` < 1: none) -- the same partitions, with fewer round trips when ``both`` is given.
+
+    ``both(labels, M) -> (L, P)`` (optional): one exchange carrying the graph refinement's labels and
+    the spectral step's block side by side, replying the links of the one and the products of the
+    other. The two searches are independent once the first exchange (the start's links: the graph
+    refinement's first iteration and the orthogonal iteration's first step) is in, so they travel
+    together until the shorter is over: the stage costs max(iterations, steps) round trips for the
+    two instead of their sum, the candidate's own refinement and the score exchange after them.
+    ``progress`` (optional dict): ``progress["labels"]`` is kept at the best partition the graph
+    refinement has met, so a driver whose exchange fails mid-way keeps what was reached.
+    ``graph_exchange``, ``products``, ``refine``, ``seed``, ``max_iter``, ``n_init``: as in
+    :func:`spectral_refine`. Returns ``(labels, info)`` with info ``{"graph_iterations", "exchanges",
+    "steps", "cut", "kept"}``: the graph refinement's own iterations, the stage's round trips, and
+    :func:`spectral_refine`'s fields.
+    """
+    if products is None and int(steps) > 1:
+        raise ValueError(f"graph_stage: {steps} spectral steps need a products exchange")
+    start = np.asarray(start, dtype=np.int64)
+    progress = {} if progress is None else progress
+    search = GraphSearch(start, n_clusters)
+    L = graph_exchange(start)
+    search.feed(L)
+    progress["labels"] = search.best
+    exchanges = 1
+    power = PowerSteps(L, steps)  # steps < 2: no block to ask
+    while True:  # the graph refinement's iterations and the power steps, side by side
+        labels, M = search.request(), power.request()
+        if labels is None and M is None:
+            break
+        exchanges += 1
+        if labels is not None and M is not None and both is not None:
+            L, P = both(labels, M)
+            search.feed(L)
+            power.feed(P)
+        elif labels is not None:
+            search.feed(graph_exchange(labels))
+            if M is not None:  # no combined exchange: the block goes alone (the request is not lost)
+                exchanges += 1
+                power.feed(products(M))  # type: ignore[misc]  # checked above: steps > 1 come with products
+        else:
+            power.feed(products(M))  # type: ignore[misc]
+        progress["labels"] = search.best
+    refined, cut = search.best, float(search.best_cut)
+    info: dict = {"graph_iterations": search.iterations, "steps": int(steps), "cut": None, "kept": False}
+    if int(steps) >= 1:
+        candidate = block_partition(power, start, n_clusters, seed=seed, max_iter=max_iter, n_init=n_init)
+        refined, info["cut"], info["kept"], more = _choose(candidate, refined, cut, graph_exchange, refine, n_clusters)
+        exchanges += more
+    info["exchanges"] = exchanges
+    return refined, info

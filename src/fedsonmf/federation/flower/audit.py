@@ -118,8 +118,9 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         # (several partitions side by side: labels (S, n) down, distances (n, S c) and scores (S,) up)
         ("down", "refine"): {codec.ARRAYS: {"labels": "labels*"}, codec.SCALARS: {"n_clusters": "scalar"}},
         ("up", "refine"): {codec.ARRAYS: {"D": "n*", "score": "k"}},
-        # its graph refinement: the partition down, each node's neighbour counts per cluster up
-        ("down", "graph"): {codec.ARRAYS: {"labels": "labels"}, codec.SCALARS: {"n_clusters": "scalar"}},
+        # its graph refinement: the partition down, each node's neighbour counts per cluster up; with a
+        # spectral block beside the labels, the products with it too, side by side (n, c + w)
+        ("down", "graph"): {codec.ARRAYS: {"labels": "labels", "M": "n*?"}, codec.SCALARS: {"n_clusters": "scalar"}},
         ("up", "graph"): {codec.ARRAYS: {"L": "n*"}},
         # its spectral step: a block of the server's iteration down, each node's products with its graph up
         ("down", "spectral"): {codec.ARRAYS: {"M": "n*"}},
@@ -177,7 +178,7 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("up", "refine"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.D": "n*-u64",
                                           f"{MASKED_PREFIX}arrays.score": "k-u64"}},
         # the graph refinement: the partition down, the masked neighbour counts up
-        ("down", "graph"): {codec.ARRAYS: {"labels": "labels"},
+        ("down", "graph"): {codec.ARRAYS: {"labels": "labels", "M": "n*?"},
                             codec.SCALARS: {"n_clusters": "scalar", SECAGG_KEY: "scalar"}},
         ("up", "graph"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.L": "n*-u64"}},
         # the graph refinement's spectral step: the server's block down, the masked products up

@@ -279,7 +279,7 @@ def read_labels_csv(path) -> np.ndarray:
 
 
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None,
-                             graph=None, spectral=None) -> dict:
+                             graph=None, spectral=None, both=None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
     ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
@@ -288,8 +288,11 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     neighbour counts of one graph exchange (:func:`graph_exchange`); the partition is then refined
     on the nodes' graphs, after the k-means refinement, as the estimator does; ``spectral(M) ->
     sum_p A_p M / n`` (optional, with ``graph``): the products of one spectral exchange
-    (:func:`spectral_exchange`), for the graph refinement's spectral step.  A node lost during any
-    of them keeps the partition reached before it, and so does a node whose policy
+    (:func:`spectral_exchange`), for the graph refinement's spectral step; ``both(labels, M) -> (L, P)``
+    (optional, with ``spectral``): the two in one exchange (:func:`graph_exchange`), so the
+    step's products travel with the graph refinement's labels (``steps.graph_stage``).  A node lost
+    during any of them keeps the partition reached before it (in the graph stage: the lowest cut the
+    graph refinement had met), and so does a node whose policy
     (``refine-min-cluster-size``) refuses a partition, except that a refused seeding only drops the
     seeded starts (``refine_notes``).  Returns the clustering summary for result.json.
     """
@@ -298,6 +301,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
     iters, index, graph_iters, error, refined, kept = 0, None, 0, None, False, False
     notes: list[str] = []
+    progress: dict = {}  # the graph stage's best partition so far
     try:
         if refine is not None:
             starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
@@ -318,17 +322,16 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
         if graph is not None:
-            start, first = labels, list[np.ndarray]()
-            labels, graph_iters, cut = steps.graph_refine(start, graph, opts["n_clusters"], first=first)
-            refined = True
-            if spectral is not None:
-                labels, info = steps.spectral_refine(
-                    start, first[0], labels, cut, graph, spectral, opts["n_clusters"], refine=refine,
-                    steps=steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"]),
-                    max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"], seed=seed)
-                graph_iters, kept = graph_iters + info["exchanges"], bool(info["kept"])
+            n_steps = (steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
+                       if spectral is not None else 0)
+            labels, info = steps.graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
+                                             both=both, max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"],
+                                             seed=seed, progress=progress)
+            graph_iters, kept, refined = int(info["exchanges"]), bool(info["kept"]), True
     except FederationError as exc:  # a node lost during a refinement: the partition reached stands
         error = f"{type(exc).__name__}: {exc}"
+        if "labels" in progress:  # the lowest cut the graph refinement had met before it
+            labels, refined = progress["labels"], True
     if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
         centers = steps.embedding_centers(V, labels, opts["n_clusters"],
                                           normalize_embedding=opts["normalize_embedding"])
@@ -406,11 +409,35 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
 GRAPH_SPEC = {"L": ("arrays", 0)}
 
 
-def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
+def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, with_blocks: bool = False):
     """The server's driver of the graph refinement: ``exchange(labels) -> sum_p A_p Z / n`` over the
-    nodes, one ``graph`` message each (a masked sum under secure aggregation)."""
-    sums = _labels_exchange(transport, m, "graph", GRAPH_SPEC, n_clusters, secure)
-    return lambda labels: sums(labels)["L"]
+    nodes, one ``graph`` message each (a masked sum under secure aggregation).
+
+    ``with_blocks=True`` returns ``(exchange, both)`` with ``both(labels, M) -> (sum_p A_p Z / n,
+    sum_p A_p M / n)``: a ``graph`` message that carries a spectral block ``M`` (n, w) (entries at
+    most 1) beside the labels; each node replies the two side by side, (n, c + w), one masked sum
+    under secure aggregation at the graph exchange's public scale, so the spectral step's products
+    travel with the graph refinement's labels (``steps.graph_stage``).  The two share one count of
+    graph messages (every message's kind and round stay unique)."""
+    c = int(n_clusters)
+
+    def payload(x):
+        labels, M = x if isinstance(x, tuple) else (x, None)
+        arrays = {"labels": np.asarray(labels, dtype=np.int64)}
+        if M is not None:
+            arrays["M"] = np.asarray(M, dtype=np.float64)
+        return arrays, {"n_clusters": c}
+
+    sums = _array_exchange(transport, m, "graph", GRAPH_SPEC, secure, payload)
+
+    def exchange(labels):
+        return sums(np.asarray(labels))["L"]
+
+    def both(labels, M):
+        L = sums((labels, M))["L"]
+        return L[:, :c], L[:, c:]
+
+    return (exchange, both) if with_blocks else exchange
 
 
 def spectral_exchange(transport, m: int, secure: bool):
@@ -481,7 +508,9 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     ``spectral_steps(n, c, max_steps) - 1`` such blocks per job (``max_steps``: the run config's
     ``refine-spectral-steps``; the first step is a graph exchange): the node enforces the cap that
     keeps the products from spanning half of the sample space, whatever the server asks (a count
-    of columns in ``spectral-<p>.json`` of the state folder).  Labels with a nonempty cluster of
+    of columns in ``spectral-<p>.json`` of the state folder).  A ``graph`` request may carry such a
+    block beside its labels (``graph_exchange(..., with_blocks=True)``): the reply is then the two
+    side by side, (n, c + w), and the block counts against the same cap.  Labels with a nonempty cluster of
     fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) are refused."""
     import scipy.sparse as sp
 
@@ -496,18 +525,22 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
         X = read_view()
         n = X.shape[0]
     spectral = msg.kind == "spectral"
-    if spectral:
-        block = _request_block(msg, int(n), p)
-    else:
+    block = _request_block(msg, int(n), p) if spectral or "M" in msg.arrays else None
+    if not spectral:
         labels, c = _request_labels(msg, int(n), p, "graph", min_size)
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
-    if spectral:
+    if block is not None:
         _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
     if A is None:
         A = steps.graph_view(X)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
-    L = steps.graph_products(A, block) if spectral else steps.graph_reply(A, labels, c)
+    if spectral:
+        L = steps.graph_products(A, block)
+    else:  # a graph request; with a block: the two replies side by side, (n, c + w)
+        L = steps.graph_reply(A, labels, c)
+        if block is not None:
+            L = np.hstack([L, steps.graph_products(A, block)])
     reply = Message(msg.kind, msg.round, {"L": L})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, GRAPH_SPEC)
