@@ -324,3 +324,34 @@ def test_a_stage_that_fails_midway_leaves_the_best_partition_the_graph_refinemen
         graph_stage(start, exchange, products, 3, steps=10, seed=0, both=failing, progress=progress)
     partial, _, _ = graph_refine(start, exchange, 3, max_iter=2)  # the start's exchange and one combined
     assert np.array_equal(progress["labels"], partial)
+
+
+def test_a_node_lost_mid_stage_on_flower_leaves_the_lowest_cut_the_graph_refinement_met(tmp_path):
+    """The ServerApp's clustering step (write_clustering_outputs) with a combined exchange that fails
+    at its third call: labels.csv holds the best partition the graph refinement had met, and
+    result.json says why the stage stopped."""
+    pytest.importorskip("flwr")
+    from fedsonmf.estimators import clustering_steps
+    from fedsonmf.exceptions import FederationError
+    from fedsonmf.federation.flower import clustering as fclust
+
+    y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
+    exchange, products = _exchanges(graphs, 3)
+    calls = [0]
+
+    def both(labels, M):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise FederationError("node 2 lost")
+        L = total([np.hstack([client_links(A, labels, 3), client_products(A, M)]) for A in graphs])
+        return L[:, :3], L[:, 3:]
+
+    V = np.abs(np.random.default_rng(0).standard_normal((6, y.size)))  # an embedding with no cluster structure
+    opts = fclust.clustering_options({"n-clusters": 3})
+    summary = fclust.write_clustering_outputs(tmp_path, V, opts, 0, clustering_steps, None, exchange, products, both)
+    assert summary["refine_error"] == "FederationError: node 2 lost" and calls[0] == 3
+    start, _, _ = clustering_steps.cluster_embedding(V, 3, seed=0, normalize_embedding=True, kmeans_n_init=10,
+                                                     kmeans_max_iter=300)
+    met, iterations, _ = graph_refine(start, exchange, 3, max_iter=3)  # the start's exchange and two combined
+    assert iterations == 3
+    assert np.array_equal(fclust.read_labels_csv(tmp_path / "labels.csv"), met)
