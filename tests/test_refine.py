@@ -330,3 +330,32 @@ def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit():
     plain = fclust.node_refine(msg, X, None, 0, clustering_steps, secure=False)
     assert set(plain.arrays) == {"D", "score"} and plain.arrays["D"].shape == (6, 2)
     assert plain.arrays["score"].shape == (1,) and plain.arrays["score"][0] > 0  # a dense view scores
+
+
+def test_the_starts_already_refining_ride_on_the_seedings_exchanges(monkeypatch):
+    """While the seeding asks its distances, the starts from V refine in the same exchanges (their
+    rows beside the seeding's): fewer exchanges, the same partition kept as with the seeding's
+    exchanges carrying nothing else."""
+    from fedsonmf.estimators import refine as R
+
+    views, y = _views(seed=3)
+    exchange = _pooled_exchange(views, 3)
+    starts = [np.random.default_rng(s).integers(0, 3, size=y.size) for s in range(4)]
+    asked, sent = [], []
+
+    def seeded(ex):
+        return seeded_starts(lambda lab: (asked.append(np.shape(lab)[0]), ex(lab))[1], y.size, 3, n_starts=2, seed=0)
+
+    labels, calls, index = refine_best(starts, lambda lab: (sent.append(np.shape(lab)), exchange(lab))[1],
+                                       seeded=seeded)
+    seeding = [shape[0] for shape in sent[1:1 + len(asked)]]
+    assert len(asked) == 3 and all(s > a for s, a in zip(seeding, asked))  # the riders' rows beside the seeding's
+    assert calls == len(sent)
+
+    class Alone(R._Riding):  # the seeding's exchanges carry nothing else
+        def __init__(self, exchange, runs, n_clusters):
+            super().__init__(exchange, [], n_clusters)
+
+    monkeypatch.setattr(R, "_Riding", Alone)
+    want = refine_best(starts, exchange, seeded=seeded)
+    assert np.array_equal(labels, want[0]) and index == want[2] and calls <= want[1]

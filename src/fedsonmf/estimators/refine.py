@@ -390,8 +390,9 @@ def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Call
     The first exchange carries the first start alone.  When its summed score is 0 (no client
     scores: no dense view), that start is refined alone and kept, and no other start is sent.
     Otherwise ``seeded(exchange)`` (optional) gives more starts through ``exchange``
-    (:func:`seeded_starts`, after the others in the order), and every start -- the first from
-    where its first exchange left it -- is refined side by side (:func:`refine_side_by_side`): the
+    (:func:`seeded_starts`, after the others in the order) -- the starts already there ride on its
+    exchanges, refining meanwhile (:class:`_Riding`) -- and every start -- the first from where its
+    first exchange left it -- is refined side by side (:func:`refine_side_by_side`): the
     partitions reached and kept are those of refining them one by one, in far fewer exchanges.
     ``exchange`` answers (n,) labels with ((n, c), (1,)) and an (S, n) block with ((S, n, c), (S,)).
 
@@ -409,21 +410,38 @@ def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Call
         calls += _alone(first, exchange)
         return first.labels, calls, 0
     runs = [first] + [_Lloyd(s, max_iter) for s in starts[1:]]
+    c = np.asarray(D).shape[1]
     if seeded is not None:
-        counter = _Counted(exchange)
-        runs += [_Lloyd(s, max_iter) for s in seeded(counter)]
-        calls += counter.calls
-    calls += _side_by_side(runs, exchange, np.asarray(D).shape[1])
+        riding = _Riding(exchange, runs, c)
+        runs += [_Lloyd(s, max_iter) for s in seeded(riding)]
+        calls += riding.calls
+    calls += _side_by_side(runs, exchange, c)
     index = min(range(len(runs)), key=lambda i: (runs[i].score, i))  # the lowest score; ties: the earlier
     return runs[index].labels, calls, index
 
 
-class _Counted:
-    """An exchange that counts its calls (the seeding's exchanges, reported with the refinement's)."""
+class _Riding:
+    """The seeding's exchange, on which the starts already refining ride: each block the seeding sends
+    also carries the labels of the runs still moving (as many as :func:`batch_rows` leaves room
+    for), and they advance by their rows of the reply; the seeding gets its own rows back.  Each
+    run's iterations are those it makes alone (a row's reply depends on that row only), so the
+    refinement reaches the same partitions, in the seeding's exchanges instead of after them.  A
+    failed exchange (a node refusing the seeding's labels) advances nothing.  Counts its round trips."""
 
-    def __init__(self, exchange: Callable):
-        self.exchange, self.calls = exchange, 0
+    def __init__(self, exchange: Callable, runs: list, n_clusters: int):
+        self.exchange, self.runs, self.n_clusters, self.calls = exchange, runs, int(n_clusters), 0
 
     def __call__(self, labels):
-        self.calls += 1
-        return self.exchange(labels)
+        block = np.asarray(labels, dtype=np.int64).reshape(-1, np.shape(labels)[-1])
+        room = batch_rows(block.shape[1], self.n_clusters) - block.shape[0]
+        riders = [r for r in self.runs if not r.done][:max(room, 0)]
+        self.calls += 1  # a round trip, answered or not
+        D, score = self.exchange(np.concatenate([block] + [r.labels[None, :] for r in riders]))
+        S = block.shape[0]
+        D = np.asarray(D, dtype=np.float64).reshape(S + len(riders), block.shape[1], self.n_clusters)
+        score = np.asarray(score, dtype=np.float64).reshape(S + len(riders))
+        for k, r in enumerate(riders):
+            r.step(D[S + k], score[S + k:S + k + 1])
+        if np.ndim(labels) == 1:
+            return D[0], score[:1]
+        return D[:S], score[:S]
