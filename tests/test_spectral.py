@@ -267,6 +267,20 @@ def _sequential(start, exchange, products, c, steps, seed, refine=None):
     return labels, iterations, info
 
 
+def _combined(graphs, c, fail_at=None, error=None):
+    """A combined exchange (labels and a block in one round trip) over the clients' graphs; it raises
+    ``error`` at its ``fail_at``-th call (a node lost).  ``both.calls``: the calls so far."""
+    def both(labels, M):
+        both.calls += 1
+        if both.calls == fail_at:
+            raise error
+        L = total([np.hstack([client_links(A, labels, c), client_products(A, M)]) for A in graphs])
+        return L[:, :c], L[:, c:]
+
+    both.calls = 0
+    return both
+
+
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10_000), st.integers(0, 8), st.booleans())
 def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_searches_one_after_the_other(
@@ -283,9 +297,7 @@ def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_se
             return fn(*args)
         return call
 
-    def both(labels, M):
-        L = total([np.hstack([client_links(A, labels, c), client_products(A, M)]) for A in graphs])
-        return L[:, :c], L[:, c:]
+    both = _combined(graphs, c)
 
     def scores(block):  # a dense view's score: any fixed function of the partitions
         return None, np.array([float(np.sum(row * np.arange(row.size)) % 7) for row in block])
@@ -310,15 +322,7 @@ def test_a_stage_that_fails_midway_leaves_the_best_partition_the_graph_refinemen
     y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
     exchange, products = _exchanges(graphs, 3)
     start = np.random.default_rng(0).integers(0, 3, size=y.size)
-    calls = [0]
-
-    def failing(labels, M):
-        calls[0] += 1
-        if calls[0] == 2:
-            raise RuntimeError("a node was lost")
-        L = total([np.hstack([client_links(A, labels, 3), client_products(A, M)]) for A in graphs])
-        return L[:, :3], L[:, 3:]
-
+    failing = _combined(graphs, 3, fail_at=2, error=RuntimeError("a node was lost"))
     progress: dict = {}
     with pytest.raises(RuntimeError, match="lost"):
         graph_stage(start, exchange, products, 3, steps=10, seed=0, both=failing, progress=progress)
@@ -337,19 +341,11 @@ def test_a_node_lost_mid_stage_on_flower_leaves_the_lowest_cut_the_graph_refinem
 
     y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
     exchange, products = _exchanges(graphs, 3)
-    calls = [0]
-
-    def both(labels, M):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise FederationError("node 2 lost")
-        L = total([np.hstack([client_links(A, labels, 3), client_products(A, M)]) for A in graphs])
-        return L[:, :3], L[:, 3:]
-
+    both = _combined(graphs, 3, fail_at=3, error=FederationError("node 2 lost"))
     V = np.abs(np.random.default_rng(0).standard_normal((6, y.size)))  # an embedding with no cluster structure
     opts = fclust.clustering_options({"n-clusters": 3})
     summary = fclust.write_clustering_outputs(tmp_path, V, opts, 0, clustering_steps, None, exchange, products, both)
-    assert summary["refine_error"] == "FederationError: node 2 lost" and calls[0] == 3
+    assert summary["refine_error"] == "FederationError: node 2 lost" and both.calls == 3
     start, _, _ = clustering_steps.cluster_embedding(V, 3, seed=0, normalize_embedding=True, kmeans_n_init=10,
                                                      kmeans_max_iter=300)
     met, iterations, _ = graph_refine(start, exchange, 3, max_iter=3)  # the start's exchange and two combined
