@@ -24,12 +24,11 @@ import scipy.sparse as sp
 # the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply, and the
 # largest block of partitions it answers, refine_batch_rows) and the server's (refine_starts,
 # refine_partition, refine_best); the graph refinement after it: a node's half (graph_view,
-# graph_reply, graph_products) and the server's (graph_refine, spectral_steps, spectral_refine, and the
-# two in one stage, their exchanges shared: graph_stage)
+# graph_reply, graph_products) and the server's (spectral_steps, and graph_stage: the graph refinement
+# and its spectral step, their exchanges shared)
 from fedsonmf.estimators.graph import client_graph as graph_view
 from fedsonmf.estimators.graph import client_links as graph_reply
 from fedsonmf.estimators.graph import client_products as graph_products
-from fedsonmf.estimators.graph import graph_refine
 from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
 from fedsonmf.estimators.refine import assign as refine_assign
 from fedsonmf.estimators.refine import batch_rows as refine_batch_rows
@@ -39,7 +38,7 @@ from fedsonmf.estimators.refine import refine_best, refine_partition, refine_sta
 from fedsonmf.estimators.refine import score_weight as refine_scores  # the weight of its score: 0 = none
 from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.row_norms import normalize_rows
-from fedsonmf.estimators.spectral import graph_stage, spectral_refine, spectral_steps
+from fedsonmf.estimators.spectral import graph_stage, spectral_steps
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import InputError
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
@@ -48,7 +47,7 @@ __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "as
            "embedding_centers", "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign",
            "refine_batch_rows", "refine_partition",
            "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
-           "graph_products", "graph_refine", "spectral_steps", "spectral_refine", "graph_stage", "normalize_rows",
+           "graph_products", "spectral_steps", "graph_stage", "normalize_rows",
            "kmeans_on_embedding"]
 
 

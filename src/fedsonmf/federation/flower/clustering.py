@@ -409,16 +409,17 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
 GRAPH_SPEC = {"L": ("arrays", 0)}
 
 
-def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, with_blocks: bool = False):
-    """The server's driver of the graph refinement: ``exchange(labels) -> sum_p A_p Z / n`` over the
-    nodes, one ``graph`` message each (a masked sum under secure aggregation).
+def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
+    """The server's drivers of the graph refinement, ``(exchange, both)``, one ``graph`` message per
+    node each time (masked sums under secure aggregation, at the public scale of degree-0 items):
 
-    ``with_blocks=True`` returns ``(exchange, both)`` with ``both(labels, M) -> (sum_p A_p Z / n,
-    sum_p A_p M / n)``: a ``graph`` message that carries a spectral block ``M`` (n, w) (entries at
-    most 1) beside the labels; each node replies the two side by side, (n, c + w), one masked sum
-    under secure aggregation at the graph exchange's public scale, so the spectral step's products
-    travel with the graph refinement's labels (``steps.graph_stage``).  The two share one count of
-    graph messages (every message's kind and round stay unique)."""
+    * ``exchange(labels) -> sum_p A_p Z / n`` (n, c);
+    * ``both(labels, M) -> (sum_p A_p Z / n, sum_p A_p M / n)``: the message carries a spectral block
+      ``M`` (n, w) (entries at most 1) beside the labels, and each node replies the two side by side,
+      (n, c + w), one masked sum -- so the spectral step's products travel with the graph
+      refinement's labels (``steps.graph_stage``).
+
+    The two share one count of graph messages (every message's kind and round stay unique)."""
     c = int(n_clusters)
 
     def payload(x):
@@ -437,7 +438,7 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, with_blo
         L = sums((labels, M))["L"]
         return L[:, :c], L[:, c:]
 
-    return (exchange, both) if with_blocks else exchange
+    return exchange, both
 
 
 def spectral_exchange(transport, m: int, secure: bool):
@@ -509,7 +510,7 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     ``refine-spectral-steps``; the first step is a graph exchange): the node enforces the cap that
     keeps the products from spanning half of the sample space, whatever the server asks (a count
     of columns in ``spectral-<p>.json`` of the state folder).  A ``graph`` request may carry such a
-    block beside its labels (``graph_exchange(..., with_blocks=True)``): the reply is then the two
+    block beside its labels (``graph_exchange``'s ``both``): the reply is then the two
     side by side, (n, c + w), and the block counts against the same cap.  Labels with a nonempty cluster of
     fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) are refused."""
     import scipy.sparse as sp

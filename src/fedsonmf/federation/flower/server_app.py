@@ -336,8 +336,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             status.write(phase="clustering")
             refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
                       if "kmeans" in stages else None)
-            graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
-                                                 with_blocks=True) if "graph" in stages else (None, None))
+            graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
+                           if "graph" in stages else (None, None))
             spectral = (fclust.spectral_exchange(transport, m, cfg.secure_aggregation)
                         if "graph" in stages and copts["refine_spectral_steps"] > 0 else None)
             res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine, graph,
