@@ -180,14 +180,15 @@ def simplex_qp(G: np.ndarray, shift, F: np.ndarray, Z0: np.ndarray | None = None
     if act.size:  # the cap was reached: keep the last iterate
         Z[:, act] = Zc
         if prox_steps > 0:
-            Z[:, act] = _proximal_finish(G, shift[act], F[:, act], Zc, thr[act], tol, max_iter, prox_steps)
+            Z[:, act] = _proximal_finish(G, max(float(ev[-1]), 0.0), shift[act], F[:, act], Zc, thr[act], tol,
+                                         max_iter, prox_steps)
     worse = _qp_objective(G, shift, F, Z) > _qp_objective(G, shift, F, Z0)
     Z[:, worse] = Z0[:, worse]
     return Z
 
 
-def _proximal_finish(G: np.ndarray, shift: np.ndarray, F: np.ndarray, Z: np.ndarray, thr: np.ndarray, tol: float,
-                     max_iter: int, steps: int) -> np.ndarray:
+def _proximal_finish(G: np.ndarray, lam_max: float, shift: np.ndarray, F: np.ndarray, Z: np.ndarray, thr: np.ndarray,
+                     tol: float, max_iter: int, steps: int) -> np.ndarray:
     """Proximal-point iterations for the columns :func:`simplex_qp` left above their gap: each step
     solves min 1/2 z^T (H + rho I) z + (f - rho z_k)^T z on the simplex with the same routine, whose
     minimiser z_{k+1} is the proximal point of z_k, and the iterates converge to a minimiser of the
@@ -195,8 +196,9 @@ def _proximal_finish(G: np.ndarray, shift: np.ndarray, F: np.ndarray, Z: np.ndar
     has directions of zero curvature; the active-set solves there are singular, and the polishing
     restarts FISTA's momentum, so a column pulled along such a direction by its linear term alone
     creeps at the 1 / lambda_max step.  With rho = 1e-3 lambda_max(H) every step is well conditioned.
-    Stops a column at its gap ``thr``; at most ``steps`` steps; returns Z (m, N)."""
-    rho = 1e-3 * max(float(np.linalg.eigvalsh(G)[-1]), 0.0) + 1e-3 * shift
+    ``lam_max``: lambda_max(G), as :func:`simplex_qp` computed it.  Stops a column at its gap
+    ``thr``; at most ``steps`` steps; returns Z (m, N)."""
+    rho = 1e-3 * lam_max + 1e-3 * shift
     rho = np.maximum(rho, 1e-12)
     act = np.arange(Z.shape[1])
     Z = Z.copy()
