@@ -516,6 +516,101 @@ def test_a_node_refusing_small_clusters_gets_no_seeding_labels_and_the_run_compl
     assert refused and all("refine-min-cluster-size" in r.error.reason for r in refused)
 
 
+def _policy_nodes(send, n_clusters, min_size):
+    """``send`` behind nodes that refuse, as ``_request_labels`` does, any request holding a partition
+    with a nonempty cluster below ``min_size``; ``asked`` records every partition sent."""
+    from fedsonmf.exceptions import FederationError
+    from fedsonmf.federation.flower.clustering import SMALL_CLUSTER_REFUSAL
+
+    asked = []
+
+    def ask(labels):
+        labels = np.asarray(labels)
+        for row in labels.reshape(-1, labels.shape[-1]):
+            asked.append(row.copy())
+            sizes = np.bincount(row, minlength=n_clusters)
+            if sizes[sizes > 0].min() < min_size:
+                raise FederationError(f"client 0 failed in refine: a cluster of {sizes[sizes > 0].min()} "
+                                      f"{SMALL_CLUSTER_REFUSAL} = {min_size} (and clients [1, 2])")
+        return send(labels)
+
+    return ask, asked
+
+
+def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it():
+    """A node's refusal names its minimum: the server's exchange learns it, sends the request again
+    without the partitions below it (answered NaN, the refinement's mark of a refused partition), and
+    never sends such a partition again; a lost node, or a refusal that shows no higher minimum, raises."""
+    from fedsonmf.exceptions import FederationError
+    from fedsonmf.federation.flower.clustering import SMALL_CLUSTER_REFUSAL, RefineExchange
+
+    n, c = 12, 3
+
+    def send(labels):  # the summed replies of the nodes: here recognisable numbers
+        rows = np.asarray(labels).reshape(-1, n)
+        D = np.stack([np.tile(row[:, None], (1, c)).astype(float) for row in rows])
+        return (D[0], np.ones(1)) if np.ndim(labels) == 1 else (D, np.arange(rows.shape[0], dtype=float))
+
+    ask, asked = _policy_nodes(send, c, 4)
+    ex = RefineExchange(ask, c)
+    big = np.repeat(np.arange(c), n // c)  # clusters of 4
+    small = big.copy()
+    small[:3] = 1  # a cluster of 1
+    D, score = ex(np.stack([small, big, small]))
+    assert ex.floor == 4 and ex.refused == 2
+    assert np.isnan(score[[0, 2]]).all() and np.isnan(D[[0, 2]]).all() and np.array_equal(D[1][:, 0], big)
+    asked.clear()
+    D, score = ex(small)  # known now: not sent at all
+    assert not asked and D.shape == (n, c) and np.isnan(D).all() and np.isnan(score).all() and ex.refused == 3
+    D, score = ex(big)
+    assert len(asked) == 1 and np.array_equal(asked[0], big) and np.array_equal(D[:, 0], big)
+    assert score.tolist() == [1.0]
+
+    def lost(labels):
+        raise FederationError("client 1 (node 22) did not reply within 30 s")
+
+    with pytest.raises(FederationError, match="did not reply"):
+        RefineExchange(lost, c)(big)
+    def stubborn(labels):  # refuses even what meets the minimum it shows: raised, not retried for ever
+        raise FederationError(f"client 0 failed in refine: {SMALL_CLUSTER_REFUSAL} = 4")
+
+    with pytest.raises(FederationError, match="= 4"):
+        RefineExchange(stubborn, c)(big)
+
+
+def test_a_start_below_a_nodes_minimum_stops_and_the_run_keeps_the_others(tmp_path, monkeypatch):
+    """Noisy blobs and a node minimum of 16 samples per cluster (the clusters hold 20): the seeding is
+    refused, and so are some partitions the starts move to; the server learns the minimum from the
+    first refusal, those starts stop at the last partition answered, the others go on, and the run
+    ends with the partition, start and graph stage of the estimator under the same policy (no
+    seeding), with no refine_error; after the first refused request no node refused anything."""
+    from fedsonmf.federation.flower.clustering import RefineExchange
+
+    m = 16
+    views, _ = blobs(noise=3.0)
+    original = FedMultiViewClustering._refine_exchange
+    asked_in_process = []
+
+    def policed(self, views_, masks, secure):
+        ask, asked = _policy_nodes(original(self, views_, masks, secure), C, m)
+        asked_in_process.append(asked)
+        return RefineExchange(ask, C)
+
+    monkeypatch.setattr(FedMultiViewClustering, "_refine_exchange", policed)
+    ref = reference(views, refine_seeded_starts=0)
+    grid, rc = _fake_run(tmp_path, views, node_extra={"refine-min-cluster-size": m})
+    out = Path(rc["out-dir"])
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    summary = json.loads((out / "result.json").read_text())["clustering"]
+    assert "refine_error" not in summary
+    assert summary["refine_start"] == ref.refine_start_[0] and summary["graph_iterations"] == ref.graph_iter_[0]
+    notes = summary["refine_notes"]
+    assert "seeded starts skipped" in notes[0] and f"refine-min-cluster-size = {m}" in notes[0]
+    assert "of the starts not sent" in notes[1] and f"= {m}" in notes[1]
+    refused = [r for r in grid.log if r.has_error()]
+    assert len(refused) == 3 and all(f"refine-min-cluster-size = {m}" in r.error.reason for r in refused)
+
+
 def test_the_min_cluster_size_policy_of_a_node():
     from types import SimpleNamespace
 

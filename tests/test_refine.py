@@ -25,7 +25,7 @@ from fedsonmf.estimators.refine import (
     scores_partitions,
     seeded_starts,
 )
-from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.exceptions import ParameterError, PartitionRefused, ProtocolError
 from fedsonmf.metrics import clustering_scores
 
 
@@ -359,3 +359,83 @@ def test_the_starts_already_refining_ride_on_the_seedings_exchanges(monkeypatch)
     monkeypatch.setattr(R, "_Riding", Alone)
     want = refine_best(starts, exchange, seeded=seeded)
     assert np.array_equal(labels, want[0]) and index == want[2] and calls <= want[1]
+
+
+def _refusing(exchange, c, min_size):
+    """``exchange`` behind a client's ``refine-min-cluster-size`` policy, as the server's exchange sees it
+    (:class:`fedsonmf.federation.flower.clustering.RefineExchange`): a partition with a nonempty cluster
+    of fewer than ``min_size`` samples is answered NaN; ``answered`` collects the partitions answered."""
+    answered = []
+
+    def ex(lab):
+        lab = np.asarray(lab)
+        rows = lab.reshape(-1, lab.shape[-1])
+        D, S = exchange(lab)
+        D = np.array(D, dtype=np.float64).reshape(rows.shape[0], rows.shape[1], c)
+        S = np.array(S, dtype=np.float64).reshape(rows.shape[0])
+        for k, row in enumerate(rows):
+            sizes = np.bincount(row, minlength=c)
+            if sizes[sizes > 0].min() < min_size:
+                D[k], S[k] = np.nan, np.nan
+            else:
+                answered.append(row.copy())
+        return (D[0], S[:1]) if lab.ndim == 1 else (D, S)
+
+    return ex, answered
+
+
+def test_a_refused_partition_ends_its_start_at_the_last_partition_answered():
+    views, y = _views(seed=2)
+    exchange = _pooled_exchange(views, 3)
+    start = np.zeros(y.size, dtype=np.int64)
+    start[:2] = [1, 2]  # two clusters of one sample, then Lloyd's moves
+    refused, answered = _refusing(exchange, 3, 2)
+    labels, iters, score = refine_partition(start, refused)
+    assert iters == 0 and score == np.inf and np.array_equal(labels, start) and not answered  # refused at once
+    moved = y.copy()
+    moved[:6] = (moved[:6] + 1) % 3  # six samples misplaced: Lloyd's moves them
+    assert refine_partition(moved, exchange)[1] >= 2
+    answers = []
+
+    def once(lab):  # the clients answer the start, then refuse
+        D, S = exchange(lab)
+        if answers:
+            return np.full_like(D, np.nan), np.full_like(S, np.nan)
+        answers.append(1)
+        return D, S
+
+    labels, iters, score = refine_partition(moved, once)
+    assert np.array_equal(labels, moved) and iters == 1 and score == float(np.sum(exchange(moved)[1]))
+    with pytest.raises(PartitionRefused, match="every start"):
+        refine_best([start, start[::-1].copy()], _refusing(exchange, 3, 2)[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 4), st.integers(1, 8))
+def test_the_refinement_keeps_an_answered_partition_under_a_clients_policy(seed, c, min_size):
+    """Under a client's min-cluster-size policy (partitions below it answered NaN) every start stops at
+    the last partition answered for it, the seeding (samples alone in a cluster) is dropped, and the
+    partition kept is one the clients answered: the one that refining the starts one by one under
+    the same policy keeps; with no start answered, PartitionRefused."""
+    rng = np.random.default_rng(seed)
+    views = [rng.normal(size=(24, 3)) + 2.0, sp.random(24, 8, density=0.4, random_state=seed, format="csr")]
+    exchange, answered = _refusing(_pooled_exchange(views, c), c, min_size)
+    starts = [rng.integers(0, c, size=24) for _ in range(4)]
+    starts[1][:c - 1] = np.arange(1, c)  # small clusters in some starts
+    starts[1][c - 1:] = 0
+
+    def seeded(ex):
+        try:
+            return seeded_starts(ex, 24, c, n_starts=2, seed=seed)
+        except PartitionRefused:
+            return []
+
+    try:
+        labels, _, index = refine_best(starts, exchange, seeded=seeded)
+    except PartitionRefused:
+        for s in starts:  # every start refused at once
+            assert np.bincount(s, minlength=c)[np.bincount(s, minlength=c) > 0].min() < min_size
+        return
+    assert any(np.array_equal(labels, a) for a in answered)
+    ref_labels, ref_index = _one_by_one(starts, exchange, seeded=seeded)
+    assert index == ref_index and np.array_equal(labels, ref_labels)

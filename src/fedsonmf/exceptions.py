@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError",
-    "FederationError",
+    "FederationError", "PartitionRefused",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
 ]
 
@@ -52,6 +52,11 @@ class FederationError(FedSONMFError, RuntimeError):
         self.client = client
         self.round = round
         self.node_id = node_id
+
+
+class PartitionRefused(FederationError):
+    """Partitions sent to the clients were refused by a client's own policy (on Flower a node's
+    ``refine-min-cluster-size``), not lost: the refinement goes on with the partitions answered."""
 
 
 class FlowerRunError(FedSONMFError, RuntimeError):

@@ -64,6 +64,15 @@ distances of every sample to c (2 + ln c) drawn samples: that many columns of th
 distance matrix (``refine_seeded_starts=0`` sends none; a text-only federation never seeds).
 Off with ``refine="none"``.
 
+Partitions a client refuses. A client may refuse to answer a partition (on Flower, a node's
+``refine-min-cluster-size`` policy refuses labels with a cluster smaller than its minimum, so that
+no reply is about a handful of samples). An exchange then answers that partition with NaN distances
+and a NaN score, and the server goes on with the partitions answered: a start stops at the last
+partition answered for it (its score is that partition's), a start refused at once takes no part
+in the choice, the seeding (whose partitions put drawn samples alone in a cluster) raises
+:class:`~fedsonmf.exceptions.PartitionRefused` and is dropped by the caller, and when every start is
+refused the refinement raises it too. In process no partition is refused.
+
 The steps are pure functions over arrays, called by the in-process estimator and by the Flower
 apps alike (:mod:`fedsonmf.estimators.clustering_steps` exposes them to the nodes and server).
 """
@@ -76,7 +85,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
-from fedsonmf.exceptions import ParameterError
+from fedsonmf.exceptions import ParameterError, PartitionRefused
 
 __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "scores_partitions", "score_weight",
            "client_distances", "client_score", "client_refine", "assign", "BATCH_VALUES", "batch_rows",
@@ -267,12 +276,24 @@ class _Lloyd:
     def __init__(self, labels, max_iter: int):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.max_iter, self.iterations, self.score, self.done = int(max_iter), 0, 0.0, int(max_iter) < 1
+        self.answered: np.ndarray | None = None  # the last labels a reply was given for
 
     def step(self, D, score) -> None:
         """The reply (D, score) to the current labels: the next labels, or done when they did not
-        change (the score is then that of the labels kept) or the iterations ran out."""
+        change (the score is then that of the labels kept) or the iterations ran out.  A NaN score
+        (a client refused the labels): done, back at the last labels answered, with their score;
+        refused at once, the score is infinite (the start takes no part in the choice)."""
+        score = float(np.sum(score))
+        if np.isnan(score):
+            if self.answered is None:
+                self.score = np.inf
+            else:
+                self.labels = self.answered
+            self.done = True
+            return
         self.iterations += 1
-        self.score = float(np.sum(score))
+        self.score = score
+        self.answered = self.labels
         new = assign(D)
         if np.array_equal(new, self.labels):
             self.done = True
@@ -287,7 +308,9 @@ def refine_partition(labels, exchange: Callable, *, max_iter: int = 100):
     ``exchange(labels) -> (D, score)``: the summed distances (n, c) and the summed score of
     every client for the labels sent (one round trip).
     Returns ``(labels, iterations, score)``; the score is that of the returned labels when they
-    converged (the last exchange was sent them), else of the labels before the last assignment.
+    converged (the last exchange was sent them), else of the labels before the last assignment;
+    labels a client refused (a NaN score) end the iterations at the last labels answered, and a
+    start refused at once is returned with 0 iterations and an infinite score.
     """
     run = _Lloyd(labels, max_iter)
     _alone(run, exchange)
@@ -341,7 +364,9 @@ def sample_distances(exchange: Callable, ids, n_samples: int, n_clusters: int) -
     rows = np.full((len(chunks), int(n_samples)), int(n_clusters) - 1, dtype=np.int64)
     for row, chunk in zip(rows, chunks):
         row[chunk] = np.arange(chunk.size)
-    D, _, _ = exchange_batch(exchange, rows, n_clusters)
+    D, score, _ = exchange_batch(exchange, rows, n_clusters)
+    if np.isnan(score).any():
+        raise PartitionRefused("a client refused the seeding's partitions (each puts drawn samples alone in a cluster)")
     out = np.concatenate([D[i][:, :chunk.size] for i, chunk in enumerate(chunks)], axis=1)
     return out[:, back.ravel()]
 
@@ -394,10 +419,14 @@ def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Call
     exchanges, refining meanwhile (:class:`_Riding`) -- and every start -- the first from where its
     first exchange left it -- is refined side by side (:func:`refine_side_by_side`): the
     partitions reached and kept are those of refining them one by one, in far fewer exchanges.
-    ``exchange`` answers (n,) labels with ((n, c), (1,)) and an (S, n) block with ((S, n, c), (S,)).
+    ``exchange`` answers (n,) labels with ((n, c), (1,)) and an (S, n) block with ((S, n, c), (S,));
+    a NaN score marks a partition a client refused (module docstring): its start stops at the last
+    partition answered, or, refused at once, is not kept; the first start refused at once leaves
+    the others to be refined side by side.
 
     Returns ``(labels, exchanges, index)``: the kept partition, the exchanges of the whole
-    refinement (the seeding's included), and the index of the start it came from.
+    refinement (the seeding's included), and the index of the start it came from.  Raises
+    :class:`~fedsonmf.exceptions.PartitionRefused` when every start was refused at once.
     """
     starts = list(starts)
     if not starts:
@@ -417,6 +446,8 @@ def refine_best(starts, exchange: Callable, *, max_iter: int = 100, seeded: Call
         calls += riding.calls
     calls += _side_by_side(runs, exchange, c)
     index = min(range(len(runs)), key=lambda i: (runs[i].score, i))  # the lowest score; ties: the earlier
+    if runs[index].answered is None:
+        raise PartitionRefused(f"a client refused every start of the refinement ({len(runs)})")
     return runs[index].labels, calls, index
 
 

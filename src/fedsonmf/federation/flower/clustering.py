@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ import numpy as np
 
 from fedsonmf._io import save_npy_atomic, write_atomic
 from fedsonmf.core.server import total
-from fedsonmf.exceptions import FederationError, ProtocolError
+from fedsonmf.exceptions import FederationError, PartitionRefused, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
 from fedsonmf.protocol.messages import Message
@@ -310,17 +311,28 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             seeding = functools.partial(steps.refine_seeded, n_samples=int(V.shape[1]),
                                         n_clusters=opts["n_clusters"], n_starts=opts["refine_seeded_starts"], seed=seed)
 
+            seeding_refused = [0]  # the seeding's own partitions among those refused
+
             def seeded(exchange):
+                def counted(rows):
+                    D, score = exchange(rows)
+                    seeding_refused[0] += int(np.isnan(score).sum())
+                    return D, score
+
                 try:
-                    return seeding(exchange)
-                except FederationError as exc:  # a node's policy refuses labels that single out samples
-                    if SMALL_CLUSTER_REFUSAL not in str(exc):
-                        raise
-                    notes.append(f"seeded starts skipped: {exc}")
+                    return seeding(counted)
+                except PartitionRefused as exc:  # a node's policy refuses labels that single out samples
+                    notes.append(f"seeded starts skipped: {exc} (the nodes' refine-min-cluster-size = "
+                                 f"{getattr(refine, 'floor', '?')})")
                     return []
 
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
+            stopped = getattr(refine, "refused", 0) - seeding_refused[0]
+            if stopped:
+                notes.append(f"{stopped} partition(s) of the starts not sent, below the nodes' "
+                             f"refine-min-cluster-size = {refine.floor}: each start stopped at the last "
+                             f"partition answered")
         if graph is not None:
             n_steps = (steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
                        if spectral is not None else 0)
@@ -383,15 +395,15 @@ def _array_exchange(transport, m: int, kind: str, spec: dict, secure: bool, payl
     return exchange
 
 
-def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
+def refine_exchange(transport, m: int, n_clusters: int, secure: bool) -> RefineExchange:
     """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
     over the nodes, one ``refine`` message each (masked sums under secure aggregation): (n, c) and
     (1,) for labels (n,); for a block of partitions (S, n), (S, n, c) and (S,) (a node sends its
-    distances side by side, (n, S c))."""
+    distances side by side, (n, S c)).  Partitions below a node's ``refine-min-cluster-size`` are
+    answered NaN (:class:`RefineExchange`)."""
     sums = _labels_exchange(transport, m, "refine", REFINE_SPEC, n_clusters, secure)
 
-    def exchange(labels):
-        labels = np.asarray(labels, dtype=np.int64)
+    def send(labels):
         out = sums(labels)
         if labels.ndim == 1:
             return out["D"], out["score"]
@@ -399,7 +411,53 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool):
         return (np.asarray(out["D"]).reshape(n, S, int(n_clusters)).transpose(1, 0, 2),
                 np.asarray(out["score"], dtype=np.float64).reshape(S))
 
-    return exchange
+    return RefineExchange(send, n_clusters)
+
+
+#: what a node's refusal under its ``refine-min-cluster-size`` policy says, then `` = <its minimum>``
+#: (:func:`_request_labels`); the server learns the minimum from it (:class:`RefineExchange`)
+SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
+_POLICY_SHOWN = re.compile(re.escape(SMALL_CLUSTER_REFUSAL) + r" = (\d+)")
+
+
+class RefineExchange:
+    """The refinement's exchange, kept inside the nodes' ``refine-min-cluster-size`` policies.
+
+    A node refuses a whole request when one partition in it has a cluster below its minimum
+    (:func:`_request_labels`), and says its minimum.  The server learns it from the first such
+    refusal (``floor``: the largest minimum shown), sends the request again without the partitions
+    below it, and from then on never sends them: their replies are NaN, the refinement's mark of a
+    refused partition (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered,
+    the seeding is dropped).  So one start with a small cluster no longer ends the refinement for
+    every start, and no node is asked twice for what it refused.  ``refused``: the partitions not sent."""
+
+    def __init__(self, send: Callable, n_clusters: int):
+        self.send, self.n_clusters = send, int(n_clusters)
+        self.floor, self.refused = 1, 0
+
+    def __call__(self, labels):
+        labels = np.asarray(labels, dtype=np.int64)
+        rows = labels.reshape(-1, labels.shape[-1])
+        S, n = rows.shape
+        D, score = np.full((S, n, self.n_clusters), np.nan), np.full(S, np.nan)
+        while True:
+            sizes = np.stack([np.bincount(row, minlength=self.n_clusters) for row in rows])
+            ok = np.where(sizes > 0, sizes, n).min(axis=1) >= self.floor
+            if not ok.any():
+                break
+            try:
+                d, s = self.send(labels if labels.ndim == 1 else rows[ok])
+            except FederationError as exc:
+                shown = max((int(k) for k in _POLICY_SHOWN.findall(str(exc))), default=0)
+                if shown <= self.floor:  # lost, or refused for another reason: not ours to work around
+                    raise
+                self.floor = shown
+                continue
+            D[ok] = np.asarray(d, dtype=np.float64).reshape(int(ok.sum()), n, self.n_clusters)
+            score[ok] = np.asarray(s, dtype=np.float64).reshape(int(ok.sum()))
+            break
+        self.refused += int(S - ok.sum())
+        return (D[0], score[:1]) if labels.ndim == 1 else (D, score)
 
 
 # ----------------------------------------------------------------------------- the graph refinement
@@ -459,10 +517,6 @@ def _request_block(msg: Message, n: int, p: int) -> np.ndarray:
     if not np.all(np.isfinite(M)) or np.max(np.abs(M)) > 1.0:
         raise ProtocolError(f"client {p}: a spectral block with entries that are not finite or exceed 1")
     return M
-
-
-#: what a node's refusal under its ``refine-min-cluster-size`` policy says (the server recognises it)
-SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
 
 
 def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, *,
