@@ -557,11 +557,11 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
     small = big.copy()
     small[:3] = 1  # a cluster of 1
     D, score = ex(np.stack([small, big, small]))
-    assert ex.floor == 4 and ex.refused == 2
+    assert ex.policy.floor == 4 and ex.policy.refused == 2
     assert np.isnan(score[[0, 2]]).all() and np.isnan(D[[0, 2]]).all() and np.array_equal(D[1][:, 0], big)
     asked.clear()
     D, score = ex(small)  # known now: not sent at all
-    assert not asked and D.shape == (n, c) and np.isnan(D).all() and np.isnan(score).all() and ex.refused == 3
+    assert not asked and D.shape == (n, c) and np.isnan(D).all() and np.isnan(score).all() and ex.policy.refused == 3
     D, score = ex(big)
     assert len(asked) == 1 and np.array_equal(asked[0], big) and np.array_equal(D[:, 0], big)
     assert score.tolist() == [1.0]
@@ -578,25 +578,33 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
         RefineExchange(stubborn, c)(big)
 
 
-def test_a_start_below_a_nodes_minimum_stops_and_the_run_keeps_the_others(tmp_path, monkeypatch):
-    """Noisy blobs and a node minimum of 16 samples per cluster (the clusters hold 20): the seeding is
-    refused, and so are some partitions the starts move to; the server learns the minimum from the
-    first refusal, those starts stop at the last partition answered, the others go on, and the run
-    ends with the partition, start and graph stage of the estimator under the same policy (no
-    seeding), with no refine_error; after the first refused request no node refused anything."""
-    from fedsonmf.federation.flower.clustering import RefineExchange
+def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_the_rest(tmp_path, monkeypatch):
+    """Noisy blobs and a node minimum of 18 samples per cluster (the clusters hold 20): the seeding is
+    refused, and so are partitions the starts and the graph refinement move to; the server learns the
+    minimum from the first refusal, those searches stop at the last partition answered (the graph
+    refinement at its lowest cut met), the others go on, and the run ends with the partition, start
+    and graph stage of the estimator under the same policy (no seeding), with no refine_error;
+    after the first refused request no node refused anything."""
+    from fedsonmf.federation.flower.clustering import NodePolicy, RefineExchange
 
-    m = 16
-    views, _ = blobs(noise=3.0)
-    original = FedMultiViewClustering._refine_exchange
-    asked_in_process = []
+    m = 18
+    views, _ = blobs(noise=2.5)
+    refine0, graph0 = FedMultiViewClustering._refine_exchange, FedMultiViewClustering._graph_exchanges
 
-    def policed(self, views_, masks, secure):
-        ask, asked = _policy_nodes(original(self, views_, masks, secure), C, m)
-        asked_in_process.append(asked)
-        return RefineExchange(ask, C)
+    def policed_refine(self, views_, masks, secure):
+        return RefineExchange(_policy_nodes(refine0(self, views_, masks, secure), C, m)[0], C)
 
-    monkeypatch.setattr(FedMultiViewClustering, "_refine_exchange", policed)
+    def policed_graph(self, views_, masks, secure):  # what the server's graph exchanges do once they know m
+        exchange, products, both = graph0(self, views_, masks, secure)
+        policy = NodePolicy(C)
+        policy.floor = m
+        small = lambda labels: not policy.meets(np.asarray(labels)[None])[0]  # noqa: E731
+        nan = lambda labels: np.full((np.size(labels), C), np.nan)  # noqa: E731
+        return ((lambda labels: nan(labels) if small(labels) else exchange(labels)), products,
+                (lambda labels, M: (nan(labels), products(M)) if small(labels) else both(labels, M)))
+
+    monkeypatch.setattr(FedMultiViewClustering, "_refine_exchange", policed_refine)
+    monkeypatch.setattr(FedMultiViewClustering, "_graph_exchanges", policed_graph)
     ref = reference(views, refine_seeded_starts=0)
     grid, rc = _fake_run(tmp_path, views, node_extra={"refine-min-cluster-size": m})
     out = Path(rc["out-dir"])
@@ -606,7 +614,7 @@ def test_a_start_below_a_nodes_minimum_stops_and_the_run_keeps_the_others(tmp_pa
     assert summary["refine_start"] == ref.refine_start_[0] and summary["graph_iterations"] == ref.graph_iter_[0]
     notes = summary["refine_notes"]
     assert "seeded starts skipped" in notes[0] and f"refine-min-cluster-size = {m}" in notes[0]
-    assert "of the starts not sent" in notes[1] and f"= {m}" in notes[1]
+    assert "of the starts not sent" in notes[1] and "of the graph stage not sent" in notes[2]
     refused = [r for r in grid.log if r.has_error()]
     assert len(refused) == 3 and all(f"refine-min-cluster-size = {m}" in r.error.reason for r in refused)
 

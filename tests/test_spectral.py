@@ -318,6 +318,45 @@ def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_se
     assert np.array_equal(alone, want) and stage_alone["exchanges"] == iterations + info["exchanges"]
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 14), st.integers(0, 8))
+def test_under_a_clients_minimum_cluster_size_the_stage_keeps_answered_partitions(seed, m, steps):
+    """A client's policy refuses partitions with a nonempty cluster below ``m`` (NaN links, what the
+    server's exchange returns for them, its block still answered): the graph refinement ends at its
+    lowest cut met, a refused candidate is not kept, a refused start is returned as it is -- the
+    stage keeps a partition the clients answered, the one the two searches one after the other keep."""
+    y, graphs = _planted(seed=seed % 50, c=3, n_per=12, p_in=0.35, p_out=0.08)
+    c, rng = 3, np.random.default_rng(seed)
+    start = rng.integers(0, c, size=y.size)
+    exchange, products = _exchanges(graphs, c)
+    both = _combined(graphs, c)
+    answered = []
+
+    def small(labels):
+        sizes = np.bincount(labels, minlength=c)
+        return sizes[sizes > 0].min() < m
+
+    def policed(labels):
+        if small(labels):
+            return np.full((labels.size, c), np.nan)
+        answered.append(np.array(labels))
+        return exchange(labels)
+
+    def policed_both(labels, M):
+        if small(labels):
+            return np.full((labels.size, c), np.nan), products(M)
+        answered.append(np.array(labels))
+        return both(labels, M)
+
+    got, stage = graph_stage(start, policed, products, c, steps=steps, seed=seed, both=policed_both)
+    if small(start):
+        assert np.array_equal(got, start) and stage["graph_iterations"] == 0 and not stage["kept"]
+        return
+    assert any(np.array_equal(got, a) for a in answered)
+    want, iterations, info = _sequential(start, policed, products, c, steps, seed)
+    assert np.array_equal(got, want) and stage["graph_iterations"] == iterations and stage["kept"] == info["kept"]
+
+
 def test_a_stage_that_fails_midway_leaves_the_best_partition_the_graph_refinement_met():
     y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
     exchange, products = _exchanges(graphs, 3)

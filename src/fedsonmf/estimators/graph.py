@@ -41,6 +41,10 @@ matrix is the summed neighbourhood of the samples that moved. It is the same kin
 the k-means refinement's summed distances (which reveal summed inner products of moved samples),
 coarser (counts of a 0/1 graph). Off with ``refine="kmeans"`` or ``"none"``.
 
+A partition a client refuses (a node's ``refine-min-cluster-size`` policy; the module docstring of
+:mod:`fedsonmf.estimators.refine`) is answered with NaN links: the search ends there, at the
+partition of lowest cut met; a start refused at once is kept as it is, with an infinite cut.
+
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
 (:mod:`fedsonmf.estimators.clustering_steps`).
 """
@@ -206,6 +210,9 @@ class GraphSearch:
         return None if self.done else self.labels
 
     def feed(self, L) -> None:
+        if np.isnan(L).any():  # refused by a client's policy: the search ends at the best partition met
+            self.done = True
+            return
         self.iterations += 1
         cut = normalized_cut(L, self.labels, self.n_clusters)
         if cut < self.best_cut:
@@ -226,7 +233,8 @@ def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int =
     ``exchange(labels) -> L``: the summed ``A_p Z / n`` of every client (n, c), one round trip.
     ``first`` (optional list): the reply to the first exchange, sent ``labels``, is appended to it
     (the spectral step starts from it: :func:`~fedsonmf.estimators.spectral.spectral_refine`).
-    Returns ``(labels, iterations, cut)``.
+    Returns ``(labels, iterations, cut)``; NaN links (a partition refused) end the search, and a start
+    refused at once comes back with 0 iterations and an infinite cut.
     """
     search = GraphSearch(labels, n_clusters, max_iter=max_iter)
     while (request := search.request()) is not None:

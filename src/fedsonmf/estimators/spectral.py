@@ -229,7 +229,9 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     ``graph_exchange``, ``products``, ``refine``, ``seed``, ``max_iter``, ``n_init``: as in
     :func:`spectral_refine`. Returns ``(labels, info)`` with info ``{"graph_iterations", "exchanges",
     "steps", "cut", "kept"}``: the graph refinement's own iterations, the stage's round trips, and
-    :func:`spectral_refine`'s fields.
+    :func:`spectral_refine`'s fields.  Partitions a client refuses (NaN links,
+    :mod:`fedsonmf.estimators.graph`): the graph refinement ends at the lowest cut met, a refused
+    candidate is not kept (its cut is infinite), and a refused start is returned as it is.
     """
     if products is None and int(steps) > 1:
         raise ValueError(f"graph_stage: {steps} spectral steps need a products exchange")
@@ -240,6 +242,9 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     search.feed(L)
     progress["labels"] = search.best
     exchanges = 1
+    if search.iterations == 0:  # the start refused by a client's policy: no links, no search, no block
+        return start, {"graph_iterations": 0, "exchanges": exchanges, "steps": int(steps), "cut": None,
+                       "kept": False}
     power = PowerSteps(L, steps)  # steps < 2: no block to ask
     while True:  # the graph refinement's iterations and the power steps, side by side
         labels, M = search.request(), power.request()

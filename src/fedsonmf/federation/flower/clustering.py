@@ -280,7 +280,7 @@ def read_labels_csv(path) -> np.ndarray:
 
 
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None,
-                             graph=None, spectral=None, both=None) -> dict:
+                             graph=None, spectral=None, both=None, policy: NodePolicy | None = None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
     ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
@@ -293,10 +293,14 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     (optional, with ``spectral``): the two in one exchange (:func:`graph_exchange`), so the
     step's products travel with the graph refinement's labels (``steps.graph_stage``).  A node lost
     during any of them keeps the partition reached before it (in the graph stage: the lowest cut the
-    graph refinement had met), and so does a node whose policy
-    (``refine-min-cluster-size``) refuses a partition, except that a refused seeding only drops the
-    seeded starts (``refine_notes``).  Returns the clustering summary for result.json.
+    graph refinement had met).  ``policy`` (:class:`NodePolicy`, shared by the exchanges): what the
+    server learnt of the nodes' ``refine-min-cluster-size``; a partition below it is not sent, so a
+    refused seeding drops the seeded starts, a start stops at the last partition answered and the
+    graph refinement at its lowest cut met (``refine_notes`` counts them); only a refinement whose
+    every start is refused at once ends at the fit's partition (``refine_error``).  Returns the
+    clustering summary for result.json.
     """
+    policy = NodePolicy(opts["n_clusters"]) if policy is None else policy
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
@@ -323,23 +327,28 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
                     return seeding(counted)
                 except PartitionRefused as exc:  # a node's policy refuses labels that single out samples
                     notes.append(f"seeded starts skipped: {exc} (the nodes' refine-min-cluster-size = "
-                                 f"{getattr(refine, 'floor', '?')})")
+                                 f"{policy.floor})")
                     return []
 
             labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
             refined = True
-            stopped = getattr(refine, "refused", 0) - seeding_refused[0]
+            stopped = policy.refused - seeding_refused[0]
             if stopped:
                 notes.append(f"{stopped} partition(s) of the starts not sent, below the nodes' "
-                             f"refine-min-cluster-size = {refine.floor}: each start stopped at the last "
+                             f"refine-min-cluster-size = {policy.floor}: each start stopped at the last "
                              f"partition answered")
         if graph is not None:
             n_steps = (steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
                        if spectral is not None else 0)
+            before = policy.refused
             labels, info = steps.graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
                                              both=both, max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"],
                                              seed=seed, progress=progress)
             graph_iters, kept, refined = int(info["exchanges"]), bool(info["kept"]), True
+            if policy.refused > before:
+                notes.append(f"{policy.refused - before} partition(s) of the graph stage not sent, below the nodes' "
+                             f"refine-min-cluster-size = {policy.floor}: the graph refinement kept the lowest cut "
+                             f"met, a refused spectral candidate was not kept")
     except FederationError as exc:  # a node lost during a refinement: the partition reached stands
         error = f"{type(exc).__name__}: {exc}"
         if "labels" in progress:  # the lowest cut the graph refinement had met before it
@@ -395,12 +404,13 @@ def _array_exchange(transport, m: int, kind: str, spec: dict, secure: bool, payl
     return exchange
 
 
-def refine_exchange(transport, m: int, n_clusters: int, secure: bool) -> RefineExchange:
+def refine_exchange(transport, m: int, n_clusters: int, secure: bool,
+                    policy: NodePolicy | None = None) -> RefineExchange:
     """The server's driver of the refinement: ``exchange(labels) -> (sum_p D_p, sum_p score_p)``
     over the nodes, one ``refine`` message each (masked sums under secure aggregation): (n, c) and
     (1,) for labels (n,); for a block of partitions (S, n), (S, n, c) and (S,) (a node sends its
-    distances side by side, (n, S c)).  Partitions below a node's ``refine-min-cluster-size`` are
-    answered NaN (:class:`RefineExchange`)."""
+    distances side by side, (n, S c)).  Partitions below the nodes' ``refine-min-cluster-size``
+    (``policy``, shared with the graph stage's exchanges) are answered NaN (:class:`RefineExchange`)."""
     sums = _labels_exchange(transport, m, "refine", REFINE_SPEC, n_clusters, secure)
 
     def send(labels):
@@ -411,52 +421,69 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool) -> RefineE
         return (np.asarray(out["D"]).reshape(n, S, int(n_clusters)).transpose(1, 0, 2),
                 np.asarray(out["score"], dtype=np.float64).reshape(S))
 
-    return RefineExchange(send, n_clusters)
+    return RefineExchange(send, n_clusters, policy)
 
 
 #: what a node's refusal under its ``refine-min-cluster-size`` policy says, then `` = <its minimum>``
-#: (:func:`_request_labels`); the server learns the minimum from it (:class:`RefineExchange`)
+#: (:func:`_request_labels`); the server learns the minimum from it (:class:`NodePolicy`)
 SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
 _POLICY_SHOWN = re.compile(re.escape(SMALL_CLUSTER_REFUSAL) + r" = (\d+)")
 
 
+class NodePolicy:
+    """What the server knows of the nodes' ``refine-min-cluster-size`` policies: ``floor``, the
+    largest minimum a node has shown by refusing (1 until then).
+
+    A node refuses a whole request when one partition in it has a nonempty cluster below its
+    minimum (:func:`_request_labels`), and says its minimum.  The server learns it from the first
+    such refusal, sends the request again without the partitions below it, and from then on never
+    sends them: their replies are NaN, the refinements' mark of a refused partition
+    (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered, the seeding is
+    dropped; :mod:`fedsonmf.estimators.graph`: the search ends at the lowest cut met).  So one partition
+    with a small cluster no longer ends a refinement, and an honest server asks no node twice for
+    what it refuses.  ``refused``: the partitions not sent."""
+
+    def __init__(self, n_clusters: int):
+        self.n_clusters, self.floor, self.refused = int(n_clusters), 1, 0
+
+    def meets(self, rows) -> np.ndarray:
+        """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        sizes = np.stack([np.bincount(row, minlength=self.n_clusters) for row in rows])
+        return np.asarray(np.where(sizes > 0, sizes, rows.shape[1]).min(axis=1) >= self.floor)
+
+    def learn(self, exc: FederationError) -> None:
+        """Raise the floor to the minimum a refusal shows; re-raise ``exc`` when it shows none higher
+        (a lost node, another refusal: not ours to work around)."""
+        shown = max((int(k) for k in _POLICY_SHOWN.findall(str(exc))), default=0)
+        if shown <= self.floor:
+            raise exc
+        self.floor = shown
+
+
 class RefineExchange:
-    """The refinement's exchange, kept inside the nodes' ``refine-min-cluster-size`` policies.
+    """The refinement's exchange ``send`` kept inside the nodes' policies (:class:`NodePolicy`): only
+    the partitions that meet the floor are sent; the others' replies are NaN."""
 
-    A node refuses a whole request when one partition in it has a cluster below its minimum
-    (:func:`_request_labels`), and says its minimum.  The server learns it from the first such
-    refusal (``floor``: the largest minimum shown), sends the request again without the partitions
-    below it, and from then on never sends them: their replies are NaN, the refinement's mark of a
-    refused partition (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered,
-    the seeding is dropped).  So one start with a small cluster no longer ends the refinement for
-    every start, and no node is asked twice for what it refused.  ``refused``: the partitions not sent."""
-
-    def __init__(self, send: Callable, n_clusters: int):
+    def __init__(self, send: Callable, n_clusters: int, policy: NodePolicy | None = None):
         self.send, self.n_clusters = send, int(n_clusters)
-        self.floor, self.refused = 1, 0
+        self.policy = NodePolicy(n_clusters) if policy is None else policy
 
     def __call__(self, labels):
         labels = np.asarray(labels, dtype=np.int64)
         rows = labels.reshape(-1, labels.shape[-1])
         S, n = rows.shape
         D, score = np.full((S, n, self.n_clusters), np.nan), np.full(S, np.nan)
-        while True:
-            sizes = np.stack([np.bincount(row, minlength=self.n_clusters) for row in rows])
-            ok = np.where(sizes > 0, sizes, n).min(axis=1) >= self.floor
-            if not ok.any():
-                break
+        while (ok := self.policy.meets(rows)).any():
             try:
                 d, s = self.send(labels if labels.ndim == 1 else rows[ok])
             except FederationError as exc:
-                shown = max((int(k) for k in _POLICY_SHOWN.findall(str(exc))), default=0)
-                if shown <= self.floor:  # lost, or refused for another reason: not ours to work around
-                    raise
-                self.floor = shown
+                self.policy.learn(exc)
                 continue
             D[ok] = np.asarray(d, dtype=np.float64).reshape(int(ok.sum()), n, self.n_clusters)
             score[ok] = np.asarray(s, dtype=np.float64).reshape(int(ok.sum()))
             break
-        self.refused += int(S - ok.sum())
+        self.policy.refused += int(S - ok.sum())
         return (D[0], score[:1]) if labels.ndim == 1 else (D, score)
 
 
@@ -467,7 +494,8 @@ class RefineExchange:
 GRAPH_SPEC = {"L": ("arrays", 0)}
 
 
-def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
+def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, policy: NodePolicy | None = None,
+                   products: Callable | None = None):
     """The server's drivers of the graph refinement, ``(exchange, both)``, one ``graph`` message per
     node each time (masked sums under secure aggregation, at the public scale of degree-0 items):
 
@@ -477,8 +505,11 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
       (n, c + w), one masked sum -- so the spectral step's products travel with the graph
       refinement's labels (``steps.graph_stage``).
 
-    The two share one count of graph messages (every message's kind and round stay unique)."""
+    The two share one count of graph messages (every message's kind and round stay unique).  Labels
+    below the nodes' ``refine-min-cluster-size`` (``policy``, :class:`NodePolicy`) are not sent: their
+    links are NaN, and ``both`` sends the block alone through ``products`` (the spectral exchange)."""
     c = int(n_clusters)
+    policy = NodePolicy(c) if policy is None else policy
 
     def payload(x):
         labels, M = x if isinstance(x, tuple) else (x, None)
@@ -489,12 +520,32 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool):
 
     sums = _array_exchange(transport, m, "graph", GRAPH_SPEC, secure, payload)
 
+    def policed(labels, ask: Callable, alone: Callable):
+        while policy.meets(np.asarray(labels)[None]).all():
+            try:
+                return ask()
+            except FederationError as exc:
+                policy.learn(exc)
+        policy.refused += 1
+        return alone()
+
+    def refused_links(labels):
+        return np.full((np.size(labels), c), np.nan)
+
     def exchange(labels):
-        return sums(np.asarray(labels))["L"]
+        return policed(labels, lambda: sums(np.asarray(labels))["L"], lambda: refused_links(labels))
 
     def both(labels, M):
-        L = sums((labels, M))["L"]
-        return L[:, :c], L[:, c:]
+        def ask():
+            L = sums((labels, M))["L"]
+            return L[:, :c], L[:, c:]
+
+        def alone():
+            if products is None:
+                raise ValueError("graph_exchange: a block beside refused labels needs the products exchange")
+            return refused_links(labels), products(M)
+
+        return policed(labels, ask, alone)
 
     return exchange, both
 

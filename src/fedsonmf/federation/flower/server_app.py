@@ -334,14 +334,16 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             res.extra["flower"]["dropped"] = transport.dropped
         if copts:
             status.write(phase="clustering")
-            refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
+            policy = fclust.NodePolicy(copts["n_clusters"])  # the nodes' refine-min-cluster-size, as learnt
+            refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation, policy)
                       if "kmeans" in stages else None)
-            graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation)
-                           if "graph" in stages else (None, None))
             spectral = (fclust.spectral_exchange(transport, m, cfg.secure_aggregation)
                         if "graph" in stages and copts["refine_spectral_steps"] > 0 else None)
+            graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
+                                                 policy=policy, products=spectral)
+                           if "graph" in stages else (None, None))
             res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine, graph,
-                                                                         spectral, both),
+                                                                         spectral, both, policy),
                                        "rank_message": rank_message}
         _write_json(out / "result.json", res.to_json_dict())
         status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
