@@ -166,8 +166,8 @@ def _read_hdf5_mat(path: Path) -> dict:
         import h5py
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"{path} is a MAT v7.3 (HDF5) file; reading it needs h5py "
-            "(pip install h5py, or pip install fedsonmf[mat73])"
+            f"{path} is a MAT v7.3 (HDF5) file; reading it needs h5py, a dependency of fedsonmf "
+            "missing from this environment (pip install h5py)"
         ) from exc
 
     def attr(obj, key):
