@@ -163,7 +163,8 @@ def bench_partial(seeds: int, max_rounds: int) -> dict:
                 trace = []
 
                 def on_round_end(state, history, clients=clients, trace=trace, c=c, corr=corr, ref=ref):
-                    R = full_residual(clients, state.arrays["V"], c.eta_tilde, c.mu)
+                    # state.mu: the value the server resolved (c.mu may be "auto")
+                    R = full_residual(clients, state.arrays["V"], c.eta_tilde, state.mu)
                     trace.append(R)
                     ref.setdefault(corr, R)
                     if R / ref[corr] <= TARGET:
