@@ -109,6 +109,9 @@ def main(argv=None) -> None:
         return
     codes = [("after", args.after_src.resolve())]
     if args.before_src is not None:
+        # else the installed code would run under the name "before"
+        if not (args.before_src / "fedsonmf" / "__init__.py").is_file():
+            ap.error(f"--before-src {args.before_src}: no fedsonmf package there (give a checkout's src folder)")
         codes.insert(0, ("before", args.before_src.resolve()))
     results = []
     for m in [int(x) for x in args.nodes.split(",")]:
