@@ -58,4 +58,6 @@ def main(out: Path):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="fedsonmf-example-")))
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="fedsonmf-example-"))
+    out.mkdir(parents=True, exist_ok=True)
+    main(out)
