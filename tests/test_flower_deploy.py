@@ -226,3 +226,51 @@ def test_supernode_killed_in_round_k_restarted_in_round_k_plus_3_rejoins(deploym
                             participation=Participation(min_clients=2, rejoin="refresh"),
                             available=lambda s: parts[s - 1])
     assert np.array_equal(res.V, ref.V)
+
+
+def test_a_launcher_ended_by_sigterm_stops_its_superlink_supernodes_and_executors(tmp_path):
+    """The daemons lead their own sessions (a terminal's Ctrl-C reaches only the launcher), so a
+    launcher ended by TERM used to leave them running; now TERM raises SystemExit in the launcher and
+    its deployment stops every process group it started before the launcher exits."""
+    import subprocess
+    import sys
+
+    views = write_views(make_synthetic(n_clients=2, n_samples=30, n_features=8, rank=3, random_state=0).views,
+                        tmp_path / "views")
+    pids = tmp_path / "pids.json"
+    script = (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from fedsonmf.federation.flower.deployment import LoopbackDeployment\n"
+        f"with LoopbackDeployment(Path({str(tmp_path / 'run')!r}), {[str(v) for v in views]!r}) as dep:\n"
+        "    procs = list(dep.nodes.values()) + [dep.superlink] + list(dep.executors.values())\n"
+        f"    Path({str(pids)!r}).write_text(json.dumps([p.pid for p in procs]))\n"
+        "    time.sleep(3600)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    try:
+        wait_until(lambda: pids.is_file() or launcher.poll() is not None, "the deployment started",
+                   alive=lambda: launcher.poll() is None)
+        assert launcher.poll() is None, "the launcher ended before its deployment started"
+        started = json.loads(pids.read_text())
+        assert len(started) >= 3 and all(_alive(p) for p in started)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=STALL) == 128 + signal.SIGTERM
+        wait_until(lambda: not any(_alive(p) for p in started), "every daemon of the deployment stopped")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in json.loads(pids.read_text()) if pids.is_file() else []:  # a failure leaves no daemon behind
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, reaped by nobody here, counts as stopped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -9,6 +9,7 @@ The run folder's layout is described in :mod:`.launcher`.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import warnings
@@ -145,6 +147,31 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while _group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def exit_on_sigterm():
+    """While a deployment runs, SIGTERM raises :class:`SystemExit` in the launching process's main thread,
+    so that its ``with`` block (or ``try/finally``) stops the daemons it started.
+
+    The SuperLink, the SuperNodes and their executors lead their own sessions (a Ctrl-C in the terminal
+    reaches only the launcher, which then stops them), so a launcher ended by TERM with the default
+    action left them all running.  Returns the handler to restore (:func:`restore_sigterm`), or None
+    when nothing was installed: off the main thread, or when TERM already has a handler of its own
+    (or is ignored), which is kept."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    return signal.SIG_DFL
+
+
+def restore_sigterm(previous) -> None:
+    """Undo :func:`exit_on_sigterm` (``previous``: what it returned)."""
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_process_groups(procs, grace: float = 10.0) -> None:
@@ -317,6 +344,8 @@ class LoopbackDeployment:
     def start(self, timeout: float = STARTUP_TIMEOUT) -> LoopbackDeployment:
         """Start the SuperLink (waiting until it answers ``/health``, at most ``timeout`` s;
         a SuperLink that exits fails at once), the gate executors and every SuperNode."""
+        self._term = exit_on_sigterm()  # until stop(): a TERMed launcher stops these daemons too
+        atexit.register(self.stop)
         t0 = time.perf_counter()
         for path in self.view_paths:
             if not path.is_file():
@@ -425,6 +454,9 @@ class LoopbackDeployment:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        atexit.unregister(self.stop)
+        restore_sigterm(getattr(self, "_term", None))
+        self._term = None
 
     # ------------------------------------------------------------------ the gate (see .gate)
     def _gate_dir(self, who) -> Path:

@@ -31,6 +31,7 @@ Needs Ray: ``pip install ".[simulation]"`` (``flwr[simulation]``, ≈220 MB).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -54,7 +55,9 @@ from fedsonmf.federation.flower.deployment import (
     _free_port,
     _gate,
     _read_status,
+    exit_on_sigterm,
     flower_env,
+    restore_sigterm,
     wait_health,
 )
 from fedsonmf.federation.flower.launcher import load_result
@@ -153,6 +156,8 @@ class SimulationSuperLink:
 
     def start(self, timeout: float = STARTUP_TIMEOUT) -> SimulationSuperLink:
         """Start the SuperLink in simulation mode and wait until it answers (an event, with a ceiling)."""
+        self._term = exit_on_sigterm()  # until stop(): a TERMed launcher stops these daemons too
+        atexit.register(self.stop)
         for folder in (self.run_dir, self.flwr_home, self.log.parent):
             new_private_dir(folder)
         self.port = _free_port()
@@ -210,6 +215,9 @@ class SimulationSuperLink:
     def stop(self) -> None:
         """TERM the SuperLink, the executor and their descendants, then KILL what is left; remove
         Ray's temp folder."""
+        atexit.unregister(self.stop)
+        restore_sigterm(getattr(self, "_term", None))
+        self._term = None
         if any(p is not None and p.poll() is None for p in (self.proc, self.executor)):
             procs = _tree(self._roots())
             for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
