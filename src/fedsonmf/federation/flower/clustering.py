@@ -448,9 +448,7 @@ class NodePolicy:
 
     def meets(self, rows) -> np.ndarray:
         """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        sizes = np.stack([np.bincount(row, minlength=self.n_clusters) for row in rows])
-        return np.asarray(np.where(sizes > 0, sizes, rows.shape[1]).min(axis=1) >= self.floor)
+        return _smallest_clusters(rows, self.n_clusters) >= self.floor
 
     def learn(self, exc: FederationError) -> None:
         """Raise the floor to the minimum a refusal shows; re-raise ``exc`` when it shows none higher
@@ -459,6 +457,22 @@ class NodePolicy:
         if shown <= self.floor:
             raise exc
         self.floor = shown
+
+    def ask(self, rows, send: Callable):
+        """``(ok, send(ok))``: ``send`` the partitions of ``rows`` (S, n) that meet the floor (``ok``,
+        (S,)), again without those below a minimum a refusal shows; ``(ok, None)`` when none meets it.
+        Counts the partitions not sent."""
+        while (ok := self.meets(rows)).any():
+            try:
+                reply = send(ok)
+            except FederationError as exc:
+                self.learn(exc)
+                continue
+            break
+        else:
+            reply = None
+        self.refused += int(ok.size - ok.sum())
+        return ok, reply
 
 
 class RefineExchange:
@@ -474,16 +488,10 @@ class RefineExchange:
         rows = labels.reshape(-1, labels.shape[-1])
         S, n = rows.shape
         D, score = np.full((S, n, self.n_clusters), np.nan), np.full(S, np.nan)
-        while (ok := self.policy.meets(rows)).any():
-            try:
-                d, s = self.send(labels if labels.ndim == 1 else rows[ok])
-            except FederationError as exc:
-                self.policy.learn(exc)
-                continue
-            D[ok] = np.asarray(d, dtype=np.float64).reshape(int(ok.sum()), n, self.n_clusters)
-            score[ok] = np.asarray(s, dtype=np.float64).reshape(int(ok.sum()))
-            break
-        self.policy.refused += int(S - ok.sum())
+        ok, reply = self.policy.ask(rows, lambda ok: self.send(labels if labels.ndim == 1 else rows[ok]))
+        if reply is not None:
+            D[ok] = np.asarray(reply[0], dtype=np.float64).reshape(int(ok.sum()), n, self.n_clusters)
+            score[ok] = np.asarray(reply[1], dtype=np.float64).reshape(int(ok.sum()))
         return (D[0], score[:1]) if labels.ndim == 1 else (D, score)
 
 
@@ -521,13 +529,8 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, policy: 
     sums = _array_exchange(transport, m, "graph", GRAPH_SPEC, secure, payload)
 
     def policed(labels, ask: Callable, alone: Callable):
-        while policy.meets(np.asarray(labels)[None]).all():
-            try:
-                return ask()
-            except FederationError as exc:
-                policy.learn(exc)
-        policy.refused += 1
-        return alone()
+        _, reply = policy.ask(np.asarray(labels)[None], lambda ok: ask())
+        return alone() if reply is None else reply
 
     def refused_links(labels):
         return np.full((np.size(labels), c), np.nan)
@@ -589,13 +592,20 @@ def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, 
         raise ProtocolError(f"client {p}: a block of {rows.shape[0]} {what} partitions, more than the "
                             f"{block(n, c)} one exchange may carry for {n} samples and {c} clusters")
     if min_size > 1 and labels.size:
-        for row in rows:
-            sizes = np.bincount(row, minlength=c)
-            small = int(np.min(sizes[sizes > 0]))
-            if small < min_size:
-                raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
-                                    f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
+        small = int(_smallest_clusters(rows, c).min())
+        if small < min_size:
+            raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
+                                f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
     return labels, c
+
+
+def _smallest_clusters(rows, n_clusters: int) -> np.ndarray:
+    """The size of the smallest nonempty cluster of each partition of ``rows`` (S, n), (S,): what a
+    node's ``refine-min-cluster-size`` checks (:func:`_request_labels`) and the server respects
+    (:class:`NodePolicy`)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    sizes = np.stack([np.bincount(row, minlength=int(n_clusters)) for row in rows])
+    return np.where(sizes > 0, sizes, rows.shape[1]).min(axis=1)
 
 
 def _graph_path(sdir: Path, p: int) -> Path:
