@@ -30,7 +30,7 @@ from typer.testing import CliRunner  # noqa: E402
 from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
-from fedsonmf.federation.flower import run_flower, write_views  # noqa: E402
+from fedsonmf.federation.flower import codec, run_flower, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
 from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
@@ -86,6 +86,7 @@ class FakeGrid:
                          for nid, nc in node_configs.items()}
         self.replies = {}
         self.log = []  # every reply, in push order
+        self.reply_hook = None  # called on every reply before the server sees it
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -99,6 +100,8 @@ class FakeGrid:
                 self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # what the SuperNode runtime does
                 self.replies[mid] = FlwrMessage(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+            if self.reply_hook is not None:
+                self.reply_hook(self.replies[mid])
             self.log.append(self.replies[mid])
             ids.append(mid)
         return ids
@@ -107,7 +110,7 @@ class FakeGrid:
         return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
 
 
-def _fake_run(tmp_path, views, new_views=None, node_extra=None, **rc_extra):
+def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, **rc_extra):
     paths = write_views(views, tmp_path / "views")
     new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
     nodes = {}
@@ -118,6 +121,7 @@ def _fake_run(tmp_path, views, new_views=None, node_extra=None, **rc_extra):
             nc["predict-path"] = str(new_paths[p])
         nodes[nid] = nc
     grid = FakeGrid(make_client_app(clustering=STEPS_MODULE), nodes)
+    grid.reply_hook = reply_hook
     rc = dict(RUN_CONFIG_DEFAULTS)
     rc.update({"num-clients": len(views), "num-rounds": ROUNDS, "seed": SEED, "tol": 0.0,
                "config-json": json.dumps(FedConfig().to_dict()), "out-dir": str(tmp_path / "server"),
@@ -484,7 +488,6 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
 def test_the_setup_reply_does_not_tell_whether_a_widening_rule_triggered(tmp_path):
     """preprocess="auto-split" doubles a view's width when its mean-share statistic triggers; the
     setup reply's d says max(d_p, r) (known to the server anyway), not the prepared width."""
-    from fedsonmf.federation.flower import codec
 
     views, _ = blobs()
     ref = reference(views, rounds=2, preprocess="auto-split")
@@ -512,8 +515,12 @@ def test_a_node_refusing_small_clusters_gets_no_seeding_labels_and_the_run_compl
     assert len(summary["refine_notes"]) == 1 and "seeded starts skipped" in summary["refine_notes"][0]
     assert "refine-min-cluster-size = 2" in summary["refine_notes"][0]
     assert summary["refine_start"] == ref.refine_start_[0] and summary["graph_iterations"] == ref.graph_iter_[0]
-    refused = [r for r in grid.log if r.has_error()]
-    assert refused and all("refine-min-cluster-size" in r.error.reason for r in refused)
+    hellos = [r.content[codec.META] for r in grid.log
+              if not r.has_error() and str(r.content[codec.META]["kind"]).startswith("hello")]
+    assert len(hellos) == len(views) and all(h["refine-min-cluster-size"] == 2 for h in hellos)
+    assert not [r for r in grid.log if r.has_error()]  # announced at the hellos: nothing sent to be refused
+    wire = [json.loads(line) for line in open(out / "wire.jsonl")]  # the announcement is declared wire payload
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), views[0].shape[0])
 
 
 def _policy_nodes(send, n_clusters, min_size):
@@ -542,7 +549,7 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
     without the partitions below it (answered NaN, the refinement's mark of a refused partition), and
     never sends such a partition again; a lost node, or a refusal that shows no higher minimum, raises."""
     from fedsonmf.exceptions import FederationError
-    from fedsonmf.federation.flower.clustering import SMALL_CLUSTER_REFUSAL, RefineExchange
+    from fedsonmf.federation.flower.clustering import SMALL_CLUSTER_REFUSAL, NodePolicy, RefineExchange
 
     n, c = 12, 3
 
@@ -551,6 +558,7 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
         D = np.stack([np.tile(row[:, None], (1, c)).astype(float) for row in rows])
         return (D[0], np.ones(1)) if np.ndim(labels) == 1 else (D, np.arange(rows.shape[0], dtype=float))
 
+    assert NodePolicy(c).floor == 1 and NodePolicy(c, [1, 4, 2]).floor == 4  # the largest minimum announced
     ask, asked = _policy_nodes(send, c, 4)
     ex = RefineExchange(ask, c)
     big = np.repeat(np.arange(c), n // c)  # clusters of 4
@@ -578,13 +586,23 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
         RefineExchange(stubborn, c)(big)
 
 
-def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_the_rest(tmp_path, monkeypatch):
+def _without_announcement(reply):
+    """What a node of a release that does not announce its minimum at the hello sends."""
+    meta = reply.content[codec.META] if not reply.has_error() and codec.META in reply.content else {}
+    if "refine-min-cluster-size" in meta:
+        del meta["refine-min-cluster-size"]
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["announced", "learnt-from-refusal"])
+def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_the_rest(tmp_path, monkeypatch,
+                                                                                       announced):
     """Noisy blobs and a node minimum of 18 samples per cluster (the clusters hold 20): the seeding is
-    refused, and so are partitions the starts and the graph refinement move to; the server learns the
-    minimum from the first refusal, those searches stop at the last partition answered (the graph
-    refinement at its lowest cut met), the others go on, and the run ends with the partition, start
-    and graph stage of the estimator under the same policy (no seeding), with no refine_error;
-    after the first refused request no node refused anything."""
+    refused, and so are partitions the starts and the graph refinement move to; the server knows the
+    minimum from the nodes' hellos (or, from nodes that do not announce it, learns it from the first
+    refusal), those searches stop at the last partition answered (the graph refinement at its lowest
+    cut met), the others go on, and the run ends with the partition, start and graph stage of the
+    estimator under the same policy (no seeding), with no refine_error; announced, no request is
+    refused at all; learnt, only the first."""
     from fedsonmf.federation.flower.clustering import NodePolicy, RefineExchange
 
     m = 18
@@ -606,7 +624,8 @@ def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_th
     monkeypatch.setattr(FedMultiViewClustering, "_refine_exchange", policed_refine)
     monkeypatch.setattr(FedMultiViewClustering, "_graph_exchanges", policed_graph)
     ref = reference(views, refine_seeded_starts=0)
-    grid, rc = _fake_run(tmp_path, views, node_extra={"refine-min-cluster-size": m})
+    grid, rc = _fake_run(tmp_path, views, node_extra={"refine-min-cluster-size": m},
+                         reply_hook=None if announced else _without_announcement)
     out = Path(rc["out-dir"])
     assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
     summary = json.loads((out / "result.json").read_text())["clustering"]
@@ -616,7 +635,8 @@ def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_th
     assert "seeded starts skipped" in notes[0] and f"refine-min-cluster-size = {m}" in notes[0]
     assert "of the starts not sent" in notes[1] and "of the graph stage not sent" in notes[2]
     refused = [r for r in grid.log if r.has_error()]
-    assert len(refused) == 3 and all(f"refine-min-cluster-size = {m}" in r.error.reason for r in refused)
+    assert all(f"refine-min-cluster-size = {m}" in r.error.reason for r in refused)
+    assert len(refused) == (0 if announced else 3)  # learnt: the first request, refused by each node
 
 
 def test_the_min_cluster_size_policy_of_a_node():

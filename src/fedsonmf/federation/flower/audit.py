@@ -8,7 +8,8 @@ direction   kind      content
 down        hello     ``fedsonmf.meta`` only (handshake); kind ``hello+setup``: also the setup's
                       scalars but ``client`` (the node uses its partition-id)
 up          hello     ``fedsonmf.meta`` only (the node's partition-id and its view's
-                      ``d, n``, or ``error``: why the view cannot be used); kind
+                      ``d, n``, or ``error``: why the view cannot be used; a node policy's
+                      ``refine-min-cluster-size`` when above 1); kind
                       ``hello+setup``: also the setup reply (as "up setup")
 down        setup     scalars ``seed, client, algorithm, config`` (no arrays); a clustering
                       run adds ``clustering`` (its preprocessing rule and Frobenius switch)
@@ -43,6 +44,7 @@ from collections.abc import Iterable
 
 from fedsonmf.algorithms import get_algorithm
 from fedsonmf.federation.flower import codec
+from fedsonmf.federation.flower.nodeconfig import MIN_CLUSTER_SIZE
 from fedsonmf.protocol.config import FedConfig
 
 __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS"]
@@ -50,7 +52,7 @@ __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", 
 from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, DIAGNOSTIC_SCALARS  # noqa: E402  (declared by their producer)
 from fedsonmf.exceptions import AuditError
 
-META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error"}
+META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error", MIN_CLUSTER_SIZE}
 
 
 def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial: bool = False) -> dict:

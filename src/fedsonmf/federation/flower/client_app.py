@@ -310,6 +310,10 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             mask = load_mask(context)
             X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask, _view_copy(context, p))
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+            # the node's policy, announced so that the server never sends a partition it would refuse
+            # (an operator's setting, not data; a refusal would state it anyway)
+            if (min_size := nodeconfig.min_cluster_size(context)) > 1:
+                fields[nodeconfig.MIN_CLUSTER_SIZE] = min_size
             r = ckpt.config_from_dict(json.loads(str(spec["config"]))).n_components if spec else 0
             # a view narrower than r is left to the server's check (its message names r and the view);
             # a clustering run pads it instead

@@ -432,19 +432,22 @@ _POLICY_SHOWN = re.compile(re.escape(SMALL_CLUSTER_REFUSAL) + r" = (\d+)")
 
 class NodePolicy:
     """What the server knows of the nodes' ``refine-min-cluster-size`` policies: ``floor``, the
-    largest minimum a node has shown by refusing (1 until then).
+    largest minimum a node has announced at its hello (``announced``) or shown by refusing (1 if none).
 
     A node refuses a whole request when one partition in it has a nonempty cluster below its
-    minimum (:func:`_request_labels`), and says its minimum.  The server learns it from the first
-    such refusal, sends the request again without the partitions below it, and from then on never
-    sends them: their replies are NaN, the refinements' mark of a refused partition
-    (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered, the seeding is
-    dropped; :mod:`fedsonmf.estimators.graph`: the search ends at the lowest cut met).  So one partition
-    with a small cluster no longer ends a refinement, and an honest server asks no node twice for
-    what it refuses.  ``refused``: the partitions not sent."""
+    minimum (:func:`_request_labels`).  Each node announces its minimum at the handshake, so the
+    server starts from it and no request is refused; a node that does not (another release) says its
+    minimum when it refuses, and the server learns it from that first refusal and sends the request
+    again without the partitions below it.  Either way it then never sends them: their replies are
+    NaN, the refinements' mark of a refused partition (:mod:`fedsonmf.estimators.refine`: a start
+    stops at the last partition answered, the seeding is dropped; :mod:`fedsonmf.estimators.graph`:
+    the search ends at the lowest cut met).  So one partition with a small cluster no longer ends a
+    refinement, and an honest server asks no node twice (an announcing node never) for what it
+    refuses.  ``refused``: the partitions not sent."""
 
-    def __init__(self, n_clusters: int):
-        self.n_clusters, self.floor, self.refused = int(n_clusters), 1, 0
+    def __init__(self, n_clusters: int, announced=()):
+        self.n_clusters, self.refused = int(n_clusters), 0
+        self.floor = max([1, *(int(m) for m in announced)])
 
     def meets(self, rows) -> np.ndarray:
         """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,)."""

@@ -39,6 +39,7 @@ from fedsonmf.algorithms import get_algorithm
 from fedsonmf.exceptions import FederationError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
+from fedsonmf.federation.flower import nodeconfig
 from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
 from fedsonmf.federation.flower.transport import (
@@ -334,7 +335,10 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             res.extra["flower"]["dropped"] = transport.dropped
         if copts:
             status.write(phase="clustering")
-            policy = fclust.NodePolicy(copts["n_clusters"])  # the nodes' refine-min-cluster-size, as learnt
+            # the nodes' refine-min-cluster-size: as announced at their hellos, then as learnt from refusals
+            announced = [*(v.get(nodeconfig.MIN_CLUSTER_SIZE, 1) for v in view_info.values()),
+                         *transport.min_cluster_sizes.values()]
+            policy = fclust.NodePolicy(copts["n_clusters"], announced)
             refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation, policy)
                       if "kmeans" in stages else None)
             spectral = (fclust.spectral_exchange(transport, m, cfg.secure_aggregation)

@@ -23,6 +23,7 @@ from flwr.app import Message as FlwrMessage
 from fedsonmf._io import open_private, private_dir, save_npy_atomic
 from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
+from fedsonmf.federation.flower.nodeconfig import MIN_CLUSTER_SIZE
 from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
 from fedsonmf.protocol.messages import Message
 
@@ -202,7 +203,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
         Logs every message (privacy audit).
     info : dict or None, default=None
         Filled with ``{view: {"d": d_p, "n": n}}`` (or ``{"error": ...}`` for a view its node
-        cannot use), and ``info[view]["setup"]`` (a Message) when the hello carried the setup.
+        cannot use; ``"refine-min-cluster-size"`` when its node announces one above 1), and
+        ``info[view]["setup"]`` (a Message) when the hello carried the setup.
     pins : dict of int to Pin or None, default=None
         ``{view: Pin}`` from the launcher's pins file: a node may hold only the view pinned to
         its node id, and once every view is found no other node may be online (no
@@ -259,7 +261,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             check_claim(pins, owner, nid, pid, n_clients)
             owner[pid] = nid
             if info is not None:
-                info[pid] = {k: info_val for k in ("d", "n", "error") if (info_val := _get(meta_rec, k)) is not None}
+                info[pid] = {k: info_val for k in ("d", "n", "error", MIN_CLUSTER_SIZE)
+                             if (info_val := _get(meta_rec, k)) is not None}
                 if str(meta_rec["kind"]) == codec.SETUP_AT_HELLO:
                     rep_msg, _ = codec.decode(rep.content)
                     info[pid]["setup"] = dataclasses.replace(rep_msg, kind="setup")
@@ -343,6 +346,8 @@ class FlowerTransport:
         self.dropped: list[dict] = []  # partial rounds: {"round", "client", "node_id", "reason"}
         self._seen = set(self.node_ids)  # node ids already asked for their view
         self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
+        #: {view: refine-min-cluster-size} announced by the nodes adopted after the handshake
+        self.min_cluster_sizes: dict[int, int] = {}
 
     def adopt_new_nodes(self, timeout: float = 5.0) -> dict[int, int]:
         """Route a view to a node that came online since the handshake (a SuperNode restarted
@@ -383,6 +388,8 @@ class FlowerTransport:
                 if 0 <= pid < self.n_clients:
                     self.node_ids[pid] = nid
                     adopted[pid] = nid
+                    if (min_size := _get(rep.content[codec.META], MIN_CLUSTER_SIZE)) is not None:
+                        self.min_cluster_sizes[pid] = int(min_size)
             if not self._hello or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll)
