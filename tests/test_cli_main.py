@@ -135,6 +135,30 @@ def test_a_successful_command_exits_zero(tmp_path, capsys):
     assert not [line for line in lines if line.startswith("error:")]
 
 
+def test_warnings_are_one_line_each_and_what_the_data_needs_said_is_shown(tmp_path, capsys):
+    """A warning is one ``warning: ...`` line (no file, line or source of the library or of typer);
+    a capped run names its category.  A data warning (here a view with 42 % all-zero rows) reaches a
+    ``cluster`` user, though the command hides the other warnings of its fits; with labels and 3
+    seeds it is shown once."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    Z = rng.random((60, 8))
+    Z[:25] = 0
+    np.save(tmp_path / "a.npy", rng.random((60, 7)))
+    np.save(tmp_path / "z.npy", Z)
+    np.savetxt(tmp_path / "y.csv", np.repeat(np.arange(3), 20), fmt="%d")
+    shown = warnings.showwarning
+    code, lines, _ = run_main(["synthetic", "--rounds", 2, "--clients", 2, "--samples", 20, "-q"], capsys)
+    assert code == 0 and lines == [line for line in lines if line.startswith("warning: ConvergenceWarning: stopped")]
+    assert len(lines) == 1 and ".py" not in lines[0]
+    for extra in (["--clusters", 3], ["--labels", tmp_path / "y.csv", "--seeds", 3]):
+        code, lines, _ = run_main(["cluster", tmp_path / "a.npy", tmp_path / "z.npy", "-q", *extra], capsys)
+        assert code == 0, lines
+        assert len(lines) == 1 and lines[0].startswith("warning: view 1: 42 % of its samples are all-zero rows"), lines
+    assert warnings.showwarning is shown  # restored: main() leaves the caller's warnings as they were
+
+
 def test_flower_views_without_flwr_is_one_error_line(tmp_path):
     """`fedsonmf flower views` before the Flower extra is installed: rc 2 and one `error:` line naming
     the extra, not a traceback (the README's Flower commands start with it)."""

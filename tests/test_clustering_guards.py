@@ -11,6 +11,7 @@ import scipy.sparse as sp
 from fedsonmf.estimators.clustering import FedMultiViewClustering
 from fedsonmf.estimators.clustering_steps import prepare_view
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view
+from fedsonmf.exceptions import DataWarning
 
 FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
 
@@ -25,7 +26,7 @@ def test_constant_view_warns_and_is_not_centred():
     Y, info = preprocess_view(X, "auto")
     assert not info["centered"] and any("constant" in w for w in info["warnings"])
     assert np.all(np.isfinite(Y)) and np.any(Y)
-    with pytest.warns(UserWarning, match="view 2: the view is constant"):
+    with pytest.warns(DataWarning, match="view 2: the view is constant"):
         prepare_view(X, preprocess="auto", n_components=3, view=2)
 
 
@@ -62,7 +63,7 @@ def test_exactly_constant_features_become_zero_silently():
 def test_mostly_empty_rows_point_to_masks():
     X = dense()
     X[:17] = 0.0  # 42 % all-zero rows
-    with pytest.warns(UserWarning, match=r"view 0: 42 % of its samples are all-zero rows.*masks"):
+    with pytest.warns(DataWarning, match=r"view 0: 42 % of its samples are all-zero rows.*masks"):
         prepare_view(X, preprocess="auto", n_components=3, view=0)
     with warnings.catch_warnings():  # the held rows only: nothing to flag
         warnings.simplefilter("error")

@@ -21,6 +21,7 @@ _PUBLIC = {
     "ParameterError": "fedsonmf.exceptions",
     "InputError": "fedsonmf.exceptions",
     "ConvergenceWarning": "fedsonmf.exceptions",
+    "DataWarning": "fedsonmf.exceptions",
     "prox_l21_nonneg": "fedsonmf.core.prox",
 }
 

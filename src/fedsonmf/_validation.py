@@ -27,7 +27,7 @@ from typing import Literal, overload
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.exceptions import InputError, InputTypeError, ParameterError
+from fedsonmf.exceptions import DataWarning, InputError, InputTypeError, ParameterError
 
 __all__ = [
     "check_views", "check_view_arrays", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real",
@@ -354,7 +354,7 @@ def _working_dtype(dtype, p: int):
         import warnings
 
         warnings.warn(f"view {p} is float16: it is computed in float32 (float16 cannot hold the solver's squared "
-                      "terms) and the results are float32", UserWarning, stacklevel=5)
+                      "terms) and the results are float32", DataWarning, stacklevel=5)
         return np.float32
     return np.float32 if dtype == np.float32 else np.float64
 

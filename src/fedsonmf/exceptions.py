@@ -15,6 +15,7 @@ __all__ = [
     "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError",
     "FederationError", "PartitionRefused",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
+    "DataWarning",
 ]
 
 
@@ -81,6 +82,13 @@ class AuditError(FedSONMFError, AssertionError):
 
 class DivergenceWarning(UserWarning):
     """The objective grew by orders of magnitude: the step sizes are too large."""
+
+
+class DataWarning(UserWarning):
+    """Something about the input data the user should know, handled as the message says: a view
+    padded up to the rank, a degenerate view (constant, near-constant features, mostly all-zero
+    rows), a precision the solver cannot keep.  The command line shows these even where it hides
+    the other warnings of repeated fits."""
 
 
 def _convergence_warning():

@@ -17,6 +17,7 @@ import typer
 
 from fedsonmf.cli import cluster, experiments, flower, synthetic
 from fedsonmf.cli.options import CONTEXT
+from fedsonmf.exceptions import DataWarning
 
 app = typer.Typer(
     name="fedsonmf",
@@ -78,14 +79,34 @@ def plot(
 
 
 
+_SHOWN: set[str] = set()  # the warnings this command has shown
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one ``warning: ...`` line on stderr, like the ``error:`` lines, and each text once
+    per command (the fits of several seeds warn alike): the file and line that raised it (the
+    library's, or typer's for a command) mean nothing to a command-line user."""
+    name = "" if category in (UserWarning, DataWarning) else f"{category.__name__}: "
+    text = f"warning: {name}{message}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        typer.echo(text, err=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure."""
+    """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure,
+    one ``warning:`` line per warning."""
+    import warnings
+
     import click
 
     from fedsonmf._provenance import set_command
     from fedsonmf.exceptions import FedSONMFError, InputError, ParameterError
 
     set_command(sys.argv[1:] if argv is None else argv)  # the command line in every JSON's meta block
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
+    _SHOWN.clear()
     try:
         # standalone_mode=False: click's usage errors reach us instead of being drawn as a
         # multi-line box, so they too become one ``error:`` line (exit 2)
@@ -112,3 +133,5 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:  # unreadable input, unwritable output, full disk
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    finally:
+        warnings.showwarning = shown

@@ -105,7 +105,7 @@ from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_rest
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
-from fedsonmf.exceptions import InputError, ParameterError
+from fedsonmf.exceptions import DataWarning, InputError, ParameterError
 from fedsonmf.protocol.params import (
     FED_PARAMS,
     RUN_PARAMS,
@@ -473,7 +473,7 @@ default="auto"
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
         if message and self.engine != "flower":  # on Flower the server resolves r and run_flower warns
-            warnings.warn(message, UserWarning, stacklevel=2)
+            warnings.warn(message, DataWarning, stacklevel=2)
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
         self.n_init_ = n_init = self._n_init()

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedsonmf.algorithms import CLUSTERING_METHODS
 from fedsonmf.datasets.mat import MultiViewDataset, find_datasets, load_mat
-from fedsonmf.exceptions import InputError
+from fedsonmf.exceptions import DataWarning, InputError
 from fedsonmf.experiments.evaluation import (
     ClusteringReport,
     evaluate_clustering,
@@ -136,6 +136,7 @@ def run_dataset(
         cb = (lambda seed, row, _m=method: on_seed(_m, seed, row)) if on_seed else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning of capped runs: rounds are reported
+            warnings.simplefilter("once", DataWarning)  # what the data needs said (a padded or degenerate view)
             if method in CLUSTERING_METHODS:  # a federated comparison method with its own model
                 fn = CLUSTERING_METHODS[method]
                 extra = {"masks": masks} if masks is not None and "masks" in inspect.signature(fn).parameters else {}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import write_json_atomic
-from fedsonmf.exceptions import FlowerRunError, InputError, ParameterError
+from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.federation.flower.deployment import (  # noqa: F401 - re-exported: the launcher's public names
@@ -280,7 +280,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
             res.extra["cluster_centers"] = np.load(outcome.out_dir / "centers.npy")
             message = res.extra.get("clustering", {}).get("rank_message")
             if message:
-                warnings.warn(message, UserWarning, stacklevel=2)
+                warnings.warn(message, DataWarning, stacklevel=2)
             if labels is not None:
                 from fedsonmf.metrics import clustering_scores
 
