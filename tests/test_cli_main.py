@@ -24,6 +24,7 @@ def _cases(tmp_path):
     np.save(tmp_path / "v0.npy", np.ones((10, 4)))
     np.save(tmp_path / "v1.npy", np.ones((10, 5)))
     np.save(tmp_path / "short.npy", np.ones((7, 5)))
+    np.save(tmp_path / "m7.npy", np.ones(7, dtype=bool))
     (tmp_path / "afile").write_text("x")
     v0, v1, nope = tmp_path / "v0.npy", tmp_path / "v1.npy", tmp_path / "nope.npy"
     sub = tmp_path / "afile" / "x"  # a path below a file: cannot be created
@@ -58,6 +59,12 @@ def _cases(tmp_path):
                                        "--resume"], 2, "nothing to resume"),
         "flower cluster too many clusters": (["flower", "cluster", v0, v1, "-k", 11, "--out", tmp_path / "r"], 2,
                                              "n_clusters=11"),
+        "flower cluster mask of another length": (["flower", "cluster", v0, v1, "-k", 2, "--mask", tmp_path / "m7.npy",
+                                                   "--mask", "-", "--out", tmp_path / "r"], 2,
+                                                  "client 0: the availability mask has length 7, the view has 10"),
+        "flower run mask of another length": (["flower", "run", v0, v1, "--rank", 2, "--mask", "-", "--mask",
+                                               tmp_path / "m7.npy", "--out", tmp_path / "r"], 2,
+                                              "client 1: the availability mask has length 7"),
         "flower cluster bad rank rule": (["flower", "cluster", v0, v1, "-k", 2, "--rank", "big", "--out",
                                           tmp_path / "r"], 2, "--rank"),
         "flower simulate tol without diagnostics": (["flower", "simulate", v0, v1, "--out", tmp_path / "r",

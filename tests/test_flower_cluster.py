@@ -30,7 +30,7 @@ from typer.testing import CliRunner  # noqa: E402
 from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
-from fedsonmf.federation.flower import codec, run_flower, write_views  # noqa: E402
+from fedsonmf.federation.flower import codec, run_flower, write_masks, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
 from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
@@ -64,8 +64,9 @@ def reference(views, rounds=ROUNDS, seed=SEED, **kw):
     masked sums decode to the same V bit for bit); one fit, as one ServerApp run."""
     kw.setdefault("secure_aggregation", True)
     kw.setdefault("n_init", 1)
+    masks = kw.pop("masks", None)
     with threadpool_limits(1):
-        return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views)
+        return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views, masks=masks)
 
 
 @pytest.fixture(autouse=True)
@@ -110,15 +111,18 @@ class FakeGrid:
         return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
 
 
-def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, **rc_extra):
+def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, masks=None, **rc_extra):
     paths = write_views(views, tmp_path / "views")
     new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
+    mask_paths = write_masks(masks, tmp_path / "masks") if masks is not None else [None] * len(views)
     nodes = {}
     for p, nid in enumerate((11, 22, 33)[: len(views)]):
         nc = {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
               **(node_extra or {})}
         if new_paths[p] is not None:
             nc["predict-path"] = str(new_paths[p])
+        if mask_paths[p] is not None:
+            nc["mask-path"] = str(mask_paths[p])
         nodes[nid] = nc
     grid = FakeGrid(make_client_app(clustering=STEPS_MODULE), nodes)
     grid.reply_hook = reply_hook
@@ -179,6 +183,36 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
     setup_down = [r for r in wire if r["direction"] == "down" and
                   r["records"]["fedsonmf.meta"]["items"]["kind"]["value"] == "setup"]
     assert all("clustering" in r["records"]["fedsonmf.scalars"]["items"] for r in setup_down)
+
+
+def test_incomplete_views_cluster_on_flower_as_in_process(tmp_path):
+    """Each node holds some of the samples (its availability mask, a node-local file): its
+    preprocessing statistics, refinement distances and k-NN graph come from the samples it holds,
+    and the run gives the in-process estimator's V, labels, kept start and graph stage with the same
+    masks; the samples a node lacks are never read (garbage there changes nothing)."""
+    views, y = blobs(noise=2.5)  # noisy: where the samples are read decides the partition
+    rng = np.random.default_rng(3)
+    n = y.size
+    masks = [rng.random(n) < keep for keep in (0.7, 0.8, 1.0)]
+    masks[2] = None  # a complete view beside two incomplete ones
+    for mk in masks[:2]:
+        mk[rng.choice(n, 2, replace=False)] = True
+    ref = reference(views, masks=masks)
+    assert not np.array_equal(ref.labels_, reference(views).labels_)  # the masks matter here
+    dirty = [views[0].tolil(copy=True), views[1].copy(), views[2]]
+    dirty[0][np.flatnonzero(~masks[0]), 0] = 50.0  # rows a node does not hold: never read
+    dirty[1][~masks[1]] = -7.0
+    dirty[0] = sp.csr_matrix(dirty[0])
+    grid, rc = _fake_run(tmp_path, dirty, masks=masks)
+    out = Path(rc["out-dir"])
+    assert np.array_equal(np.load(out / "V.npy"), ref.result_.V)
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    result = json.loads((out / "result.json").read_text())["clustering"]
+    assert "refine_error" not in result
+    assert result["refine_start"] == ref.refine_start_[0] and result["graph_iterations"] == ref.graph_iter_[0] > 0
+    assert np.array_equal(ref.labels_, reference(dirty, masks=masks).labels_)  # in process too
+    wire = [json.loads(line) for line in open(out / "wire.jsonl")]
+    audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), n, masked=True)
 
 
 def test_the_spectral_blocks_ride_on_the_graph_refinements_requests_and_give_the_estimators_labels(tmp_path):
@@ -377,6 +411,28 @@ def test_cli_bad_input_exits_2_before_any_process_starts(tmp_path):
 
 
 # ----------------------------------------------------------------------------- real loopback deployments
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_estimator_on_flower_clusters_incomplete_views_as_in_process(tmp_path):
+    """FedMultiViewClustering(engine="flower").fit(views, masks=...) on a real deployment: each mask
+    lies beside its view in its own client folder (0600) and reaches only that view's node; the
+    labels and V are the in-process fit's with the same masks."""
+    views, y = blobs(noise=2.5)
+    rng = np.random.default_rng(3)
+    masks = [rng.random(y.size) < 0.7, None, rng.random(y.size) < 0.8]
+    ref = reference(views, rounds=3, masks=masks)
+    with pytest.warns(UserWarning, match="padded"):
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=1,
+                                       flower_run_dir=tmp_path / "fl").fit(views, masks=masks)
+    assert np.array_equal(model.result_.V, ref.result_.V)
+    assert np.array_equal(model.labels_, ref.labels_) and model.graph_iter_ == ref.graph_iter_
+    for p, mk in enumerate(masks):
+        files = sorted((tmp_path / "fl" / "clients" / f"p{p}").rglob("*.mask.npy"))
+        assert len(files) == (mk is not None)
+        for f in files:
+            assert np.array_equal(np.load(f), mk) and stat.S_IMODE(os.stat(f).st_mode) == 0o600
 
 
 @pytest.mark.slow

@@ -236,6 +236,11 @@ def _secure_aggregation_option():
                              "(on by default in deployments; docs/privacy.md).")
 
 
+def _mask_option():
+    return typer.Option(None, "--mask", help="Incomplete views: one .npy availability mask (bool, length n) per "
+                                             "view, in view order; '-' for a complete view.")
+
+
 def _insecure_option():
     return typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
                         "(secure by default: per-deployment CA, node keys, views pinned to keys).")
@@ -326,9 +331,7 @@ def register(app, reproduce_app) -> None:
                                                   "per-deployment CA: give three times, CA certificate, server "
                                                   "certificate, server key (0600)."),
         insecure: bool = _insecure_option(),
-        masks: Optional[list[str]] = typer.Option(None, "--mask", help="Incomplete views: one .npy availability "
-                                                  "mask (bool, length n) per view, in view order; '-' for a "
-                                                  "complete view."),
+        masks: Optional[list[str]] = _mask_option(),
         min_clients: Optional[float] = _min_clients_option(),
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
@@ -382,6 +385,7 @@ def register(app, reproduce_app) -> None:
         record_wire: bool = _record_wire_option(),
         secure_aggregation: bool = _secure_aggregation_option(),
         insecure: bool = _insecure_option(),
+        masks: Optional[list[str]] = _mask_option(),
         min_clients: Optional[float] = _min_clients_option(),
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
@@ -389,7 +393,8 @@ def register(app, reproduce_app) -> None:
         params: Any = None,
     ):
         """Cluster the samples on a loopback Flower deployment: FedMultiViewClustering's pipeline, one
-        SuperNode per view file; each node preprocesses its own view, the server runs k-means."""
+        SuperNode per view file; each node preprocesses its own view, the server runs k-means.  With
+        --mask (incomplete views) each node uses only the samples it holds."""
         fl = _flower()
         from fedsonmf.exceptions import InputError
         from fedsonmf.protocol.config import FedConfig
@@ -403,7 +408,9 @@ def register(app, reproduce_app) -> None:
                    "normalize_embedding": params.pop("normalize_embedding")}
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
-        shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters)
+        mask_paths = _mask_paths(masks, len(views))
+        shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters,
+                                                    mask_paths=mask_paths)
         y = None
         if labels is not None:
             try:
@@ -414,7 +421,8 @@ def register(app, reproduce_app) -> None:
         res = _launch(fl, views, out, rounds, insecure, quiet, cfg=cfg, algorithm=algorithm, tol=tol, seed=seed,
                       round_timeout=round_timeout, node_timeout=node_timeout, record_wire=record_wire,
                       participation=part, n_clusters=clusters, clustering=options, labels=y,
-                      secure_aggregation=secure_aggregation, tls=not insecure, auth=not insecure)
+                      secure_aggregation=secure_aggregation, tls=not insecure, auth=not insecure,
+                      mask_paths=mask_paths)
         _report(res)
         cl = res.extra["clustering"]
         typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']})")

@@ -232,8 +232,9 @@ default="auto"
         k-means (:func:`~fedsonmf.federation.flower.run_flower` with ``n_clusters``).  Same
         seed and rounds: the same labels and V as ``"inprocess"`` (BLAS pinned to one thread
         there, ``blas_threads=1`` here).  ``predict``/``transform`` run one exchange over a
-        deployment again (the nodes read the new samples from their own folders).  Not with
-        ``masks``; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
+        deployment again (the nodes read the new samples from their own folders).  ``masks``
+        (incomplete views) are written beside each node's view and used by that node alone;
+        ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
         deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
         (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
         same V bit for bit).  With ``n_init > 1`` (medoid rule) each restart is one deployment
@@ -484,9 +485,7 @@ default="auto"
         self.n_components_ = r
         self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
         if self.engine == "flower":
-            if masks is not None:
-                raise ParameterError("engine='flower' does not support incomplete views (masks)")
-            return self._fit_flower(views, models, seeds)
+            return self._fit_flower(views, models, seeds, masks)
         self.preprocessing_: Any = []  # None on the Flower engine (node-local)
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         partitions, fits = [], []
@@ -595,7 +594,7 @@ default="auto"
         return exchange, products, both
 
     # ------------------------------------------------------------------ engine="flower"
-    def _fit_flower(self, views, models, seeds) -> FedMultiViewClustering:
+    def _fit_flower(self, views, models, seeds, masks=None) -> FedMultiViewClustering:
         """``fit`` on a loopback Flower deployment (:func:`~fedsonmf.federation.flower.run_flower`).
 
         Each view is written to its own client folder ``<flower_run_dir>/clients/p<i>/`` and
@@ -607,11 +606,14 @@ default="auto"
         """
         import tempfile
 
-        from fedsonmf.federation.flower.launcher import run_flower, write_views
+        from fedsonmf.federation.flower.launcher import run_flower, write_masks, write_views
 
         base = Path(self.flower_run_dir) if self.flower_run_dir is not None else \
             Path(tempfile.mkdtemp(prefix="fedsonmf-flower-"))
         paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
+        # incomplete views: each node's availability mask beside its view (the node's own file, 0600)
+        mask_paths = (None if masks is None else
+                      [write_masks([mk], base / "clients" / f"p{p}" / "mask")[0] for p, mk in enumerate(masks)])
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
@@ -629,7 +631,8 @@ default="auto"
             cfg, run, _ = models[i]._validate()
             run_dir = base / name
             res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
-                             tol=run["tol"], seed=seeds[i], n_clusters=self.n_clusters, clustering=opts)
+                             tol=run["tol"], seed=seeds[i], n_clusters=self.n_clusters, clustering=opts,
+                             mask_paths=mask_paths)
             return res, run_dir
 
         partitions, fits = [], []

@@ -228,13 +228,14 @@ def _predict_path(context: Context) -> Path:
 
 
 def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, mask, steps_module: str | None):
-    """Setup of a clustering run: prepare this node's view (kept node-local); its path."""
-    if mask is not None:
-        raise ProtocolError("clustering over Flower does not support incomplete views (mask-path)")
+    """Setup of a clustering run: prepare this node's view (kept node-local); its path.
+
+    With an availability mask the preprocessing's statistics come from the samples the node
+    holds, and the rows of the others are zero in the prepared view (never read), as in process."""
     cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
     X = _raw_view(context, p)
     path = fclust.prepare_node_view(X, sdir, p, dict(fed_msg.scalars), cfg.n_components,
-                                    fclust.load_steps(steps_module))
+                                    fclust.load_steps(steps_module), held=held_columns(mask, X.shape[0], client=p))
     return path, max(int(X.shape[1]), cfg.n_components)
 
 
@@ -349,12 +350,12 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             steps = fclust.load_steps(clustering)
             if fed_msg.kind == "refine":  # distances from the raw view
                 reply = fclust.node_refine(fed_msg, _raw_view(context, p), state, p, steps, secure=secure,
-                                           min_size=nodeconfig.min_cluster_size(context))
+                                           min_size=nodeconfig.min_cluster_size(context), mask=mask)
             elif fed_msg.kind in ("graph", "spectral"):  # products with the view's k-NN graph (read once, to build it)
                 max_steps = context.run_config.get("refine-spectral-steps")
                 reply = fclust.node_graph(fed_msg, lambda: _raw_view(context, p), sdir, state, p, steps,
                                           secure=secure, max_steps=None if max_steps is None else int(max_steps),
-                                          min_size=nodeconfig.min_cluster_size(context))
+                                          min_size=nodeconfig.min_cluster_size(context), mask=mask)
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from fedsonmf._io import save_npy_atomic, write_atomic
+from fedsonmf.core.masks import held_columns
 from fedsonmf.core.server import total
 from fedsonmf.exceptions import FederationError, PartitionRefused, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
@@ -140,8 +141,9 @@ def _info_path(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"preprocessing-{int(p)}.npz"
 
 
-def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, steps) -> Path:
-    """Apply the clustering preprocessing to this node's raw view ``X`` (n, d_p) and keep it here.
+def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, steps, held=None) -> Path:
+    """Apply the clustering preprocessing to this node's raw view ``X`` (n, d_p) and keep it here
+    (``held``: the sample ids of an incomplete view, whose statistics alone decide the transform).
 
     Writes ``<sdir>/view-<p>.npy|.npz`` (the prepared view, (n, max(d_p', r))) and
     ``<sdir>/preprocessing-<p>.npz`` (the info: rule, flags, mean share, means, scales,
@@ -155,7 +157,7 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"setup message with a malformed {SETUP_KEY!r} scalar: {exc}") from None
     Y, info = steps.prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views,
-                                 view=p)
+                                 held=held, view=p)
     sdir = Path(sdir)
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     drop_prepared_view(sdir, p)
@@ -616,7 +618,7 @@ def _graph_path(sdir: Path, p: int) -> Path:
 
 
 def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, steps, *,
-               secure: bool, max_steps: int | None = None, min_size: int = 1) -> Message:
+               secure: bool, max_steps: int | None = None, min_size: int = 1, mask=None) -> Message:
     """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
     its own raw view (``read_view()``: (n, d_p)), built at the first exchange of the job and kept in
     the node's state folder (``graph-<p>.npz``, mode 0600; it never leaves the node; dropped when the
@@ -630,7 +632,8 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     of columns in ``spectral-<p>.json`` of the state folder).  A ``graph`` request may carry such a
     block beside its labels (``graph_exchange``'s ``both``): the reply is then the two
     side by side, (n, c + w), and the block counts against the same cap.  Labels with a nonempty cluster of
-    fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) are refused."""
+    fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) are refused.  With an
+    availability ``mask`` the graph joins the samples the node holds only (the others get no edge)."""
     import scipy.sparse as sp
 
     from fedsonmf.federation import secagg
@@ -652,7 +655,7 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
     if block is not None:
         _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
     if A is None:
-        A = steps.graph_view(X)
+        A = steps.graph_view(X, held=held_columns(mask, int(n), client=p))
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     if spectral:
         L = steps.graph_products(A, block)
@@ -685,17 +688,20 @@ def _count_spectral_columns(sdir: Path, p: int, n: int, width: int, max_steps: i
     _atomic_write(path, lambda fh: fh.write(json.dumps({"columns": answered + width}).encode()))
 
 
-def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size: int = 1) -> Message:
+def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size: int = 1, mask=None) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
     (n, d_p) and its score (its k-means objective as a share of its spread when its view is dense,
     else 0: decided from its own view), masked with the pair keys of the fit's ``state`` when the
     request is masked; a plain request is refused when ``secure``, and labels with a nonempty
-    cluster of fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) always."""
+    cluster of fewer than ``min_size`` samples (the node's ``refine-min-cluster-size``) always.  With
+    an availability ``mask`` the cluster means, the score and the distances come from the samples the
+    node holds (the others' rows are zero: they add nothing to the sum over the nodes)."""
     from fedsonmf.federation import secagg
 
     labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=steps.refine_batch_rows)
-    Y = steps.refine_view(X)
-    D, score = steps.refine_reply(Y, labels, c, scores=steps.refine_scores(Y))
+    held = held_columns(mask, X.shape[0], client=p)
+    Y = steps.refine_view(X, held=held)
+    D, score = steps.refine_reply(Y, labels, c, held=held, scores=steps.refine_scores(Y, held=held))
     if labels.ndim == 2:  # a block: the distances side by side, (n, S c), the scores (S,)
         D = np.ascontiguousarray(np.transpose(D, (1, 0, 2)).reshape(X.shape[0], -1))
     reply = Message("refine", msg.round, {"D": D, "score": score})

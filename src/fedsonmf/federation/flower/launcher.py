@@ -173,7 +173,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         Seconds for the nodes' start-up (the setup exchange); None uses ``node_timeout``.
     mask_paths : list of path or None, default=None
         One availability mask per view (None = complete; :func:`write_masks`;
-        docs/algorithm.md §15.1).  Not with ``n_clusters``.
+        docs/algorithm.md §15.1); with ``n_clusters`` each node's preprocessing, refinement
+        distances and k-NN graph use the samples it holds, as in process.
     participation : Participation or None, default=None
         Partial rounds (docs/algorithm.md §15.2).
     secure_aggregation : bool or None, default=None
@@ -226,8 +227,6 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
 
     t_launch = time.time()
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
-    if mask_paths is not None and n_clusters is not None:
-        raise ParameterError("clustering over Flower does not support incomplete views (mask_paths)")
     check_inputs(view_paths, None if n_clusters is not None else cfg.n_components, n_clusters=n_clusters,
                  mask_paths=mask_paths)
     if labels is not None and n_clusters is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import new_private_dir, save_npy_atomic, write_atomic
+from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import InputError
 
 __all__ = ["write_views", "write_masks", "check_inputs"]
@@ -108,7 +109,8 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
     n_clusters : int or None, default=None
         c, checked against the number of samples.
     mask_paths, predict_paths : list of (path or None) or None, default=None
-        Mask files and files of new samples, which must exist.
+        Mask files (each an availability mask of its view's samples) and files of new samples,
+        which must exist.
 
     Returns
     -------
@@ -120,7 +122,8 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
     ------
     InputError
         Naming the file: a missing or unreadable file, an array that is not 2-D, views with
-        different n, a rank above a view's width or more clusters than samples.
+        different n, a rank above a view's width, more clusters than samples or a mask that
+        does not fit its view.
     """
     if not view_paths:
         raise InputError("no view files given: one file per client (view)")
@@ -139,6 +142,13 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
         raise InputError(f"the view files hold different numbers of samples (rows): {[s[0] for s in shapes]}")
     if n_clusters is not None and not 1 <= int(n_clusters) <= min(ns):
         raise InputError(f"n_clusters={n_clusters} must be between 1 and the number of samples ({min(ns)})")
+    for p, path in enumerate(mask_paths or []):  # a mask is a small vector: checked now, not at the handshake
+        if path is not None:
+            try:
+                mask = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise InputError(f"mask file {path} of view {p} is not a .npy array: {exc}") from None
+            held_columns(mask, shapes[p][0], client=p)
     return shapes
 
 
