@@ -91,3 +91,19 @@ def test_split_rule_makes_a_signed_view_nonnegative():
     assert info2["centered"] and info2["standardized"] and info2["split"] and Y2.min() >= 0
     Y3, info3 = preprocess_view(np.maximum(X, 0), "auto-std-split")  # nonnegative, not dense: not split
     assert not info3["split"] and Y3.shape == (30, 5)
+
+
+def test_warnings_point_at_the_users_line():
+    """Every warning of a fit (here a view padded up to r, a degenerate view, a capped run) names the
+    caller's file and line, through fit_predict and scikit-learn's fit_transform wrapper alike, not
+    a line inside the library."""
+    rng = np.random.default_rng(0)
+    views = [rng.random((30, 3)), rng.random((30, 8))]
+    views[1][:12] = 0.0  # 40 % all-zero rows
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        FedMultiViewClustering(2, n_init=1, random_state=0, max_rounds=2).fit_predict(views)
+        FedMultiViewClustering(2, n_init=1, random_state=0, max_rounds=2).fit_transform(views)
+    kinds = {w.category.__name__ for w in rec}
+    assert {"DataWarning", "ConvergenceWarning"} <= kinds, kinds
+    assert [w.filename for w in rec] == [__file__] * len(rec), [(w.filename, str(w.message)[:40]) for w in rec]

@@ -27,7 +27,7 @@ from typing import Literal, overload
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.exceptions import DataWarning, InputError, InputTypeError, ParameterError
+from fedsonmf.exceptions import DataWarning, InputError, InputTypeError, ParameterError, warn
 
 __all__ = [
     "check_views", "check_view_arrays", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real",
@@ -278,10 +278,8 @@ def check_feature_names(fitted, Xs) -> None:
         if old is None:
             continue
         if now is None:
-            import warnings
 
-            warnings.warn(f"view {p} has no feature names, but it was fitted with feature names", UserWarning,
-                          stacklevel=4)
+            warn(f"view {p} has no feature names, but it was fitted with feature names", UserWarning)
         elif len(now) != len(old) or np.any(now != old):
             raise InputError(f"view {p}'s feature names differ from those seen in fit (same columns, same order "
                              f"expected): fitted {list(old)[:5]}..., got {list(now)[:5]}...")
@@ -351,10 +349,9 @@ def _check_scale(values: np.ndarray, dtype, p: int) -> None:
 def _working_dtype(dtype, p: int):
     """float32 for float32 (and float16, with a warning), float64 for every other real dtype."""
     if dtype == np.float16:
-        import warnings
 
-        warnings.warn(f"view {p} is float16: it is computed in float32 (float16 cannot hold the solver's squared "
-                      "terms) and the results are float32", DataWarning, stacklevel=5)
+        warn(f"view {p} is float16: it is computed in float32 (float16 cannot hold the solver's squared "
+             "terms) and the results are float32", DataWarning)
         return np.float32
     return np.float32 if dtype == np.float32 else np.float64
 

@@ -15,7 +15,7 @@ __all__ = [
     "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError",
     "FederationError", "PartitionRefused",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
-    "DataWarning",
+    "DataWarning", "warn",
 ]
 
 
@@ -89,6 +89,24 @@ class DataWarning(UserWarning):
     padded up to the rank, a degenerate view (constant, near-constant features, mostly all-zero
     rows), a precision the solver cannot keep.  The command line shows these even where it hides
     the other warnings of repeated fits."""
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the user's line: the first caller outside fedsonmf (and
+    outside scikit-learn's wrappers, e.g. the one around ``fit_transform``), however deep in the
+    library the warning arises and through whichever public method it was reached."""
+    import os
+    import sys
+    import warnings
+    from types import FrameType
+
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the fedsonmf package
+    frame: FrameType | None = sys._getframe(0)
+    level = 1
+    while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(pkg)
+                                 or os.sep + "sklearn" + os.sep in frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def _convergence_warning():

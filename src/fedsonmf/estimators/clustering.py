@@ -48,7 +48,6 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +104,7 @@ from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_rest
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
-from fedsonmf.exceptions import DataWarning, InputError, ParameterError
+from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
 from fedsonmf.protocol.params import (
     FED_PARAMS,
     RUN_PARAMS,
@@ -395,9 +394,9 @@ default="auto"
         check_choice("early_stop", self.early_stop, STOPPING_RULES)
         check_choice("refine", self.refine, REFINE_RULES)
         if self._dp() and refine_stages(self.refine, dp=True):
-            warnings.warn(f"refine={self.refine!r}: the clustering refinements read each client's exact view; their "
-                          "exchanges are not covered by the differential privacy of the fit (refine='auto' skips "
-                          "them under differential privacy)", UserWarning, stacklevel=3)
+            warn(f"refine={self.refine!r}: the clustering refinements read each client's exact view; their "
+                 "exchanges are not covered by the differential privacy of the fit (refine='auto' skips "
+                 "them under differential privacy)", UserWarning)
         check_choice("engine", self.engine, ENGINES)
         if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
             raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
@@ -462,8 +461,8 @@ default="auto"
         n = views[0].shape[0]
         self._validate(n)
         if len(views) == 1:
-            warnings.warn("FedMultiViewClustering got a single view: a federation of one client (nothing is "
-                          "federated); pass every view as a list", UserWarning, stacklevel=2)
+            warn("FedMultiViewClustering got a single view: a federation of one client (nothing is "
+                 "federated); pass every view as a list", UserWarning)
         self.n_features_in_ = [int(X.shape[1]) for X in views]
         names = view_feature_names(Xs)
         if names is not None:
@@ -474,7 +473,7 @@ default="auto"
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
         if message and self.engine != "flower":  # on Flower the server resolves r and run_flower warns
-            warnings.warn(message, DataWarning, stacklevel=2)
+            warn(message, DataWarning)
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
         self.n_init_ = n_init = self._n_init()
@@ -655,8 +654,8 @@ default="auto"
             fits[best] = deploy(best, options, f"run-restart-{best}-refined")
             partitions[best] = fits[best][0].extra["labels"]
             if not np.array_equal(fits[best][0].V, results[best].V):  # not expected: a run is deterministic
-                warnings.warn(f"restart {best} gave another V when run again for its refinement "
-                              f"({fits[best][1]}); its refined partition is kept", RuntimeWarning, stacklevel=3)
+                warn(f"restart {best} gave another V when run again for its refinement "
+                     f"({fits[best][1]}); its refined partition is kept", RuntimeWarning)
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
         r = int(res.V.shape[0])

@@ -16,8 +16,6 @@ Server (on what it holds anyway):
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import scipy.sparse as sp
 
@@ -40,7 +38,7 @@ from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.spectral import graph_stage, spectral_steps
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
-from fedsonmf.exceptions import DataWarning, InputError
+from fedsonmf.exceptions import DataWarning, InputError, warn
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
 __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
@@ -116,7 +114,7 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
         S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))
         Y = S @ Yh
     for message in view_warnings(info, view):  # the guards: the client warns about its own view
-        warnings.warn(message, DataWarning, stacklevel=3)
+        warn(message, DataWarning)
     Y = pad_view(Y, n_components)
     scale = 1.0
     if normalize_views:

@@ -11,7 +11,6 @@ apart; defaults come from :data:`fedsonmf.protocol.params.PARAMS`.
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ from fedsonmf.core.masks import held_columns
 from fedsonmf.core.objective import loss
 from fedsonmf.core.server import embed_new_samples
 from fedsonmf.core.ustep import PenaltyOptions
-from fedsonmf.exceptions import InputError, ParameterError
+from fedsonmf.exceptions import InputError, ParameterError, warn
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import FitResult
@@ -309,9 +308,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         callback = check_callback(callback)
         views = check_views(Xs, cfg.n_components)
         if len(views) == 1 and not single_view_ok:
-            warnings.warn("FedSONMF got a single view: a federation of one client (nothing is federated); for one "
-                          "matrix use fedsonmf.estimators.SparseONMF, for several views pass them all as a list",
-                          UserWarning, stacklevel=3)
+            warn("FedSONMF got a single view: a federation of one client (nothing is federated); for one "
+                 "matrix use fedsonmf.estimators.SparseONMF, for several views pass them all as a list",
+                 UserWarning)
         if callback is None and check_verbose(self.verbose):
             callback = _progress_callback(int(self.verbose), run["max_rounds"], run["tol"])
         ckpt_dir = run["checkpoint_dir"]
@@ -409,10 +408,9 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def _embed(self, views) -> np.ndarray:
         """V (r, n_new) of validated views (d_p, n_new): the out-of-sample round."""
         if getattr(self, "privacy_", None) is not None:
-            import warnings
 
-            warnings.warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
-                          "not covered by the differential privacy of the fit (privacy_)", UserWarning, stacklevel=3)
+            warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
+                 "not covered by the differential privacy of the fit (privacy_)", UserWarning)
         utxs = [ut_x(U, X) for U, X in zip(self._bases(), views)]
         if self.secure_aggregation and len(utxs) > 1:
             # the server learns only the masked sum of the U_p^T X_p (as in a deployment's predict)

@@ -20,9 +20,7 @@ import dataclasses
 import json
 import secrets
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -39,6 +37,7 @@ from fedsonmf.exceptions import (
     FederationError,
     ParameterError,
     ProtocolError,
+    warn,
 )
 from fedsonmf.federation import secagg
 from fedsonmf.federation.budget import resolve_budget
@@ -49,22 +48,6 @@ from fedsonmf.protocol.participation import Participation
 
 __all__ = ["ClientRuntime", "Transport", "run_federation", "DivergenceWarning", "ProtocolError",
            "DivergenceMonitor", "plain_aggregate", "exchange_sum"]
-
-
-def _user_stacklevel() -> int:
-    """warnings.warn stacklevel that points at the first caller outside this package (and outside
-    scikit-learn's wrappers, e.g. the one around ``fit_transform``)."""
-    import os
-    import sys
-
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the fedsonmf package
-    skip = (pkg + os.sep, os.sep + "sklearn" + os.sep)
-    frame: FrameType | None = sys._getframe(1)
-    level = 1
-    while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(skip[0])
-                                 or skip[1] in frame.f_code.co_filename):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _algorithm(name) -> FederatedAlgorithm:
@@ -364,7 +347,7 @@ class DivergenceMonitor:
         return None
 
     def _warn(self, msg: str) -> None:
-        warnings.warn(f"{self.alg.name}: {msg}", DivergenceWarning, stacklevel=_user_stacklevel())
+        warn(f"{self.alg.name}: {msg}", DivergenceWarning)
 
 
 def setup_messages(m: int, seed: int, cfg: FedConfig, algorithm: str) -> list[Message]:
@@ -558,12 +541,8 @@ def run_federation(
             ConvergenceWarning,  # imports scikit-learn: only when it fires
         )
 
-        warnings.warn(
-            f"stopped after max_rounds={max_rounds} with R/R1 = {history.rows[-1]['R_rel']:.3g} > tol = {tol:g}; "
-            "increase max_rounds or tol",
-            ConvergenceWarning,
-            stacklevel=_user_stacklevel(),
-        )
+        warn(f"stopped after max_rounds={max_rounds} with R/R1 = {history.rows[-1]['R_rel']:.3g} > tol = {tol:g}; "
+             "increase max_rounds or tol", ConvergenceWarning)
     seconds = time.perf_counter() - t_start
     result = FitResult(
         V=alg.current_v(state).copy(),

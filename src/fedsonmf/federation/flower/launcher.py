@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import write_json_atomic
-from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError
+from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError, warn
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.federation.flower.deployment import (  # noqa: F401 - re-exported: the launcher's public names
@@ -223,7 +223,6 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     With the same seed and rounds, V (and the labels) equal the in-process
     engine's bit for bit (BLAS pinned, as here).
     """
-    import warnings
 
     t_launch = time.time()
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
@@ -279,7 +278,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
             res.extra["cluster_centers"] = np.load(outcome.out_dir / "centers.npy")
             message = res.extra.get("clustering", {}).get("rank_message")
             if message:
-                warnings.warn(message, DataWarning, stacklevel=2)
+                warn(message, DataWarning)
             if labels is not None:
                 from fedsonmf.metrics import clustering_scores
 
