@@ -87,6 +87,7 @@ class FakeGrid:
                          for nid, nc in node_configs.items()}
         self.replies = {}
         self.log = []  # every reply, in push order
+        self.sent = []  # (node id, message) of every message, in push order
         self.reply_hook = None  # called on every reply before the server sees it
 
     def get_node_ids(self):
@@ -97,6 +98,7 @@ class FakeGrid:
         for msg in messages:
             mid = uuid.uuid4().hex
             msg.metadata.__dict__["_message_id"] = mid
+            self.sent.append((msg.metadata.dst_node_id, msg))
             try:
                 self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # what the SuperNode runtime does
@@ -213,6 +215,47 @@ def test_incomplete_views_cluster_on_flower_as_in_process(tmp_path):
     assert np.array_equal(ref.labels_, reference(dirty, masks=masks).labels_)  # in process too
     wire = [json.loads(line) for line in open(out / "wire.jsonl")]
     audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), n, masked=True)
+
+
+def test_a_node_of_an_incomplete_view_applies_its_minimum_to_the_samples_it_holds(tmp_path):
+    """refine-min-cluster-size = m on nodes that hold some of the samples: a cluster may be large
+    overall and hold fewer than m of a node's samples, and the node's reply comes from its own samples
+    alone, so the node checks those; the server, which knows who holds which sample from the masked
+    setup, sends no partition a node would refuse (no refused request), and no node answers a
+    partition with a nonempty cluster of fewer than m of its samples."""
+    from fedsonmf.federation.flower.clustering import NodePolicy, _request_labels
+
+    views, y = blobs(noise=2.5)
+    rng = np.random.default_rng(3)
+    n, m = y.size, 8
+    masks = [rng.random(n) < 0.6, None, rng.random(n) < 0.7]
+    labels = np.repeat(np.arange(C), n // C)
+    held = np.flatnonzero(masks[0])
+    assert np.bincount(labels[held]).min() < 18 <= np.bincount(labels).min()
+    msg = codec.Message("refine", 0, {"labels": labels}, {"n_clusters": C})
+    with pytest.raises(Exception, match="refine-min-cluster-size = 18"):
+        _request_labels(msg, n, 0, "refine", 18, held=held)  # 20 overall, fewer held
+    _request_labels(msg, n, 1, "refine", 18)  # a complete view: 20 each
+    assert not NodePolicy(C, [18], [held, None]).meets(labels[None])[0] and NodePolicy(C, [18]).meets(labels[None])[0]
+    grid, rc = _fake_run(tmp_path, views, masks=masks, node_extra={"refine-min-cluster-size": m})
+    out = Path(rc["out-dir"])
+    summary = json.loads((out / "result.json").read_text())["clustering"]
+    assert "refine_error" not in summary, summary.get("refine_error")
+    assert not [r for r in grid.log if r.has_error()]
+    nodes = {11: 0, 22: 1, 33: 2}
+    answered = 0
+    for nid, sent in grid.sent:
+        if codec.META not in sent.content or str(sent.content[codec.META]["kind"]) not in ("refine", "graph"):
+            continue
+        fed, _ = codec.decode(sent.content)
+        rows = np.asarray(fed.arrays["labels"]).reshape(-1, n)
+        mk = masks[nodes[nid]]
+        own = rows if mk is None else rows[:, mk]
+        for row in own:
+            sizes = np.bincount(row, minlength=C)
+            assert sizes[sizes > 0].min() >= m
+        answered += 1
+    assert answered > 0
 
 
 def test_the_spectral_blocks_ride_on_the_graph_refinements_requests_and_give_the_estimators_labels(tmp_path):

@@ -445,15 +445,25 @@ class NodePolicy:
     stops at the last partition answered, the seeding is dropped; :mod:`fedsonmf.estimators.graph`:
     the search ends at the lowest cut met).  So one partition with a small cluster no longer ends a
     refinement, and an honest server asks no node twice (an announcing node never) for what it
-    refuses.  ``refused``: the partitions not sent."""
+    refuses.  A node of an incomplete view checks the samples it holds (its reply comes from those
+    alone); ``held`` (per node its sample ids, None: all) lets the server check the same.
+    ``refused``: the partitions not sent."""
 
-    def __init__(self, n_clusters: int, announced=()):
+    def __init__(self, n_clusters: int, announced=(), held=None):
         self.n_clusters, self.refused = int(n_clusters), 0
         self.floor = max([1, *(int(m) for m in announced)])
+        self.held = [h for h in (held or []) if h is not None]
 
     def meets(self, rows) -> np.ndarray:
-        """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,)."""
-        return _smallest_clusters(rows, self.n_clusters) >= self.floor
+        """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,):
+        among all samples, and among the samples each node of an incomplete view holds (``held``,
+        the membership the server knows from the masked setup), which is what such a node checks."""
+        rows = np.asarray(rows, dtype=np.int64)
+        ok = _smallest_clusters(rows, self.n_clusters) >= self.floor
+        if self.floor > 1:
+            for h in self.held:
+                ok &= _smallest_clusters(rows[:, h], self.n_clusters) >= self.floor
+        return ok
 
     def learn(self, exc: FederationError) -> None:
         """Raise the floor to the minimum a refusal shows; re-raise ``exc`` when it shows none higher
@@ -579,9 +589,10 @@ def _request_block(msg: Message, n: int, p: int) -> np.ndarray:
 
 
 def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, *,
-                    block: Callable[[int, int], int] | None = None) -> tuple[np.ndarray, int]:
+                    block: Callable[[int, int], int] | None = None, held=None) -> tuple[np.ndarray, int]:
     """The labels (n,) and cluster count of a refinement request, checked against this node's ``n``
-    samples and its policy: no nonempty cluster of fewer than ``min_size`` samples.  ``block``
+    samples and its policy: no nonempty cluster of fewer than ``min_size`` samples -- of the samples
+    it holds (``held``, an incomplete view: its reply is computed from those alone).  ``block``
     (the k-means refinement's ``refine_batch_rows``): an (S, n) block of partitions side by side is
     accepted too, each checked alike, S at most ``block(n, c)``."""
     labels = np.asarray(msg.arrays["labels"], dtype=np.int64)
@@ -597,7 +608,7 @@ def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, 
         raise ProtocolError(f"client {p}: a block of {rows.shape[0]} {what} partitions, more than the "
                             f"{block(n, c)} one exchange may carry for {n} samples and {c} clusters")
     if min_size > 1 and labels.size:
-        small = int(_smallest_clusters(rows, c).min())
+        small = int(_smallest_clusters(rows if held is None else rows[:, held], c).min())
         if small < min_size:
             raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
                                 f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
@@ -648,14 +659,15 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
         n = X.shape[0]
     spectral = msg.kind == "spectral"
     block = _request_block(msg, int(n), p) if spectral or "M" in msg.arrays else None
+    held = held_columns(mask, int(n), client=p)
     if not spectral:
-        labels, c = _request_labels(msg, int(n), p, "graph", min_size)
+        labels, c = _request_labels(msg, int(n), p, "graph", min_size, held=held)
     if secagg.SECAGG_KEY not in msg.scalars:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     if block is not None:
         _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
     if A is None:
-        A = steps.graph_view(X, held=held_columns(mask, int(n), client=p))
+        A = steps.graph_view(X, held=held)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     if spectral:
         L = steps.graph_products(A, block)
@@ -698,8 +710,8 @@ def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size
     node holds (the others' rows are zero: they add nothing to the sum over the nodes)."""
     from fedsonmf.federation import secagg
 
-    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=steps.refine_batch_rows)
     held = held_columns(mask, X.shape[0], client=p)
+    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=steps.refine_batch_rows, held=held)
     Y = steps.refine_view(X, held=held)
     D, score = steps.refine_reply(Y, labels, c, held=held, scores=steps.refine_scores(Y, held=held))
     if labels.ndim == 2:  # a block: the distances side by side, (n, S c), the scores (S,)
