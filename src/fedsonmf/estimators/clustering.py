@@ -612,7 +612,8 @@ default="auto"
         paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
         # incomplete views: each node's availability mask beside its view (the node's own file, 0600)
         mask_paths = (None if masks is None else
-                      [write_masks([mk], base / "clients" / f"p{p}" / "mask")[0] for p, mk in enumerate(masks)])
+                      [None if mk is None else write_masks([mk], base / "clients" / f"p{p}" / "mask")[0]
+                       for p, mk in enumerate(masks)])
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
                    "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
