@@ -281,9 +281,13 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                     round=0, node_id=unknown[0])
         if time.monotonic() >= deadline:
             missing = sorted(set(range(n_clients)) - set(owner))
+            silent = len(online) >= n_clients  # online but not answering: wedged, not gone
             raise FederationError(
                 f"handshake: views {missing} did not answer within {timeout:g} s "
-                f"({len(online)} node(s) online, views found: {sorted(owner)})",
+                f"({len(online)} node(s) online, views found: {sorted(owner)})"
+                + ("; a node that is online but silent may still be waiting for the reply to a message of "
+                   "an earlier run that was stopped or failed (a Flower 1.42 behaviour, docs/flower.md): "
+                   "restart its SuperNode" if silent else ""),
                 client=missing[0] if len(missing) == 1 else None, round=0)
         time.sleep(poll)
 
