@@ -79,23 +79,22 @@ def plot(
 
 
 
-_SHOWN: set[str] = set()  # the warnings this command has shown
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(shown: set[str], message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one ``warning: ...`` line on stderr, like the ``error:`` lines, and each text once
-    per command (the fits of several seeds warn alike): the file and line that raised it (the
-    library's, or typer's for a command) mean nothing to a command-line user."""
+    per command (``shown``: the texts shown so far; the fits of several seeds warn alike): the file
+    and line that raised it (the library's, or typer's for a command) mean nothing to a
+    command-line user."""
     name = "" if category in (UserWarning, DataWarning) else f"{category.__name__}: "
     text = f"warning: {name}{message}"
-    if text not in _SHOWN:
-        _SHOWN.add(text)
+    if text not in shown:
+        shown.add(text)
         typer.echo(text, err=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one ``error:`` line and a non-zero exit for every known failure,
     one ``warning:`` line per warning."""
+    import functools
     import warnings
 
     import click
@@ -104,9 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     from fedsonmf.exceptions import FedSONMFError, InputError, ParameterError
 
     set_command(sys.argv[1:] if argv is None else argv)  # the command line in every JSON's meta block
-    shown = warnings.showwarning
-    warnings.showwarning = _show_warning
-    _SHOWN.clear()
+    previous = warnings.showwarning
+    warnings.showwarning = functools.partial(_show_warning, set())
     try:
         # standalone_mode=False: click's usage errors reach us instead of being drawn as a
         # multi-line box, so they too become one ``error:`` line (exit 2)
@@ -134,4 +132,4 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
     finally:
-        warnings.showwarning = shown
+        warnings.showwarning = previous

@@ -274,7 +274,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                         max_rounds=max_rounds)
     t0 = time.perf_counter()
     last_round = {"completed": 0}
-    membership: dict = {"last": None}  # (m, n) bool of an incomplete-views run, from the server's state
+    last_state: dict = {"state": None}  # the server's state after the last round (who holds which sample)
     try:
         steps = fclust.load_steps(clustering) if copts else None
         # the refinement stages, checked before any round (a run config's value is unchecked so far)
@@ -306,7 +306,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             ckpt.check_resume_matches(saved, run_info)  # after the rank rule: r is part of the config
             resume = (saved.state, saved.history)
             last_round["completed"] = saved.completed_rounds
-            membership["last"] = saved.state.arrays.get("membership")
+            last_state["state"] = saved.state
             status.write(rounds_done=saved.completed_rounds)
         t_hs = time.perf_counter() - t0
         at_hello = {p: (v["setup"], v["setup_bytes"]) for p, v in view_info.items() if "setup" in v}
@@ -318,7 +318,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
             last_round["completed"] = state.round - 1
-            membership["last"] = state.arrays.get("membership")  # incomplete views: who holds which sample
+            last_state["state"] = state
             status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
         # a clustering fit stops as the estimator's does: tol, or the server's k-means of V settled
@@ -341,8 +341,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             # the nodes' refine-min-cluster-size: as announced at their hellos, then as learnt from refusals
             announced = [*(v.get(nodeconfig.MIN_CLUSTER_SIZE, 1) for v in view_info.values()),
                          *transport.min_cluster_sizes.values()]
-            held = (None if membership["last"] is None else
-                    [None if row.all() else np.flatnonzero(row) for row in np.asarray(membership["last"], dtype=bool)])
+            # incomplete views: each node's sample ids, as the server knows them from the masked setup
+            held = None if last_state["state"] is None else alg.reply_columns(last_state["state"], range(m))
             policy = fclust.NodePolicy(copts["n_clusters"], announced, held)
             refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation, policy)
                       if "kmeans" in stages else None)
