@@ -26,6 +26,9 @@ def _cases(tmp_path):
     np.save(tmp_path / "short.npy", np.ones((7, 5)))
     np.save(tmp_path / "m7.npy", np.ones(7, dtype=bool))
     (tmp_path / "afile").write_text("x")
+    for name, ids in (("ida", [3, 1, 2]), ("idb", [1, 2, 4])):  # organisations' CSVs with an id column
+        (tmp_path / f"{name}.csv").write_text("id,x,y\n" + "".join(f"{i},{i}.5,1\n" for i in ids))
+    (tmp_path / "noid.csv").write_text("1,2\n3,4\n5,6\n")
     v0, v1, nope = tmp_path / "v0.npy", tmp_path / "v1.npy", tmp_path / "nope.npy"
     sub = tmp_path / "afile" / "x"  # a path below a file: cannot be created
     return {
@@ -65,6 +68,12 @@ def _cases(tmp_path):
         "flower run mask of another length": (["flower", "run", v0, v1, "--rank", 2, "--mask", "-", "--mask",
                                                tmp_path / "m7.npy", "--out", tmp_path / "r"], 2,
                                               "client 1: the availability mask has length 7"),
+        "flower cluster views of other samples": (["flower", "cluster", tmp_path / "ida.csv", tmp_path / "idb.csv",
+                                                   "-k", 2, "--out", tmp_path / "r"], 2,
+                                                  "the views hold different sample ids: ida.csv lacks 1 (4)"),
+        "flower run ids in some views only": (["flower", "run", tmp_path / "ida.csv", tmp_path / "noid.csv",
+                                               "--rank", 1, "--out", tmp_path / "r"], 2,
+                                              "sample ids for some views only: ida.csv carry ids"),
         "flower cluster bad rank rule": (["flower", "cluster", v0, v1, "-k", 2, "--rank", "big", "--out",
                                           tmp_path / "r"], 2, "--rank"),
         "flower simulate tol without diagnostics": (["flower", "simulate", v0, v1, "--out", tmp_path / "r",

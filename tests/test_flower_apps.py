@@ -444,6 +444,61 @@ def test_apps_with_masks_give_the_inprocess_result(tmp_path, problem):
         audit_wire(_wire(rc), "fedsonmf", CFG, n)  # undeclared without masked=True
 
 
+def _id_csv(path, X, ids, order):
+    """A CSV view with an ``id`` column, its rows in ``order`` (floats written to round-trip exactly)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["id," + ",".join(f"f{j}" for j in range(X.shape[1]))]
+    lines += [f"{ids[i]}," + ",".join(repr(float(v)) for v in X[i]) for i in order]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_nodes_align_rows_by_their_files_ids_and_the_server_checks_the_id_sets(tmp_path, problem):
+    """Each node sorts its CSV rows by the file's id column (any row order in the files gives the
+    in-process result); the hello carries a job-salted digest of the id set, nothing else of the ids."""
+    from fedsonmf.datasets.files import ids_digest
+
+    views, views_dn = problem
+    n = views_dn[0].shape[1]
+    ids = [f"patient-{k:03d}" for k in range(n)]
+    rng = np.random.default_rng(7)
+    paths = [_id_csv(tmp_path / "csv" / f"view{p}.csv", X, ids, rng.permutation(n)) for p, X in enumerate(views)]
+    nodes = {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
+                   "require-secure-aggregation": False} for p, nid in enumerate((101, 202, 303))}
+    rc = _run_config(tmp_path)
+    V, _ = _server(FakeGrid(make_client_app(), nodes), rc)
+    assert np.array_equal(V, run_inprocess(views_dn, CFG, max_rounds=3, seed=9).V)
+    audit_wire(_wire(rc), "fedsonmf", CFG, n)  # the digest is a declared meta key
+    hellos = [json.dumps(row) for row in _wire(rc) if codec.IDS_DIGEST in json.dumps(row)]
+    sent = {codec.salted_ids_digest(ids_digest(ids), rc["job-id"])}
+    assert len(hellos) == 3 and all(next(iter(sent)) in h for h in hellos)
+    assert not any(i in h for h in hellos for i in ids) and ids_digest(ids) not in " ".join(hellos)
+    assert codec.salted_ids_digest(ids_digest(ids), "another-job") not in sent
+
+
+@pytest.mark.parametrize("case", ["other ids", "no ids"])
+def test_views_of_other_samples_are_refused_at_the_handshake(tmp_path, problem, case):
+    """Same n, other samples: without the check the rows of different samples would be paired silently."""
+    views, _ = problem
+    n = views[0].shape[0]
+    ids = [str(k) for k in range(n)]
+    paths = [_id_csv(tmp_path / "csv" / f"view{p}.csv", X, ids, range(n)) for p, X in enumerate(views[:2])]
+    if case == "other ids":
+        paths.append(_id_csv(tmp_path / "csv" / "view2.csv", views[2], [*ids[:-1], str(10 * n)], range(n)))
+        want = r"view 2 \(node 303\) holds other sample ids than view 0 in its view file"
+    else:
+        paths += write_views([views[2]], tmp_path / "npy")  # row i is sample i: no id to match
+        want = r"the view files of views \[0, 1\] are ordered by their sample ids and those of views \[2\] carry no ids"
+    nodes = {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
+                   "require-secure-aggregation": False} for p, nid in enumerate((101, 202, 303))}
+    rc = _run_config(tmp_path)
+    grid = FakeGrid(make_client_app(), nodes)
+    with pytest.raises(FederationError, match=want) as exc:
+        _server(grid, rc)
+    assert exc.value.client == 2 and exc.value.round == 0
+    assert grid.pushed == 3  # the hellos only: no round ran
+
+
 class FlakyGrid(FakeGrid):
     """Node ``dead`` stops answering from round ``k`` on; from round ``back`` a new node id
     ``new`` serves the same view with the same node-local state (a restarted SuperNode)."""
@@ -483,6 +538,22 @@ def test_dropped_node_rejoins_under_a_new_node_id(tmp_path, problem, rule):
     audit_wire(_wire(rc), "fedsonmf", CFG, 40, partial=True)  # rejoin items are declared
     dropped = result["flower"]["dropped"]
     assert [d["round"] for d in dropped] == [2, 3, 4] and all(d["client"] == 2 for d in dropped)
+
+
+def test_a_node_adopted_later_must_hold_the_views_sample_ids(tmp_path, problem):
+    """A SuperNode restarted for a view with a file of other ids would pair other samples' rows."""
+    views, _ = problem
+    n = views[0].shape[0]
+    ids = [str(k) for k in range(n)]
+    paths = [_id_csv(tmp_path / "csv" / f"view{p}.csv", X, ids, range(n)) for p, X in enumerate(views)]
+    nodes = {nid: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"node{p}"),
+                   "require-secure-aggregation": False} for p, nid in enumerate((101, 202, 303))}
+    grid = FlakyGrid(make_client_app(), nodes, dead=303, new=404, k=2, back=4)
+    grid.new_config["data-path"] = str(_id_csv(tmp_path / "other" / "view2.csv", views[2], [*ids[:-1], "x"], range(n)))
+    rc = _run_config(tmp_path, **{"num-rounds": 6, "round-timeout": 0.3, "min-clients": 2.0})
+    with pytest.raises(FederationError, match=r"node 404 came online for view 2 with other sample ids") as exc:
+        _server(grid, rc)
+    assert exc.value.client == 2
 
 
 def test_quorum_failure_in_the_apps_is_a_federation_error(tmp_path, problem):

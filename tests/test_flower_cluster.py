@@ -310,6 +310,36 @@ def test_flower_predict_equals_the_estimator(tmp_path):
     assert {"secagg_pk", "secagg_exp", "n"} in scalars and not any("UtX" in s for s in scalars)
 
 
+def test_flower_predict_aligns_new_samples_by_their_ids_and_refuses_other_samples(tmp_path):
+    """New-sample files with ids (sidecars), rows in a different order on every node: each node sorts
+    its rows by id, so the labels are the estimator's; a node whose ids differ stops the predict run."""
+    from fedsonmf.exceptions import FederationError
+
+    views, _ = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    ref = reference(views)
+    ids = np.array([f"s{k:02d}" for k in range(new[0].shape[0])])
+    orders = [np.random.default_rng(p).permutation(ids.size) for p in range(len(new))]
+    grid, rc = _fake_run(tmp_path, views, new_views=[X[o] for X, o in zip(new, orders)])
+    for p, o in enumerate(orders):
+        (tmp_path / "new" / f"view{p}.ids.txt").write_text("\n".join(ids[o]) + "\n")
+
+    def predict(out):
+        rc2 = {**rc, "mode": "predict", "model-dir": rc["out-dir"], "out-dir": str(tmp_path / out)}
+        with threadpool_limits(1):
+            server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
+                        clustering=STEPS_MODULE)
+
+    predict("predict")
+    with threadpool_limits(1):
+        want = ref.predict(new)
+    assert np.array_equal(read_labels_csv(tmp_path / "predict" / "labels.csv"), want)
+    (tmp_path / "new" / "view2.ids.txt").write_text("\n".join([*ids[orders[2]][:-1], "s99"]) + "\n")
+    with pytest.raises(FederationError, match=r"view 2 \(node 33\) holds other sample ids than view 0 in its "
+                                              r"new-sample file"):
+        predict("predict2")
+
+
 def test_a_node_refuses_to_send_new_samples_in_the_clear_after_a_secure_fit(tmp_path):
     """A server that asks for the predict's U_p^T X_p^new unmasked (no key step) gets an error
     from every node whose fit ran with secure aggregation -- the node decides from its own record."""

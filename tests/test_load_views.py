@@ -683,3 +683,31 @@ def test_one_folder_per_client_with_the_same_file_name(tmp_path, views):
         load_views(paths)
     ds = load_views(paths, missing="mask")
     assert ds.view_names == [str(p) for p in paths] and ds.mask[:, 1].sum() == 10
+
+
+def test_ids_digest_is_a_fingerprint_of_the_id_set_as_load_views_compares_it():
+    """Equal exactly when load_views would find the same samples: any order, integer literals as
+    integers (007 is 7), strings as written; what a Flower node reports (salted) at the handshake."""
+    from fedsonmf.datasets.files import ids_digest
+
+    assert ids_digest(None) is None
+    a = ids_digest(np.array(["3", "1", "2"]))
+    assert a == ids_digest(np.array(["1", "2", "3"])) == ids_digest(np.array(["001", "2", "03"]))
+    assert a != ids_digest(np.array(["1", "2", "4"]))
+    assert ids_digest(np.array(["b", "a"])) == ids_digest(np.array(["a", "b"])) != ids_digest(np.array(["a", "B"]))
+    assert ids_digest(np.array(["1", "x"])) != ids_digest(np.array(["01", "x"]))  # not all integers: as written
+    assert len(a) == 64 and int(a, 16) >= 0  # 64 hex digits
+
+
+def test_check_same_ids_refuses_what_load_views_refuses(tmp_path):
+    from fedsonmf.datasets.files import check_same_ids
+
+    paths = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    check_same_ids(paths, [np.array(["2", "1"]), np.array(["1", "02"])], "remedy")
+    check_same_ids(paths, [None, None], "remedy")
+    with pytest.raises(InputError, match=r"a.csv lacks 1 \(3\); b.csv lacks 1 \(2\) of 3 ids in all; .* remedy"):
+        check_same_ids(paths, [np.array(["1", "2"]), np.array(["1", "3"])], "remedy")
+    with pytest.raises(InputError, match="sample ids for some views only: a.csv carry ids, b.csv do not"):
+        check_same_ids(paths, [np.array(["1", "2"]), None], "remedy")
+    with pytest.raises(InputError, match="b.csv: duplicate sample ids: 1"):
+        check_same_ids(paths, [np.array(["1", "2"]), np.array(["1", "01"])], "remedy")

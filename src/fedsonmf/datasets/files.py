@@ -35,10 +35,12 @@ holding different ids are returned over the sorted union of the ids with the ava
 the incomplete-views mode (``FedMultiViewClustering.fit(ds.views, masks=ds.masks)``); the rows of
 a sample a view lacks are zero-filled (as :func:`fedsonmf.datasets.load_mat` does).
 
-What the server learns from ids: **nothing** in the complete case -- each client orders its rows by
+What the server learns from ids: **no id** in the complete case -- each client orders its rows by
 id on its own machine, so the federation only ever uses positions in the common sorted order and
-no id is sent.  (Agreeing that every party holds the same ids is a check between the parties; here,
-where all files are read in one process, :func:`load_views` does it directly.)  In the incomplete
+no id is sent.  Agreeing that every party holds the same ids is a check between the parties: here,
+where all files are read in one process, :func:`load_views` does it directly; on Flower each node
+sends a job-salted hash of its id set (:func:`ids_digest`) at the handshake and the server refuses
+views whose hashes differ, which tells it whether the sets are equal and nothing else.  In the incomplete
 mode the server learns the **membership**: which positions of the common order each client holds,
 i.e. the availability mask -- this is the information the masks of the incomplete-views mode always
 carry (docs/algorithm.md §15.1), no more; the union of ids itself must be known to every party that
@@ -48,7 +50,9 @@ builds the common order.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import os
 import re
 import warnings
@@ -64,7 +68,7 @@ from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["SUPPORTED_FORMATS", "IDS_SUFFIX", "read_view", "read_ids", "read_labels", "load_views",
-           "write_assignments", "check_format"]
+           "write_assignments", "check_format", "ids_digest", "check_same_ids"]
 
 #: the view file formats, by extension
 SUPPORTED_FORMATS = (".csv", ".tsv", ".npy", ".npz", ".mtx", ".mat")
@@ -696,6 +700,90 @@ def _id_keys(all_ids: list[np.ndarray]) -> tuple[list[np.ndarray], bool]:
     return [None if ids is None else np.asarray(ids, dtype=str) for ids in all_ids], False
 
 
+def _view_names(paths) -> list[str]:
+    names = [Path(path).name for path in paths]
+    if len(set(names)) < len(names):  # e.g. one folder per client, each with its view.csv: name them by path
+        names = [str(path) for path in paths]
+    return names
+
+
+def _ids_in_every_view_or_none(raw_ids, paths, names) -> list[int]:
+    """The views that carry ids; refused unless that is all of them or none."""
+    with_ids = [p for p in range(len(raw_ids)) if raw_ids[p] is not None]
+    if with_ids and len(with_ids) != len(raw_ids):
+        lacking = [p for p in range(len(raw_ids)) if raw_ids[p] is None]
+        raise InputError(f"sample ids for some views only: {', '.join(names[p] for p in with_ids)} carry ids, "
+                         f"{', '.join(names[p] for p in lacking)} do not (add "
+                         f"{sidecar_ids_path(paths[lacking[0]]).name} or an id column)")
+    return with_ids
+
+
+def _different_ids(keyed, names, remedy: str) -> InputError:
+    """The error for views whose (keyed, sorted) ids differ: which view lacks how many, a few of them."""
+    union = np.unique(np.concatenate(keyed))
+    parts = []
+    for p in range(len(keyed)):
+        lacks = np.setdiff1d(union, keyed[p], assume_unique=True)
+        if lacks.size:
+            parts.append(f"{names[p]} lacks {lacks.size} ({_shown(lacks, 3)})")
+    return InputError("the views hold different sample ids: " + "; ".join(parts) + f" of {union.size} ids in "
+                      f"all; every view must hold the same samples, {remedy}")
+
+
+def check_same_ids(paths, raw_ids, remedy: str) -> None:
+    """Refuse view files whose sample ids would not line up: ids in some files only, duplicate ids
+    in a file, or files holding different ids (the complete case of :func:`load_views`).
+
+    Parameters
+    ----------
+    paths : list of path-like
+        The view files, in view order (named in the errors).
+    raw_ids : list of (ndarray of str or None)
+        Each file's ids as :func:`read_view` returns them (None: the file carries none).
+    remedy : str
+        What the error suggests for views that hold different samples.
+
+    Raises
+    ------
+    InputError
+    """
+    paths = [Path(path) for path in paths]
+    names = _view_names(paths)
+    if not _ids_in_every_view_or_none(raw_ids, paths, names):
+        return
+    keyed, _ = _id_keys(raw_ids)
+    for p, path in enumerate(paths):
+        _refuse_duplicates(keyed[p], path)
+    keyed = [np.sort(k, kind="stable") for k in keyed]
+    if not all(np.array_equal(keyed[0], k) for k in keyed[1:]):
+        raise _different_ids(keyed, names, remedy)
+
+
+def ids_digest(ids) -> str | None:
+    """A fingerprint of a view's *set* of sample ids: equal for two views exactly when
+    :func:`load_views` would find that they hold the same samples.
+
+    The ids are keyed as :func:`read_view` sorts them (integers when every id is an integer
+    literal, so ``007`` is ``7``; else strings), sorted, and hashed (SHA-256 of their JSON list).
+    A Flower node sends this, salted with the job id, at the handshake, so that the server can refuse
+    views whose nodes order different samples into the same positions (docs/flower.md, "Sample ids").
+
+    Parameters
+    ----------
+    ids : array-like of str of shape (n_samples,) or None
+
+    Returns
+    -------
+    str or None
+        64 hex digits; None when ``ids`` is None.
+    """
+    if ids is None:
+        return None
+    (keyed,), _ = _id_keys([np.asarray(ids, dtype=str)])
+    values = [str(v) for v in np.sort(keyed, kind="stable")]
+    return hashlib.sha256(json.dumps(values, ensure_ascii=False).encode()).hexdigest()
+
+
 def _refuse_duplicates(keyed: np.ndarray, path) -> None:
     uniq, counts = np.unique(keyed, return_counts=True)
     if uniq.size != keyed.size:
@@ -780,9 +868,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         id_cols = [c if p.suffix.lower() in (".csv", ".tsv") else None for c, p in zip(id_cols, paths)]
     keys = _per_view("key", key, n_views, (str,))
 
-    names = [path.name for path in paths]
-    if len(set(names)) < n_views:  # e.g. one folder per client, each with its view.csv: name them by path
-        names = [str(path) for path in paths]
+    names = _view_names(paths)
     views, raw_ids, info = [], [], []
     for p, path in enumerate(paths):
         X, vid, facts = _read_view(path, id_column=id_cols[p], header=header, delimiter=delimiter, key=keys[p],
@@ -792,12 +878,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         info.append({"path": str(path), "format": path.suffix.lower().lstrip("."), "n_rows": X.shape[0],
                      "n_features": X.shape[1], "sparse": sp.issparse(X), "dtype": str(X.dtype), **facts})
 
-    with_ids = [p for p in range(n_views) if raw_ids[p] is not None]
-    if with_ids and len(with_ids) != n_views:
-        lacking = [p for p in range(n_views) if raw_ids[p] is None]
-        raise InputError(f"sample ids for some views only: {', '.join(names[p] for p in with_ids)} carry ids, "
-                         f"{', '.join(names[p] for p in lacking)} do not (add "
-                         f"{sidecar_ids_path(paths[lacking[0]]).name} or an id column)")
+    with_ids = _ids_in_every_view_or_none(raw_ids, paths, names)
     mask = None
     if with_ids:
         keyed, numeric = _id_keys(raw_ids)
@@ -810,15 +891,7 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
         if same:
             common = keyed[0]
         elif missing == "error":
-            union = np.unique(np.concatenate(keyed))
-            parts = []
-            for p in range(n_views):
-                lacks = np.setdiff1d(union, keyed[p], assume_unique=True)
-                if lacks.size:
-                    parts.append(f"{names[p]} lacks {lacks.size} ({_shown(lacks, 3)})")
-            raise InputError("the views hold different sample ids: " + "; ".join(parts) + f" of {union.size} ids in "
-                             "all; every view must hold the same samples, or pass missing='mask' (--missing mask) "
-                             "for incomplete views")
+            raise _different_ids(keyed, names, "or pass missing='mask' (--missing mask) for incomplete views")
         else:
             common = np.unique(np.concatenate(keyed))
             member = np.zeros((common.size, n_views), dtype=bool)

@@ -52,7 +52,7 @@ __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", 
 from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, DIAGNOSTIC_SCALARS  # noqa: E402  (declared by their producer)
 from fedsonmf.exceptions import AuditError
 
-META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error", MIN_CLUSTER_SIZE}
+META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error", MIN_CLUSTER_SIZE, codec.IDS_DIGEST}
 
 
 def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial: bool = False) -> dict:

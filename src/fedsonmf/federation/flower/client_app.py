@@ -92,7 +92,7 @@ def _read(path: Path, copy: Path | None = None):
     parsing the file again -- a 2 000 x 1 000 CSV takes 0.6 s to parse, every round and every
     refinement exchange.  An edited or replaced file (or sidecar) changes the key and is parsed again.
     """
-    from fedsonmf.datasets.files import read_view, sidecar_ids_path
+    from fedsonmf.datasets.files import ids_digest, read_view, sidecar_ids_path
 
     path = Path(path)
     if copy is None or path.suffix.lower() not in PARSED_FORMATS:
@@ -103,22 +103,40 @@ def _read(path: Path, copy: Path | None = None):
     meta = copy.with_name(copy.name + ".json")
     try:
         saved = json.loads(meta.read_text())
-        if saved["key"] == key:
+        if saved["key"] == key and "ids" in saved:
             stored = copy.with_name(copy.name + str(saved["suffix"]))
             if stored.suffix == ".npy":
                 return np.load(stored, mmap_mode="r", allow_pickle=False)
             return sp.csr_array(sp.load_npz(stored))
     except (OSError, ValueError, KeyError):
         pass  # no copy yet, or a damaged one: parse the file
-    X = read_view(path, mmap_mode="r", validate=False, order_by_id=True)[0]
+    X, ids = read_view(path, mmap_mode="r", validate=False, order_by_id=True)
     suffix = ".npz" if sp.issparse(X) else ".npy"
     private_dir(copy.parent)  # the node's state folder, 0700: the copy is the raw view
     write_atomic(copy.with_name(copy.name + suffix),
                  (lambda fh: sp.save_npz(fh, sp.csr_matrix(X), compressed=False)) if sp.issparse(X)
                  else (lambda fh: np.save(fh, np.asarray(X), allow_pickle=False)))
     copy.with_name(copy.name + (".npy" if suffix == ".npz" else ".npz")).unlink(missing_ok=True)  # one copy only
-    write_json_atomic(meta, {"key": key, "suffix": suffix}, indent=None)
+    write_json_atomic(meta, {"key": key, "suffix": suffix, "ids": ids_digest(ids)}, indent=None)
     return X
+
+
+def _ids_digest(path: Path, copy: Path | None = None) -> str | None:
+    """:func:`fedsonmf.datasets.files.ids_digest` of the view file's sample ids (None: no ids).
+
+    A parsed format's ids were hashed when :func:`_read` made its copy (the digest is in the copy's
+    record); a binary format's ids can only come from its sidecar, read here.
+    """
+    from fedsonmf.datasets.files import ids_digest, read_ids, read_view, sidecar_ids_path
+
+    path = Path(path)
+    if path.suffix.lower() in PARSED_FORMATS:
+        if copy is None:
+            return ids_digest(read_view(path, validate=False)[1])
+        _read(path, copy)  # makes (or checks) the copy and its record
+        return json.loads(copy.with_name(copy.name + ".json").read_text())["ids"]
+    side = sidecar_ids_path(path)
+    return ids_digest(read_ids(side)) if side.is_file() else None
 
 
 def _view_copy(context: Context, p: int) -> Path:
@@ -155,10 +173,13 @@ def view_facts(path, cache: Path, mask=None, copy: Path | None = None) -> tuple[
     again); nothing of it leaves the node.  ``copy``: the node's binary copy of a view parsed from
     text or a MATLAB file (:func:`_read`).
     """
+    from fedsonmf.datasets.files import sidecar_ids_path
+
     path = Path(path)
     st = path.stat()
     key = [str(path.resolve()), int(st.st_size), int(st.st_mtime_ns),
-           None if mask is None else ckpt.view_fingerprint(np.asarray(mask)[None, :])]
+           None if mask is None else ckpt.view_fingerprint(np.asarray(mask)[None, :]),
+           _file_key(sidecar_ids_path(path))]  # the ids order the rows: a new sidecar is a new view
     cache = Path(cache)
     try:
         facts = json.loads(cache.read_text())
@@ -171,7 +192,7 @@ def view_facts(path, cache: Path, mask=None, copy: Path | None = None) -> tuple[
     from fedsonmf.core._linalg import sqnorm
 
     facts = {"key": key, "fingerprint": ckpt.view_fingerprint(X),
-             "x_sqnorm": sqnorm(X if held is None else X[:, held])}
+             "x_sqnorm": sqnorm(X if held is None else X[:, held]), "ids": _ids_digest(path, copy)}
     write_json_atomic(cache, facts, indent=None)
     return X, facts
 
@@ -309,8 +330,11 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             # (through the node-local cache: the setup and the rounds then skip the validation)
             sdir = state_dir_of(context, job_id)
             mask = load_mask(context)
-            X, _ = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask, _view_copy(context, p))
+            X, facts = view_facts(path, sdir.parent / f"view-facts-{p}.json", mask, _view_copy(context, p))
             fields.update(d=int(X.shape[0]), n=int(X.shape[1]))
+            # rows ordered by the file's ids: the server checks that every node holds the same id set
+            if facts.get("ids"):
+                fields[codec.IDS_DIGEST] = codec.salted_ids_digest(facts["ids"], job_id)
             # the node's policy, announced so that the server never sends a partition it would refuse
             # (an operator's setting, not data; a refusal would state it anyway)
             if (min_size := nodeconfig.min_cluster_size(context)) > 1:
@@ -362,6 +386,9 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                     reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
                 else:
                     fclust.refuse_clear(secure, p, "the new samples are", "this predict request")
+                if (digest := _ids_digest(_predict_path(context))) is not None:  # rows ordered by their ids
+                    reply = dataclasses.replace(reply, scalars={
+                        **reply.scalars, codec.IDS_DIGEST: codec.salted_ids_digest(digest, job_id)})
             return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
             reply = fclust.node_embed_masked(fed_msg, sdir, p)

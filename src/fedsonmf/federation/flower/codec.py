@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
-           "SETUP_AT_HELLO"]
+           "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
@@ -32,6 +32,18 @@ DIAG_ARRAYS = "fedsonmf.diag.arrays"
 DIAG_SCALARS = "fedsonmf.diag.scalars"
 #: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
 SETUP_AT_HELLO = "hello+setup"
+#: the hello reply's fingerprint of the node's set of sample ids, salted with the job id
+#: (only from a view file that carries ids; docs/flower.md, "Sample ids")
+IDS_DIGEST = "ids-digest"
+
+
+def salted_ids_digest(digest: str, job_id: str) -> str:
+    """What a node sends of its ids: SHA-256 of the job id and the ids' digest
+    (:func:`fedsonmf.datasets.files.ids_digest`).  Equal for two nodes exactly when their id sets are;
+    the job id makes one run's digests unrelated to another's."""
+    import hashlib
+
+    return hashlib.sha256(f"{job_id}\0{digest}".encode()).hexdigest()
 
 
 def _scalar(v):

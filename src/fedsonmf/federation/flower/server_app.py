@@ -39,12 +39,13 @@ from fedsonmf.algorithms import get_algorithm
 from fedsonmf.exceptions import FederationError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
-from fedsonmf.federation.flower import nodeconfig
+from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
     WireRecorder,
+    check_same_ids,
     check_views_at_handshake,
     handshake,
 )
@@ -313,7 +314,9 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
                                     recorder=recorder, startup_timeout=startup_timeout, pins_path=pins_path,
                                     setup_scalars=setup_extra, on_exchange=status.exchange_started,
-                                    setup_at_hello=(spec, at_hello) if spec else None)
+                                    setup_at_hello=(spec, at_hello) if spec else None,
+                                    ids_digests={p: v[codec.IDS_DIGEST] for p, v in view_info.items()
+                                                 if codec.IDS_DIGEST in v})
 
         def on_round_end(state, history):
             ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
@@ -410,6 +413,8 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
         ns = {int(rep.scalars["n"]) for rep in replies}
         if len(ns) != 1:
             raise FederationError(f"the nodes' new-sample files hold different numbers of samples: {sorted(ns)}")
+        check_same_ids({p: {k: v for k, v in rep.scalars.items() if k == codec.IDS_DIGEST}
+                        for p, rep in enumerate(replies)}, transport.node_ids, "new-sample file")
         if secure:
             V = _masked_embedding(transport, replies, m, mu)
         else:

@@ -27,7 +27,8 @@ from fedsonmf.federation.flower.nodeconfig import MIN_CLUSTER_SIZE
 from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
 from fedsonmf.protocol.messages import Message
 
-__all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "WireRecorder"]
+__all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
+           "WireRecorder"]
 
 
 class WireRecorder:
@@ -107,6 +108,7 @@ def check_views_at_handshake(info: dict, node_ids: Sequence[int], n_components: 
     ns = {p: int(v["n"]) for p, v in info.items() if "n" in v}
     if len(set(ns.values())) > 1:
         raise FederationError(f"the views hold different numbers of samples: {dict(sorted(ns.items()))}", round=0)
+    check_same_ids(info, node_ids)
     for p, nid in enumerate(node_ids):
         d = info.get(p, {}).get("d")
         if d is not None and int(d) < n_components:
@@ -115,6 +117,41 @@ def check_views_at_handshake(info: dict, node_ids: Sequence[int], n_components: 
                 f"orthonormal basis U_p needs n_features >= r; lower the rank to at most "
                 f"{min(int(v['d']) for v in info.values() if 'd' in v)}",
                 client=p, round=0, node_id=nid)
+
+
+def check_same_ids(info: dict, node_ids: Sequence[int], file: str = "view file") -> None:
+    """Refuse views whose nodes ordered different samples into the same positions.
+
+    ``info``: {view: {..., :data:`codec.IDS_DIGEST`: digest}} (the handshake's, or the digests of the
+    new-sample files of a predict run, ``file="new-sample file"``).
+
+    A node whose view file carries sample ids sorts its rows by them and reports a salted digest of
+    the id set (:data:`codec.IDS_DIGEST`); row i is then "the i-th smallest id" on every such node,
+    which is the same sample only when every node holds the same ids -- and a node without ids keeps
+    its file's order, which no id can be matched with.  Either mismatch would pair the rows of
+    different samples silently, so the run stops before round 1.
+    """
+    digests = {p: info.get(p, {}).get(codec.IDS_DIGEST) for p in range(len(node_ids))}
+    with_ids = [p for p, dg in digests.items() if dg is not None]
+    if not with_ids:
+        return
+    without = [p for p, dg in digests.items() if dg is None]
+    if without:
+        raise FederationError(
+            f"the {file}s of views {with_ids} are ordered by their sample ids and those of views {without} carry "
+            f"no ids, so their rows cannot be matched: give every file its ids (an id column or <stem>.ids.txt), "
+            f"or none (then row i of every file is sample i)", client=without[0], round=0,
+            node_id=node_ids[without[0]])
+    first = with_ids[0]
+    for p in with_ids[1:]:
+        if digests[p] != digests[first]:
+            raise FederationError(
+                f"view {p} (node {node_ids[p]}) holds other sample ids than view {first} in its {file}: every "
+                f"file must hold "
+                f"the same sample ids, in any row order (each node sorts its rows by id); for views that hold "
+                f"different samples, agree on one order of all samples and give each node its availability "
+                f"mask (docs/flower.md, \"Sample ids\")", client=p, round=0,
+                node_id=node_ids[p])
 
 
 def _error_text(rep: FlwrMessage) -> str:
@@ -261,7 +298,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
             check_claim(pins, owner, nid, pid, n_clients)
             owner[pid] = nid
             if info is not None:
-                info[pid] = {k: info_val for k in ("d", "n", "error", MIN_CLUSTER_SIZE)
+                info[pid] = {k: info_val for k in ("d", "n", "error", MIN_CLUSTER_SIZE, codec.IDS_DIGEST)
                              if (info_val := _get(meta_rec, k)) is not None}
                 if str(meta_rec["kind"]) == codec.SETUP_AT_HELLO:
                     rep_msg, _ = codec.decode(rep.content)
@@ -329,8 +366,11 @@ class FlowerTransport:
 
     def __init__(self, grid, node_ids: Sequence[int], *, job_id: str, round_timeout: float, poll: float = 0.02,
                  recorder: WireRecorder | None = None, startup_timeout: float | None = None, pins_path=None,
-                 setup_scalars: dict | None = None, on_exchange=None, setup_at_hello: tuple | None = None):
+                 setup_scalars: dict | None = None, on_exchange=None, setup_at_hello: tuple | None = None,
+                 ids_digests: dict | None = None):
         self.grid = grid
+        #: {view: the handshake's salted digest of its sample ids}: a node adopted later must match it
+        self.ids_digests = dict(ids_digests or {})
         self.pins_path = pins_path
         #: (the scalars the hellos carried, {view: setup reply}) of a setup run at the handshake
         self.setup_at_hello = setup_at_hello
@@ -389,6 +429,12 @@ class FlowerTransport:
                 pid = int(rep.content[codec.META]["partition-id"])
                 if self.pins_path is not None:  # a rogue with a registered key must not take a view over
                     check_pin(read_pins(self.pins_path), nid, pid)
+                digest = _get(rep.content[codec.META], codec.IDS_DIGEST)
+                if 0 <= pid < self.n_clients and digest != self.ids_digests.get(pid):
+                    raise FederationError(
+                        f"node {nid} came online for view {pid} with other sample ids than the view's node at the "
+                        f"handshake: its rows would be other samples (check its view file)", client=pid,
+                        node_id=nid)
                 if 0 <= pid < self.n_clients:
                     self.node_ids[pid] = nid
                     adopted[pid] = nid

@@ -1,7 +1,9 @@
 """The view files of a Flower deployment: written for a demo, checked before anything starts.
 
-One file per client (``.npy`` of shape (n_samples, d_p), or a sparse ``.npz``), row i of
-every file being sample i; optional availability masks beside them
+One file per client, samples x features, in any view format of :mod:`fedsonmf.datasets.files`
+(the demo writes ``.npy``, or a sparse ``.npz``): row i of every file is sample i, or, when the
+files carry sample ids, the i-th smallest id (each node sorts its rows; every file must hold the
+same ids, checked here and again at the handshake); optional availability masks beside them
 (``view<p>.mask.npy``, docs/algorithm.md §15.1).  :func:`check_inputs` is the one check
 every launch runs (:func:`~.launcher.run_flower`, :func:`~.launcher.predict_flower`, the
 CLI) before it starts a process.
@@ -18,6 +20,10 @@ from fedsonmf.core.masks import held_columns
 from fedsonmf.exceptions import InputError
 
 __all__ = ["write_views", "write_masks", "check_inputs"]
+
+#: what an id mismatch between view files suggests (no ``--missing`` on a deployment: docs/flower.md)
+_DIFFERENT_SAMPLES = ("in any row order; for views that hold different samples, agree on one order of all "
+                      "samples and give each node its availability mask (--mask)")
 
 
 def write_masks(masks, directory) -> list[Path | None]:
@@ -79,20 +85,25 @@ def write_views(views, directory) -> list[Path]:
 
 def _view_file_shape(path) -> tuple[int, int]:
     """(n_samples, n_features) of a view file, read from its header (no data loaded for .npy)."""
+    return _view_file_facts(path)[0]
+
+
+def _view_file_facts(path) -> tuple[tuple[int, int], np.ndarray | None]:
+    """:func:`_view_file_shape` and the file's sample ids (None: it carries none)."""
     from fedsonmf.datasets.files import read_view
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"view file {path} does not exist")
     try:
-        shape = read_view(path, mmap_mode="r", validate=False)[0].shape  # .npy: the header only (memory-mapped)
+        X, ids = read_view(path, mmap_mode="r", validate=False)  # .npy: the header only (memory-mapped)
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"view file {path} cannot be read: {type(exc).__name__}: {exc}") from None
-    if len(shape) != 2:
-        raise InputError(f"view file {path} holds an array of shape {shape}, expected (n_samples, n_features)")
-    return int(shape[0]), int(shape[1])
+    if len(X.shape) != 2:
+        raise InputError(f"view file {path} holds an array of shape {X.shape}, expected (n_samples, n_features)")
+    return (int(X.shape[0]), int(X.shape[1])), ids
 
 
 def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int | None = None,
@@ -132,14 +143,19 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
             if path is not None and not Path(path).is_file():
                 raise InputError(f"{kind} file {path} does not exist")
     try:
-        shapes = [_view_file_shape(p) for p in view_paths]
+        facts = [_view_file_facts(p) for p in view_paths]
     except FileNotFoundError as exc:
         raise InputError(str(exc)) from None
+    shapes = [f[0] for f in facts]
     if n_components is not None:
-        _check_view_files(view_paths, n_components)
+        _check_view_files(view_paths, n_components, shapes)
     ns = {s[0] for s in shapes}
     if len(ns) > 1:
         raise InputError(f"the view files hold different numbers of samples (rows): {[s[0] for s in shapes]}")
+    # each node sorts its rows by its file's ids (docs/flower.md, "Sample ids"): they must line up
+    from fedsonmf.datasets.files import check_same_ids
+
+    check_same_ids(view_paths, [f[1] for f in facts], _DIFFERENT_SAMPLES)
     if n_clusters is not None and not 1 <= int(n_clusters) <= min(ns):
         raise InputError(f"n_clusters={n_clusters} must be between 1 and the number of samples ({min(ns)})")
     for p, path in enumerate(mask_paths or []):  # a mask is a small vector: checked now, not at the handshake
@@ -152,8 +168,8 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
     return shapes
 
 
-def _check_view_files(view_paths, n_components: int) -> None:
-    shapes = [_view_file_shape(p) for p in view_paths]
+def _check_view_files(view_paths, n_components: int, shapes=None) -> None:
+    shapes = [_view_file_shape(p) for p in view_paths] if shapes is None else shapes
     ns = [s[0] for s in shapes]
     if len(set(ns)) > 1:
         raise InputError(f"the view files hold different numbers of samples (rows): {ns}")
