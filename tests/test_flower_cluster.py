@@ -550,9 +550,15 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
 def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     """``fedsonmf flower cluster`` on a real deployment: while it runs, status.json names the
     current round (polled); at the end labels.csv, the scores in result.json and a wire log
-    that holds nothing of the nodes' preprocessing."""
+    that holds nothing of the nodes' preprocessing.  Each organisation's file lists its rows in its
+    own order, with their ids beside it (``<stem>.ids.txt``): the nodes sort by id, so the result is
+    the in-process one, and the ids never travel (only a salted digest of each node's id set)."""
     views, y = blobs()
-    paths = write_views(views, tmp_path / "v")
+    ids = np.array([f"s{k:03d}" for k in range(y.size)])  # sorted order = the original order
+    orders = [np.random.default_rng(p).permutation(y.size) for p in range(len(views))]
+    paths = write_views([X[o] for X, o in zip(views, orders)], tmp_path / "v")
+    for path, o in zip(paths, orders):
+        path.with_name(path.stem + ".ids.txt").write_text("\n".join(ids[o]) + "\n")
     (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{i},{k}\n" for i, k in enumerate(y)))
     out = tmp_path / "run"
     result = {}
@@ -585,6 +591,7 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), y.size)
     text = (out / "server" / "wire.jsonl").read_text()
     assert not any(k in text for k in ("mean_share", "inv_scale", '"center"'))
+    assert text.count(codec.IDS_DIGEST) >= len(views) and not any(i in text for i in ids)
 
 
 DATA = Path(os.environ.get("FEDSONMF_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
