@@ -26,9 +26,10 @@ def _cases(tmp_path):
     np.save(tmp_path / "short.npy", np.ones((7, 5)))
     np.save(tmp_path / "m7.npy", np.ones(7, dtype=bool))
     (tmp_path / "afile").write_text("x")
-    for name, ids in (("ida", [3, 1, 2]), ("idb", [1, 2, 4])):  # organisations' CSVs with an id column
+    for name, ids in (("ida", [3, 1, 2]), ("idb", [1, 2, 4]), ("idc", [2, 3, 1])):  # CSVs with an id column
         (tmp_path / f"{name}.csv").write_text("id,x,y\n" + "".join(f"{i},{i}.5,1\n" for i in ids))
     (tmp_path / "noid.csv").write_text("1,2\n3,4\n5,6\n")
+    (tmp_path / "y9.csv").write_text("sample_id,label\n1,a\n2,b\n9,a\n")
     v0, v1, nope = tmp_path / "v0.npy", tmp_path / "v1.npy", tmp_path / "nope.npy"
     sub = tmp_path / "afile" / "x"  # a path below a file: cannot be created
     return {
@@ -71,6 +72,9 @@ def _cases(tmp_path):
         "flower cluster views of other samples": (["flower", "cluster", tmp_path / "ida.csv", tmp_path / "idb.csv",
                                                    "-k", 2, "--out", tmp_path / "r"], 2,
                                                   "the views hold different sample ids: ida.csv lacks 1 (4)"),
+        "flower cluster labels of other ids": (["flower", "cluster", tmp_path / "ida.csv", tmp_path / "idc.csv",
+                                                "-k", 2, "--labels", tmp_path / "y9.csv", "--out", tmp_path / "r"], 2,
+                                               "no label for 1 samples (3); 1 labels for ids no view holds (9)"),
         "flower run ids in some views only": (["flower", "run", tmp_path / "ida.csv", tmp_path / "noid.csv",
                                                "--rank", 1, "--out", tmp_path / "r"], 2,
                                               "sample ids for some views only: ida.csv carry ids"),

@@ -559,12 +559,13 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     paths = write_views([X[o] for X, o in zip(views, orders)], tmp_path / "v")
     for path, o in zip(paths, orders):
         path.with_name(path.stem + ".ids.txt").write_text("\n".join(ids[o]) + "\n")
-    (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{i},{k}\n" for i, k in enumerate(y)))
+    back = np.random.default_rng(9).permutation(y.size)  # the true classes by id, in yet another order
+    (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{ids[i]},{y[i]}\n" for i in back))
     out = tmp_path / "run"
     result = {}
     th = threading.Thread(target=lambda: result.update(r=_cli(
         "flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--labels", tmp_path / "y.csv",
-        "--record-wire", "--out", out)))
+        "--record-wire", "--out", out, "--labels-out", tmp_path / "clusters.csv")))
     th.start()
     seen = []
     status = out / "server" / "status.json"
@@ -587,6 +588,8 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     res = json.loads((out / "server" / "result.json").read_text())
     assert res["scores"] == clustering_scores(y, ref.labels_)
     assert np.array_equal(read_labels_csv(out / "server" / "labels.csv"), ref.labels_)
+    rows = (tmp_path / "clusters.csv").read_text().splitlines()  # --labels-out: the files' own ids
+    assert rows == ["sample_id,cluster", *(f"{i},{k}" for i, k in zip(ids, ref.labels_))]
     wire = [json.loads(line) for line in open(out / "server" / "wire.jsonl")]
     audit_wire(wire, "fedsonmf", FedConfig(n_components=2 * C, secure_aggregation=True), y.size)
     text = (out / "server" / "wire.jsonl").read_text()

@@ -265,32 +265,23 @@ def _quiet_option():
     return typer.Option(False, "--quiet", "-q", help="No progress display.")
 
 
-def _read_labels(path: Path, n: int):
-    """True classes for scoring: ``.npy``, or a text file with one label per line or ``sample_id,label``
-    lines (a header line is skipped); one label per sample."""
-    import numpy as np
+def _sample_ids(views: list[Path]):
+    """The samples' ids as every node orders its rows (:func:`fedsonmf.datasets.files.sorted_ids` of
+    the first view file; the launcher has checked that every file holds the same ids), or None."""
+    from fedsonmf.datasets.files import read_view, sorted_ids
 
+    return sorted_ids(read_view(views[0], mmap_mode="r", validate=False)[1])
+
+
+def _read_labels(path: Path, ids, n: int):
+    """True classes for scoring, in the nodes' sample order: ``.npy`` or one label per line (views
+    without ids), or ``sample_id,label`` lines (aligned by the view files' ids, else by 0..n-1)."""
+    from fedsonmf.datasets.files import align_labels
     from fedsonmf.exceptions import InputError
 
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
-    if path.suffix == ".npy":
-        y = np.load(path, allow_pickle=False).ravel()
-    else:
-        rows = [r.replace("\t", ",").split(",") for r in path.read_text().splitlines() if r.strip()]
-        if rows and len(rows) == n + 1:
-            rows = rows[1:]  # a header
-        if rows and len(rows[0]) >= 2:
-            try:
-                rows = sorted(rows, key=lambda r: int(r[0]))
-            except ValueError:
-                raise InputError(f"labels file {path}: the first column must be the sample id 0..n-1") from None
-            y = np.array([r[-1].strip() for r in rows])
-        else:
-            y = np.array([r[0].strip() for r in rows])
-    if y.size != n:
-        raise InputError(f"labels file {path} holds {y.size} labels for {n} samples")
-    return y
+    return align_labels(path, ids, n)
 
 
 def _report(res) -> None:
@@ -306,6 +297,12 @@ def _report(res) -> None:
     typer.echo(line)
 
 
+#: the view files of a loopback launch (``flower run``, ``flower cluster``)
+VIEWS_HELP = ("One view file per client, samples x features: CSV/TSV, .npy, sparse .npz, .mtx or .mat; row i of "
+              "every file is sample i, or, when the files carry ids (an id column or <stem>.ids.txt), the i-th "
+              "smallest id.")
+
+
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
     flower_app = typer.Typer(help="Federation on Flower: loopback launcher and the app for real machines.",
@@ -315,7 +312,7 @@ def register(app, reproduce_app) -> None:
     @flower_app.command("run")
     @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
     def run(
-        views: list[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz."),
+        views: list[Path] = typer.Argument(..., help=VIEWS_HELP),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder (FLWR_HOME, logs, node state, results)."),
         seed: int = _seed_option("Run seed."),
         resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out."),
@@ -370,12 +367,15 @@ def register(app, reproduce_app) -> None:
     @flower_app.command("cluster")
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding")
     def cluster(
-        views: list[Path] = typer.Argument(..., help="One view file per client: .npy (n_samples, d_p) or sparse .npz "
-                                           "(row i of every file is sample i)."),
+        views: list[Path] = typer.Argument(..., help=VIEWS_HELP),
         clusters: int = typer.Option(..., "--clusters", "-k", min=1, help="Number of clusters c."),
         out: Path = typer.Option(..., "--out", "-o", help="Run folder; the labels are in OUT/server/labels.csv."),
         labels: Optional[Path] = typer.Option(None, "--labels", help="True classes to score against (ACC/NMI/"
-                                              "purity): .npy, or one label per line / sample_id,label lines."),
+                                              "purity): .npy or one label per line (views without ids), or "
+                                              "sample_id,label lines (by the files' ids)."),
+        labels_out: Optional[Path] = typer.Option(None, "--labels-out", help="Also write the clusters here as CSV "
+                                                  "sample_id,cluster with the view files' own ids (server/labels.csv "
+                                                  "numbers the samples 0..n-1 in the nodes' order)."),
         rank: str = typer.Option(dd.RANK_RULE, "--rank", "-r",
                                  help="Rank rule: auto (2 x clusters, narrow views padded), "
                                  "auto-cap, paper (= clusters) or a number (capped at the narrowest view)."),
@@ -411,10 +411,12 @@ def register(app, reproduce_app) -> None:
         mask_paths = _mask_paths(masks, len(views))
         shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters,
                                                     mask_paths=mask_paths)
+        check_output_path(labels_out, "--labels-out")
+        ids = _sample_ids(views) if labels is not None or labels_out is not None else None
         y = None
         if labels is not None:
             try:
-                y = _read_labels(labels, shapes[0][0])
+                y = _read_labels(labels, ids, shapes[0][0])
             except InputError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2) from None
@@ -431,6 +433,11 @@ def register(app, reproduce_app) -> None:
             typer.echo(f"ACC {100 * sc['acc']:.1f} %  NMI {100 * sc['nmi']:.1f} %  purity {100 * sc['purity']:.1f} %")
         server = Path(out).resolve() / "server"
         typer.echo(f"labels: {server / 'labels.csv'}  V: {server / 'V.npy'}  result: {server / 'result.json'}")
+        if labels_out is not None:
+            from fedsonmf.datasets.files import write_assignments
+
+            write_assignments(labels_out, None if ids is None else ids[0], res.extra["labels"])
+            typer.echo(f"wrote {labels_out} ({shapes[0][0]} rows: sample_id,cluster)")
 
     @flower_app.command("app")
     def app_dir(dest: Path = typer.Argument(..., help="Directory to write the shim app into.")):
@@ -776,7 +783,8 @@ def _register_machine_commands(flower_app) -> None:
     @flower_app.command("supernode")
     def supernode(
         superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
-        view: Path = typer.Option(..., "--view", help="This node's own view file (.npy or sparse .npz)."),
+        view: Path = typer.Option(..., "--view", help="This node's own view file (any view format: CSV/TSV, .npy, "
+                                  ".npz, .mtx, .mat; with ids, its rows are sorted by id)."),
         partition: int = typer.Option(..., "--partition", min=0, help="The view index (pinned at registration)."),
         partitions: int = typer.Option(..., "--partitions", min=1, help="Number of views in the federation."),
         key: Optional[Path] = typer.Option(None, "--key", help="This node's private key (0600; NAME.pub beside)."),

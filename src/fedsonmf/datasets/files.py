@@ -68,7 +68,7 @@ from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["SUPPORTED_FORMATS", "IDS_SUFFIX", "read_view", "read_ids", "read_labels", "load_views",
-           "write_assignments", "check_format", "ids_digest", "check_same_ids"]
+           "write_assignments", "check_format", "ids_digest", "check_same_ids", "sorted_ids", "align_labels"]
 
 #: the view file formats, by extension
 SUPPORTED_FORMATS = (".csv", ".tsv", ".npy", ".npz", ".mtx", ".mat")
@@ -759,6 +759,41 @@ def check_same_ids(paths, raw_ids, remedy: str) -> None:
         raise _different_ids(keyed, names, remedy)
 
 
+def sorted_ids(ids) -> tuple[np.ndarray, bool] | None:
+    """A view's ids as its client orders its rows: keyed (int64 when every id is an integer literal,
+    else str) and sorted; and whether they are integers.  None for None."""
+    if ids is None:
+        return None
+    (keyed,), numeric = _id_keys([np.asarray(ids, dtype=str)])
+    return np.sort(keyed, kind="stable"), numeric
+
+
+def align_labels(path, ids, n: int) -> np.ndarray:
+    """True classes from a labels file, as integers 0..k-1 in the samples' order.
+
+    Parameters
+    ----------
+    path : path-like
+        One label per line (views without ids only), or ``id,label`` pairs (any order), or ``.npy``
+        (:func:`read_labels`).
+    ids : tuple or None
+        :func:`sorted_ids` of the views (None: the views carry no ids, the pairs' ids are ``0..n-1``).
+    n : int
+        The number of samples.
+
+    Returns
+    -------
+    ndarray of int64 of shape (n,)
+
+    Raises
+    ------
+    InputError
+        A label count or ids that do not match the samples (as :func:`load_views` says).
+    """
+    keyed, numeric = (None, False) if ids is None else ids
+    return _aligned_labels(path, keyed, numeric, int(n), [], None)[0]
+
+
 def ids_digest(ids) -> str | None:
     """A fingerprint of a view's *set* of sample ids: equal for two views exactly when
     :func:`load_views` would find that they hold the same samples.
@@ -780,7 +815,7 @@ def ids_digest(ids) -> str | None:
     if ids is None:
         return None
     (keyed,), _ = _id_keys([np.asarray(ids, dtype=str)])
-    values = [str(v) for v in np.sort(keyed, kind="stable")]
+    values = [str(v) for v in np.sort(keyed, kind="stable")]  # as sorted_ids orders them
     return hashlib.sha256(json.dumps(values, ensure_ascii=False).encode()).hexdigest()
 
 
