@@ -237,6 +237,9 @@ def test_a_node_of_an_incomplete_view_applies_its_minimum_to_the_samples_it_hold
         _request_labels(msg, n, 0, "refine", 18, held=held)  # 20 overall, fewer held
     _request_labels(msg, n, 1, "refine", 18)  # a complete view: 20 each
     assert not NodePolicy(C, [18], [held, None]).meets(labels[None])[0] and NodePolicy(C, [18]).meets(labels[None])[0]
+    # each node's own minimum on its own samples: a node that asks for less does not inherit another's
+    assert NodePolicy(C, [2, 18], [held, None]).meets(labels[None])[0]
+    assert not NodePolicy(C, [18, 2], [held, None]).meets(labels[None])[0]
     grid, rc = _fake_run(tmp_path, views, masks=masks, node_extra={"refine-min-cluster-size": m})
     out = Path(rc["out-dir"])
     summary = json.loads((out / "result.json").read_text())["clustering"]
@@ -723,6 +726,12 @@ def test_the_refine_exchange_learns_a_nodes_minimum_and_sends_only_what_meets_it
 
     with pytest.raises(FederationError, match="= 4"):
         RefineExchange(stubborn, c)(big)
+    # a refusal that names its node teaches that node's minimum, even below another node's
+    policy = NodePolicy(c, [10, 1])
+    policy.learn(FederationError(f"client 1 failed in refine: {SMALL_CLUSTER_REFUSAL} = 5", client=1))
+    assert policy.mins == [10, 5] and policy.floor == 10
+    with pytest.raises(FederationError):  # the same again: nothing new, raised
+        policy.learn(FederationError(f"client 1 failed in refine: {SMALL_CLUSTER_REFUSAL} = 5", client=1))
 
 
 def _without_announcement(reply):
@@ -753,8 +762,7 @@ def test_partitions_below_a_nodes_minimum_stop_their_search_and_the_run_keeps_th
 
     def policed_graph(self, views_, masks, secure):  # what the server's graph exchanges do once they know m
         exchange, products, both = graph0(self, views_, masks, secure)
-        policy = NodePolicy(C)
-        policy.floor = m
+        policy = NodePolicy(C, [m])
         small = lambda labels: not policy.meets(np.asarray(labels)[None])[0]  # noqa: E731
         nan = lambda labels: np.full((np.size(labels), C), np.nan)  # noqa: E731
         return ((lambda labels: nan(labels) if small(labels) else exchange(labels)), products,

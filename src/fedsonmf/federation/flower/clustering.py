@@ -433,45 +433,63 @@ _POLICY_SHOWN = re.compile(re.escape(SMALL_CLUSTER_REFUSAL) + r" = (\d+)")
 
 
 class NodePolicy:
-    """What the server knows of the nodes' ``refine-min-cluster-size`` policies: ``floor``, the
-    largest minimum a node has announced at its hello (``announced``) or shown by refusing (1 if none).
+    """What the server knows of the nodes' ``refine-min-cluster-size`` policies: per node (view
+    order) the minimum it announced at its hello or showed by refusing (``mins``; 1: none), and
+    ``floor``, the largest of them (what the notes report).
 
     A node refuses a whole request when one partition in it has a nonempty cluster below its
     minimum (:func:`_request_labels`).  Each node announces its minimum at the handshake, so the
     server starts from it and no request is refused; a node that does not (another release) says its
-    minimum when it refuses, and the server learns it from that first refusal and sends the request
-    again without the partitions below it.  Either way it then never sends them: their replies are
-    NaN, the refinements' mark of a refused partition (:mod:`fedsonmf.estimators.refine`: a start
-    stops at the last partition answered, the seeding is dropped; :mod:`fedsonmf.estimators.graph`:
-    the search ends at the lowest cut met).  So one partition with a small cluster no longer ends a
-    refinement, and an honest server asks no node twice (an announcing node never) for what it
-    refuses.  A node of an incomplete view checks the samples it holds (its reply comes from those
-    alone); ``held`` (per node its sample ids, None: all) lets the server check the same.
-    ``refused``: the partitions not sent."""
+    minimum when it refuses, and the server learns it from that first refusal (for the node the
+    error names, else for every node) and sends the request again without the partitions below it.
+    Either way it then never sends them: their replies are NaN, the refinements' mark of a refused
+    partition (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered, the
+    seeding is dropped; :mod:`fedsonmf.estimators.graph`: the search ends at the lowest cut met).  So
+    one partition with a small cluster no longer ends a refinement, and an honest server asks no node
+    twice (an announcing node never) for what it refuses.  Each node's minimum is checked against the
+    samples that node holds (``held``, per node its sample ids, None: all -- an incomplete view's node
+    replies from its own samples alone), which is what the node checks; a node with no minimum of its
+    own constrains nothing.  ``refused``: the partitions not sent."""
 
     def __init__(self, n_clusters: int, announced=(), held=None):
         self.n_clusters, self.refused = int(n_clusters), 0
-        self.floor = max([1, *(int(m) for m in announced)])
-        self.held = [h for h in (held or []) if h is not None]
+        self.mins = [max(1, int(k)) for k in announced]
+        self.held = list(held) if held is not None else [None] * len(self.mins)
+        if len(self.held) < len(self.mins):
+            self.held += [None] * (len(self.mins) - len(self.held))
+        self.shown = 1  # a minimum shown by a refusal that named no node: every node's
+
+    @property
+    def floor(self) -> int:
+        """The largest minimum known (announced or shown)."""
+        return max([1, self.shown, *self.mins])
 
     def meets(self, rows) -> np.ndarray:
-        """Whether each partition of ``rows`` (S, n) has no nonempty cluster below the floor, (S,):
-        among all samples, and among the samples each node of an incomplete view holds (``held``,
-        the membership the server knows from the masked setup), which is what such a node checks."""
+        """Whether each partition of ``rows`` (S, n) meets every node's minimum among the samples
+        that node holds (the membership the server knows from the masked setup), (S,)."""
         rows = np.asarray(rows, dtype=np.int64)
-        ok = _smallest_clusters(rows, self.n_clusters) >= self.floor
-        if self.floor > 1:
-            for h in self.held:
-                ok &= _smallest_clusters(rows[:, h], self.n_clusters) >= self.floor
+        ok = np.ones(rows.shape[0], dtype=bool)
+        if self.shown > 1:
+            ok &= _smallest_clusters(rows, self.n_clusters) >= self.shown
+        for k, h in zip(self.mins, self.held):
+            need = max(k, self.shown)
+            if need > 1:
+                ok &= _smallest_clusters(rows if h is None else rows[:, h], self.n_clusters) >= need
         return ok
 
     def learn(self, exc: FederationError) -> None:
-        """Raise the floor to the minimum a refusal shows; re-raise ``exc`` when it shows none higher
-        (a lost node, another refusal: not ours to work around)."""
+        """Take in the minimum a refusal shows (for the node it names, else for all); re-raise ``exc``
+        when it shows nothing new (a lost node, another refusal: not ours to work around)."""
         shown = max((int(k) for k in _POLICY_SHOWN.findall(str(exc))), default=0)
+        p = exc.client
+        if p is not None and 0 <= p < len(self.mins):
+            if shown <= max(self.mins[p], self.shown):
+                raise exc
+            self.mins[p] = shown
+            return
         if shown <= self.floor:
             raise exc
-        self.floor = shown
+        self.shown = shown
 
     def ask(self, rows, send: Callable):
         """``(ok, send(ok))``: ``send`` the partitions of ``rows`` (S, n) that meet the floor (``ok``,

@@ -342,8 +342,9 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         if copts:
             status.write(phase="clustering")
             # the nodes' refine-min-cluster-size: as announced at their hellos, then as learnt from refusals
-            announced = [*(v.get(nodeconfig.MIN_CLUSTER_SIZE, 1) for v in view_info.values()),
-                         *transport.min_cluster_sizes.values()]
+            announced = [int(view_info.get(p, {}).get(nodeconfig.MIN_CLUSTER_SIZE, 1)) for p in range(m)]
+            for p, k in transport.min_cluster_sizes.items():  # a node adopted for view p: the stricter
+                announced[p] = max(announced[p], int(k))
             # incomplete views: each node's sample ids, as the server knows them from the masked setup
             held = None if last_state["state"] is None else alg.reply_columns(last_state["state"], range(m))
             policy = fclust.NodePolicy(copts["n_clusters"], announced, held)
