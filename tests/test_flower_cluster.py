@@ -600,6 +600,50 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     assert text.count(codec.IDS_DIGEST) >= len(views) and not any(i in text for i in ids)
 
 
+@pytest.mark.slow
+@pytest.mark.deploy
+def test_cli_cluster_aligns_files_of_different_samples_over_their_ids(tmp_path):
+    """``flower cluster --missing mask``: organisations' files that hold different samples, each
+    with its own ids and row order (a CSV with an id column, an .npy with an ids sidecar), are
+    aligned over the union of their ids as ``fedsonmf cluster --missing mask`` aligns them; each node
+    reads only its own aligned copy and mask (0600, in OUT/aligned), and the labels, by id, are the
+    in-process estimator's on the same aligned views and masks."""
+    from fedsonmf.datasets import load_views
+
+    views, y = blobs()
+    views = [X.toarray() if sp.issparse(X) else X for X in views]
+    n = y.size
+    ids = np.array([f"s{k:03d}" for k in range(n)])
+    rng = np.random.default_rng(5)
+    # organisation 0 lacks samples 0-11, organisation 1 lacks 12-17, organisation 2 has all; any row order
+    held = [rng.permutation(np.arange(12, n)), rng.permutation(np.r_[0:12, 18:n]), rng.permutation(n)]
+    paths = []
+    for p, (X, rows) in enumerate(zip(views, held)):
+        if p == 1:
+            path = write_views([X[rows]], tmp_path / "org1")[0]
+            path.with_name(path.stem + ".ids.txt").write_text("\n".join(ids[rows]) + "\n")
+        else:
+            path = tmp_path / f"org{p}" / "view.csv"
+            path.parent.mkdir()
+            path.write_text("id," + ",".join(f"f{j}" for j in range(X.shape[1])) + "\n" + "".join(
+                f"{ids[i]}," + ",".join(repr(float(v)) for v in X[i]) + "\n" for i in rows))
+        paths.append(path)
+    (tmp_path / "y.csv").write_text("sample_id,label\n" + "".join(f"{ids[i]},{y[i]}\n" for i in range(n)))
+    ds = load_views(paths, missing="mask", labels=tmp_path / "y.csv")
+    assert ds.masks is not None and not all(np.all(mk) for mk in ds.masks)
+    ref = reference(ds.views, rounds=3, masks=ds.masks)
+    out = tmp_path / "run"
+    r = _cli("flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--missing", "mask",
+             "--labels", tmp_path / "y.csv", "--labels-out", tmp_path / "clusters.csv", "--out", out, "-q")
+    assert r.exit_code == 0, r.output
+    rows = (tmp_path / "clusters.csv").read_text().splitlines()
+    assert rows == ["sample_id,cluster", *(f"{i},{k}" for i, k in zip(ds.ids, ref.labels_))]
+    res = json.loads((out / "server" / "result.json").read_text())
+    assert res["scores"] == clustering_scores(ds.labels, ref.labels_)
+    for f in (out / "aligned").rglob("*"):
+        assert stat.S_IMODE(f.stat().st_mode) == (0o700 if f.is_dir() else 0o600), f
+
+
 DATA = Path(os.environ.get("FEDSONMF_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 BBCSPORT = DATA / "BBCSport" / "zskong" / "BBCSport.mat"
 

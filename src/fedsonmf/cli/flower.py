@@ -273,6 +273,26 @@ def _sample_ids(views: list[Path]):
     return sorted_ids(read_view(views[0], mmap_mode="r", validate=False)[1])
 
 
+def _aligned_over_union(views: list[Path], out: Path):
+    """``--missing mask``: the view files read here and aligned over the sorted union of their ids
+    (:func:`fedsonmf.datasets.load_views` with ``missing="mask"``, as ``fedsonmf cluster`` does): each
+    node's aligned copy (its rows in the union's order, zero rows for the samples it lacks) and its
+    availability mask in ``OUT/aligned/p<i>/`` (0700 folders, 0600 files), so that the nodes read only
+    their own samples; ``(view paths, mask paths, ids)``.  Files that already hold the same samples
+    are used as given (no mask).  This machine reads every file: a loopback deployment's convenience,
+    where it has them all (separate machines agree on the order themselves: docs/flower.md)."""
+    from fedsonmf.datasets.files import load_views
+    from fedsonmf.federation.flower.viewfiles import write_masks, write_views
+
+    ds = load_views(views, missing="mask")
+    if ds.masks is None:
+        return views, None, ds.ids
+    base = out / "aligned"
+    paths = [write_views([X], base / f"p{p}")[0] for p, X in enumerate(ds.views)]
+    masks = [write_masks([mk], base / f"p{p}" / "mask")[0] for p, mk in enumerate(ds.masks)]
+    return paths, masks, ds.ids
+
+
 def _read_labels(path: Path, ids, n: int):
     """True classes for scoring, in the nodes' sample order: ``.npy`` or one label per line (views
     without ids), or ``sample_id,label`` lines (aligned by the view files' ids, else by 0..n-1)."""
@@ -386,6 +406,10 @@ def register(app, reproduce_app) -> None:
         secure_aggregation: bool = _secure_aggregation_option(),
         insecure: bool = _insecure_option(),
         masks: Optional[list[str]] = _mask_option(),
+        missing: str = typer.Option("error", "--missing", help="View files whose ids differ: 'error', or 'mask': "
+                                    "align them here over the union of their ids, each node with its availability "
+                                    "mask (files without ids: an all-zero row is a missing sample), as "
+                                    "`fedsonmf cluster --missing mask` does."),
         min_clients: Optional[float] = _min_clients_option(),
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
@@ -394,7 +418,7 @@ def register(app, reproduce_app) -> None:
     ):
         """Cluster the samples on a loopback Flower deployment: FedMultiViewClustering's pipeline, one
         SuperNode per view file; each node preprocesses its own view, the server runs k-means.  With
-        --mask (incomplete views) each node uses only the samples it holds."""
+        --mask or --missing mask (incomplete views) each node uses only the samples it holds."""
         fl = _flower()
         from fedsonmf.exceptions import InputError
         from fedsonmf.protocol.config import FedConfig
@@ -409,10 +433,26 @@ def register(app, reproduce_app) -> None:
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
         mask_paths = _mask_paths(masks, len(views))
+        if missing not in ("error", "mask"):
+            raise typer.BadParameter(f"must be 'error' or 'mask', got {missing!r}", param_hint="--missing")
+        ids = None
+        if missing == "mask":
+            if mask_paths is not None:
+                raise typer.BadParameter("--missing mask makes each node's mask from the files; leave out --mask",
+                                         param_hint="--mask")
+            if out.exists() and not out.is_dir():
+                raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+            try:
+                views, mask_paths, raw = _aligned_over_union(views, out)
+            except InputError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            ids = None if raw is None else (raw, raw.dtype.kind == "i")
         shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters,
                                                     mask_paths=mask_paths)
         check_output_path(labels_out, "--labels-out")
-        ids = _sample_ids(views) if labels is not None or labels_out is not None else None
+        if missing != "mask" and (labels is not None or labels_out is not None):
+            ids = _sample_ids(views)
         y = None
         if labels is not None:
             try:
