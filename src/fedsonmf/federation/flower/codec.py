@@ -41,8 +41,6 @@ def salted_ids_digest(digest: str, job_id: str) -> str:
     """What a node sends of its ids: SHA-256 of the job id and the ids' digest
     (:func:`fedsonmf.datasets.files.ids_digest`).  Equal for two nodes exactly when their id sets are;
     the job id makes one run's digests unrelated to another's."""
-    import hashlib
-
     return hashlib.sha256(f"{job_id}\0{digest}".encode()).hexdigest()
 
 

@@ -147,11 +147,9 @@ def check_same_ids(info: dict, node_ids: Sequence[int], file: str = "view file")
         if digests[p] != digests[first]:
             raise FederationError(
                 f"view {p} (node {node_ids[p]}) holds other sample ids than view {first} in its {file}: every "
-                f"file must hold "
-                f"the same sample ids, in any row order (each node sorts its rows by id); for views that hold "
-                f"different samples, agree on one order of all samples and give each node its availability "
-                f"mask (docs/flower.md, \"Sample ids\")", client=p, round=0,
-                node_id=node_ids[p])
+                f"file must hold the same sample ids, in any row order (each node sorts its rows by id); for views "
+                f"that hold different samples, agree on one order of all samples and give each node its "
+                f"availability mask (docs/flower.md, \"Sample ids\")", client=p, round=0, node_id=node_ids[p])
 
 
 def _error_text(rep: FlwrMessage) -> str:
