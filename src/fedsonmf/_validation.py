@@ -278,7 +278,6 @@ def check_feature_names(fitted, Xs) -> None:
         if old is None:
             continue
         if now is None:
-
             warn(f"view {p} has no feature names, but it was fitted with feature names", UserWarning)
         elif len(now) != len(old) or np.any(now != old):
             raise InputError(f"view {p}'s feature names differ from those seen in fit (same columns, same order "
@@ -349,7 +348,6 @@ def _check_scale(values: np.ndarray, dtype, p: int) -> None:
 def _working_dtype(dtype, p: int):
     """float32 for float32 (and float16, with a warning), float64 for every other real dtype."""
     if dtype == np.float16:
-
         warn(f"view {p} is float16: it is computed in float32 (float16 cannot hold the solver's squared "
              "terms) and the results are float32", DataWarning)
         return np.float32

@@ -175,6 +175,12 @@ def _participation(min_clients, sample_clients, rejoin):
     return Participation(min_clients=num(min_clients), sample=num(sample_clients), rejoin=rejoin)
 
 
+def _check_out_folder(out: Path) -> None:
+    """The run folder must be a folder (or not exist yet): a usage error before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+
+
 def _check_inputs_or_exit(fl, views, cfg, out: Path, rounds, tol, *, resume: bool = False, **kw):
     """Check everything a launch needs before any process starts: the view (and mask) files,
     the budget and the run folder; ``(shapes, rounds, tol)``.  Bad input ends the command with
@@ -188,8 +194,7 @@ def _check_inputs_or_exit(fl, views, cfg, out: Path, rounds, tol, *, resume: boo
     except (InputError, ParameterError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if out.exists() and not out.is_dir():
-        raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+    _check_out_folder(out)
     if resume and not (out / "job.json").is_file():
         raise typer.BadParameter(f"nothing to resume in {out} (no job.json)", param_hint="--out")
     return shapes, rounds, tol
@@ -440,8 +445,7 @@ def register(app, reproduce_app) -> None:
             if mask_paths is not None:
                 raise typer.BadParameter("--missing mask makes each node's mask from the files; leave out --mask",
                                          param_hint="--mask")
-            if out.exists() and not out.is_dir():
-                raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+            _check_out_folder(out)  # the aligned copies are written into it
             try:
                 views, mask_paths, raw = _aligned_over_union(views, out)
             except InputError as exc:

@@ -812,10 +812,10 @@ def ids_digest(ids) -> str | None:
     str or None
         64 hex digits; None when ``ids`` is None.
     """
-    if ids is None:
+    ordered = sorted_ids(ids)
+    if ordered is None:
         return None
-    (keyed,), _ = _id_keys([np.asarray(ids, dtype=str)])
-    values = [str(v) for v in np.sort(keyed, kind="stable")]  # as sorted_ids orders them
+    values = [str(v) for v in ordered[0]]
     return hashlib.sha256(json.dumps(values, ensure_ascii=False).encode()).hexdigest()
 
 

@@ -408,7 +408,6 @@ class FedSONMF(TransformerMixin, BaseEstimator):
     def _embed(self, views) -> np.ndarray:
         """V (r, n_new) of validated views (d_p, n_new): the out-of-sample round."""
         if getattr(self, "privacy_", None) is not None:
-
             warn("the out-of-sample round sends each client's exact U_p^T X_p of the new samples: it is "
                  "not covered by the differential privacy of the fit (privacy_)", UserWarning)
         utxs = [ut_x(U, X) for U, X in zip(self._bases(), views)]

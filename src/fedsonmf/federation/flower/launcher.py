@@ -223,7 +223,6 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     With the same seed and rounds, V (and the labels) equal the in-process
     engine's bit for bit (BLAS pinned, as here).
     """
-
     t_launch = time.time()
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     check_inputs(view_paths, None if n_clusters is not None else cfg.n_components, n_clusters=n_clusters,
