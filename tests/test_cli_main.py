@@ -101,6 +101,10 @@ def _cases(tmp_path):
         "flower submit without coordinator key": (["flower", "submit", "--superlink", "127.0.0.1:9092", "--out",
                                                    tmp_path / "r", "--clients", 2, "--insecure"], 2,
                                                   "--coordinator-key"),
+        "flower submit clusters bad rank rule": (["flower", "submit", "--superlink", "127.0.0.1:9092", "--out",
+                                                  tmp_path / "r", "--clients", 2, "--insecure", "--clusters", 2,
+                                                  "--rank", "big", "--coordinator-key", tmp_path / "c.key"], 2,
+                                                 "--rank"),
         # group: fedsonmf flower keys
         "flower keys tls unwritable": (["flower", "keys", "tls", sub, "--host", "127.0.0.1"], 1, "Not a directory"),
         "flower keys node unwritable": (["flower", "keys", "node", sub, "--name", "n0"], 1, "Not a directory"),

@@ -33,8 +33,10 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from _waits import STALL  # noqa: E402
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
+from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
 from fedsonmf.federation.flower import load_result  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
+from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.deployment import _free_port  # noqa: E402
 from fedsonmf.federation.inprocess import run_inprocess  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
@@ -77,6 +79,8 @@ def test_recipe_is_parsed_from_the_docs():
     assert {s[1] for s in runs} == set(ADDRESSES)
     assert [s[2][2] for s in runs if s[3]] == ["superlink", "supernode", "supernode"]  # the daemons
     assert all(s[2][0] == "fedsonmf" for s in runs) and runs[-1][2][2] == "submit"
+    submits = [s[2] for s in runs if s[2][2] == "submit"]  # a factorisation, then a clustering
+    assert "--rank" in submits[0] and "--clusters" not in submits[0] and "--clusters" in submits[1]
     # the gate on every daemon: the hosts trust the coordinator's public key, the submitter signs with its private one
     for s in runs:
         if s[3] or s[2][2] == "submit":
@@ -230,7 +234,7 @@ def hosts():
 @pytest.mark.slow
 @pytest.mark.deploy
 def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
-    R, rounds, seed = 3, 3, 0  # as in the recipe's submit line
+    R, rounds, seed, c = 3, 3, 0, 2  # as in the recipe's submit lines
     data = make_synthetic(n_clients=2, n_samples=40, n_features=10, rank=R, heterogeneity=0.5, random_state=2)
     dirs = {h: tmp_path / h for h in ADDRESSES}
     for d in dirs.values():
@@ -262,7 +266,7 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
         else:
             assert proc.returncode == 0, f"{shlex.join(argv)} on {host} failed:\n{log.read_text()}"
             last = log
-    assert "completed 3 rounds" in last.read_text()
+    assert "completed 3 rounds" in last.read_text() and f"{c} clusters of sizes" in last.read_text()
     # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
     markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
     markers.mkdir(mode=0o777)
@@ -305,6 +309,12 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
                             max_rounds=rounds, seed=seed)
     assert res.n_rounds == rounds and res.config["secure_aggregation"] is True
     assert np.array_equal(res.V, ref.V)
+    # the clustering run (`submit --clusters`): the in-process estimator's labels and V, one fit as one run
+    with threadpool_limits(1):
+        est = FedMultiViewClustering(c, max_rounds=rounds, random_state=seed, n_init=1,
+                                     secure_aggregation=True).fit(data.views)
+    assert np.array_equal(read_labels_csv(dirs["link"] / "run2" / "labels.csv"), est.labels_)
+    assert np.array_equal(np.load(dirs["link"] / "run2" / "V.npy"), est.result_.V)
     # stopping the daemon commands stops their gate executors (and everything else they started)
     hosts.down()
     assert _processes_mentioning(str(tmp_path)) == []
@@ -430,3 +440,60 @@ def test_superlink_runtime_api_dials_loopback_for_a_wildcard_listen_address():
     assert sec.superlink_runtime_api("0.0.0.0", 9092) == "127.0.0.1:9092"
     assert sec.superlink_runtime_api("::", 9092) == "[::1]:9092"
 
+
+
+def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_path, monkeypatch, capsys):
+    """``flower submit --clusters c``: the signed run config carries the clustering options (a host's
+    gate accepts it, and refuses it with any of them edited); after the run (here a stand-in for
+    ``flwr run`` that writes what the ServerApp writes) it reports the sizes and, with ``--labels``, the
+    scores, also added to result.json.  Bad clustering options end with exit 2 before anything is
+    submitted."""
+    import subprocess
+    import tomllib
+
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app, main
+    from fedsonmf.federation.flower import gate
+    from fedsonmf.federation.flower.clustering import write_labels_csv
+    from fedsonmf.federation.flower.template import write_app_dir
+
+    authority = gate.Authority.create(tmp_path / "c.key")
+    out, home = tmp_path / "run", tmp_path / "h"
+    found = np.array([0, 0, 1, 1, 1, 0])
+
+    def flwr_run(argv, **kw):  # what the ServerApp leaves in out-dir after a completed clustering run
+        out.mkdir()
+        write_labels_csv(out / "labels.csv", found)
+        (out / "result.json").write_text(json.dumps({"clustering": {"cluster_sizes": [3, 3], "n_components": 4}}))
+        (out / "status.json").write_text(json.dumps({"status": "completed", "n_rounds": 3}))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", flwr_run)
+    (tmp_path / "y.txt").write_text("a\na\nb\nb\nb\nb\n")
+    base = ["flower", "submit", "--superlink", "198.18.0.1:9092", "--insecure", "--out", str(out), "--clients", "2",
+            "--home", str(home), "--coordinator-key", str(tmp_path / "c.key"), "--seed", "0"]
+    r = CliRunner().invoke(app, [*base, "--clusters", "2", "--rank", "paper", "--preprocess", "l2",
+                                 "--labels", str(tmp_path / "y.txt")])
+    assert r.exit_code == 0, r.output
+    assert "2 clusters of sizes [3, 3] (rank r = 4)" in r.output and "ACC 83.3 %" in r.output, r.output
+    assert json.loads((out / "result.json").read_text())["scores"]["acc"] == pytest.approx(5 / 6)
+    conf = tomllib.loads((home / "run-config.toml").read_text())
+    assert (conf["n-clusters"], conf["rank-rule"], conf["preprocess"]) == (2, "paper", "l2")
+    assert {"refine", "refine-starts", "early-stop", "kmeans-n-init"} <= set(conf)
+    fab = gate.fab_sha256(gate.build_fab(write_app_dir(home / "fedsonmf-app")))
+    gate.write_pin(tmp_path / "pin.json", [fab], authority.public_key)
+    host = gate.Gate(tmp_path / "pin.json", tmp_path / "ledger.json")
+    content = gate.build_fab(home / "fedsonmf-app")
+    with pytest.raises(gate.Refused, match="differs"):  # an edited clustering option breaks the signature
+        host.check(content, 7, {**conf, "n-clusters": 3})
+    assert host.check(content, 7, conf)["fab-sha256"] == fab
+    for args, why in ((["--labels", str(tmp_path / "y.txt")], "give --clusters too"),
+                      (["--rank", "auto"], "a rank rule needs --clusters"),
+                      (["--clusters", "2", "--rank", "two"], "must be auto, auto-cap, paper or a positive number"),
+                      (["--clusters", "2", "--labels", str(tmp_path / "no.txt")], "does not exist")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*base, "--out", str(tmp_path / "other"), *args])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and why in err and err.count("error:") == 1, (args, err)
+    assert not (tmp_path / "other").exists()

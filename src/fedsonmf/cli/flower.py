@@ -45,7 +45,7 @@ from fedsonmf.cli.options import (
     with_params,
 )
 from fedsonmf.federation import deployment_defaults as dd
-from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
+from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 
 def _flower():
@@ -298,6 +298,20 @@ def _aligned_over_union(views: list[Path], out: Path):
     return paths, masks, ds.ids
 
 
+#: the --rank of a clustering command
+RANK_HELP = "Rank rule: auto (2 x clusters, narrow views padded), auto-cap, paper (= clusters) or a number (capped " \
+            "at the narrowest view)."
+
+
+def _rank_rule(rank: str):
+    """A clustering command's ``--rank``: ``auto``, ``auto-cap``, ``paper`` or a positive integer."""
+    rule = int(rank) if rank.isdigit() else rank
+    if rule not in ("auto", "auto-cap", "paper") and not (isinstance(rule, int) and rule >= 1):
+        raise typer.BadParameter(f"must be auto, auto-cap, paper or a positive number, got {rank!r}",
+                                 param_hint="--rank")
+    return rule
+
+
 def _read_labels(path: Path, ids, n: int):
     """True classes for scoring, in the nodes' sample order: ``.npy`` or one label per line (views
     without ids), or ``sample_id,label`` lines (aligned by the view files' ids, else by 0..n-1)."""
@@ -307,6 +321,31 @@ def _read_labels(path: Path, ids, n: int):
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
     return align_labels(path, ids, n)
+
+
+def _report_submitted_clustering(out: Path, clusters: int, labels: Path | None) -> None:
+    """After a clustering run submitted on the SuperLink host: the cluster sizes, where the labels are,
+    and with ``labels`` the scores (also added to ``result.json``); bad labels end with exit 2."""
+    import json
+
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.federation.flower.clustering import read_labels_csv
+    from fedsonmf.federation.flower.launcher import _update_result_json
+    from fedsonmf.metrics import clustering_scores
+
+    cl = json.loads((out / "result.json").read_text()).get("clustering", {})
+    typer.echo(f"{clusters} clusters of sizes {cl.get('cluster_sizes')} (rank r = {cl.get('n_components')}); "
+               f"labels: {out / 'labels.csv'}")
+    if labels is None:
+        return
+    found = read_labels_csv(out / "labels.csv")
+    try:
+        sc = clustering_scores(_read_labels(labels, None, found.size), found)
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _update_result_json(out, {"scores": sc})
+    typer.echo(f"ACC {100 * sc['acc']:.1f} %  NMI {100 * sc['nmi']:.1f} %  purity {100 * sc['purity']:.1f} %")
 
 
 def _report(res) -> None:
@@ -401,9 +440,7 @@ def register(app, reproduce_app) -> None:
         labels_out: Optional[Path] = typer.Option(None, "--labels-out", help="Also write the clusters here as CSV "
                                                   "sample_id,cluster with the view files' own ids (server/labels.csv "
                                                   "numbers the samples 0..n-1 in the nodes' order)."),
-        rank: str = typer.Option(dd.RANK_RULE, "--rank", "-r",
-                                 help="Rank rule: auto (2 x clusters, narrow views padded), "
-                                 "auto-cap, paper (= clusters) or a number (capped at the narrowest view)."),
+        rank: str = typer.Option(dd.RANK_RULE, "--rank", "-r", help=RANK_HELP),
         seed: int = _seed_option("Run seed (the fit's and k-means')."),
         round_timeout: float = _round_timeout_option(),
         node_timeout: float = _node_timeout_option(),
@@ -428,10 +465,7 @@ def register(app, reproduce_app) -> None:
         from fedsonmf.exceptions import InputError
         from fedsonmf.protocol.config import FedConfig
 
-        rule = int(rank) if rank.isdigit() else rank
-        if rule not in ("auto", "auto-cap", "paper") and not (isinstance(rule, int) and rule >= 1):
-            raise typer.BadParameter(f"must be auto, auto-cap, paper or a positive number, got {rank!r}",
-                                     param_hint="--rank")
+        rule = _rank_rule(rank)
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         options = {"rank": rule, "preprocess": params.pop("preprocess"),
                    "normalize_embedding": params.pop("normalize_embedding")}
@@ -874,9 +908,18 @@ def _register_machine_commands(flower_app) -> None:
                    public_key=public)
 
     @flower_app.command("submit")
-    @with_params("n_components", *ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics")
+    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding")
     def submit(
         superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
+        clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Cluster the samples into c "
+                                               "clusters (FedMultiViewClustering's pipeline; labels in "
+                                               "OUT/labels.csv); without it the run only factorises."),
+        rank: Optional[str] = typer.Option(None, "--rank", "-r", help=f"Rank r (default {default('n_components')})"
+                                           f"; with --clusters: {RANK_HELP[0].lower()}{RANK_HELP[1:]} Default "
+                                           f"{dd.RANK_RULE}."),
+        labels: Optional[Path] = typer.Option(None, "--labels", help="With --clusters, when submitting on the "
+                                              "SuperLink host: true classes to score against (ACC/NMI/purity), "
+                                              ".npy or one label per line in the nodes' sample order."),
         ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
         pins: Optional[Path] = typer.Option(None, "--pins", help="Pins file on the SuperLink host."),
         out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
@@ -893,7 +936,11 @@ def _register_machine_commands(flower_app) -> None:
                                                        "PRIVATE key (coordinator.key, 0600): signs this run."),
         params: Any = None,
     ):
-        """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status."""
+        """Submit the fedsonmf app to a SuperLink (flwr run --stream) and report the ServerApp's status.
+
+        With --clusters the run clusters the samples as `flower cluster` does on loopback (each node
+        preprocesses its own view, the rank rule is settled at the handshake, the server refines the
+        partition with the nodes); --preprocess and --normalize-embedding apply only then."""
         import json
         import subprocess
 
@@ -907,6 +954,28 @@ def _register_machine_commands(flower_app) -> None:
 
         if not insecure and (ca is None or pins is None):
             raise typer.BadParameter("give --ca and --pins, or --insecure", param_hint="--ca/--pins")
+        from fedsonmf.federation.budget import resolve_budget
+        from fedsonmf.federation.flower.launcher import clustering_run_config
+
+        algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
+        options = {"preprocess": params.pop("preprocess"), "normalize_embedding": params.pop("normalize_embedding")}
+        if clusters is None:
+            if labels is not None:
+                raise typer.BadParameter("--labels scores a clustering: give --clusters too", param_hint="--labels")
+            if rank is not None and not (rank.isdigit() and int(rank) >= 1):
+                raise typer.BadParameter(f"must be a positive number (a rank rule needs --clusters), got {rank!r}",
+                                         param_hint="--rank")
+            if rank is not None:
+                params["n_components"] = int(rank)
+            cfg = FedConfig(**params)
+            cluster_rc = {}
+        else:
+            if labels is not None and not labels.is_file():
+                raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
+            cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
+            cluster_rc = clustering_run_config(clusters, {**options, "rank": _rank_rule(rank or dd.RANK_RULE)})
+        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
+
         if coordinator_key is None:
             raise typer.BadParameter("give --coordinator-key coordinator.key (`fedsonmf flower keys coordinator`): "
                                      "the hosts run only runs it signed", param_hint="--coordinator-key")
@@ -919,18 +988,14 @@ def _register_machine_commands(flower_app) -> None:
                   f"from `fedsonmf flower keys coordinator`): {exc}")
         if insecure:
             typer.echo("WARNING: --insecure: plain HTTP and no node pins", err=True)
-        from fedsonmf.federation.budget import resolve_budget
-
-        algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
-        cfg = FedConfig(**params)
-        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
         home = home.resolve()
         sec.write_connection(home, CONNECTION, superlink_addr, None if insecure else ca)
         app_dir = write_app_dir(home / "fedsonmf-app")
         conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                 "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
                 "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
-                "node-timeout": node_timeout, "node-pins": "" if insecure or pins is None else str(pins.resolve())}
+                "node-timeout": node_timeout, "node-pins": "" if insecure or pins is None else str(pins.resolve()),
+                **cluster_rc}
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
@@ -947,3 +1012,5 @@ def _register_machine_commands(flower_app) -> None:
         if status.get("status") != "completed":
             _fail(f"the run failed: {status.get('error')} (last completed round {status.get('last_completed_round')})")
         typer.echo(f"completed {status.get('n_rounds')} rounds; V: {Path(out) / 'V.npy'}")
+        if clusters is not None:
+            _report_submitted_clustering(out, clusters, labels)

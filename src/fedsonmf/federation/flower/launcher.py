@@ -49,7 +49,7 @@ from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "InsecureDeploymentWarning", "flower_env",
            "run_flower", "load_result", "write_views", "write_masks", "check_inputs", "predict_flower",
-           "PredictOutcome", "CLUSTERING_DEFAULTS"]
+           "PredictOutcome", "CLUSTERING_DEFAULTS", "clustering_run_config"]
 
 
 def load_result(out_dir) -> FitResult:
@@ -88,7 +88,10 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "refine_spectral_steps": default("refine_spectral_steps")}
 
 
-def _clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
+def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
+    """The run-config keys of a clustering run (``n-clusters``, ``rank-rule``, ...) from the options
+    ``clustering`` (keys of :data:`CLUSTERING_DEFAULTS`, the others at their defaults); a
+    :class:`ParameterError` names unknown options and a bad rank rule."""
     opts = {**CLUSTERING_DEFAULTS, **(clustering or {})}
     unknown = sorted(set(opts) - set(CLUSTERING_DEFAULTS))
     if unknown:
@@ -229,7 +232,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                  mask_paths=mask_paths)
     if labels is not None and n_clusters is None:
         raise ParameterError("labels (to score against) need n_clusters")
-    cluster_rc = _clustering_run_config(n_clusters, clustering) if n_clusters is not None else {}
+    cluster_rc = clustering_run_config(n_clusters, clustering) if n_clusters is not None else {}
     run_dir = Path(run_dir).resolve()
     lock = _lock_run_dir(run_dir)  # before job.json: a second launch must not touch the first's files
     try:
