@@ -105,6 +105,14 @@ def _cases(tmp_path):
                                                   tmp_path / "r", "--clients", 2, "--insecure", "--clusters", 2,
                                                   "--rank", "big", "--coordinator-key", tmp_path / "c.key"], 2,
                                                  "--rank"),
+        # group: fedsonmf flower align
+        "flower align tags without a key": (["flower", "align", "tags", v0, "--key", tmp_path / "link.key", "--out",
+                                           tmp_path / "t.json"], 2, "does not exist"),
+        "flower align positions unreadable": (["flower", "align", "positions", nope, "--out-dir", tmp_path / "p"], 2,
+                                              "does not exist"),
+        "flower align view of another file": (["flower", "align", "view", v0, "--key", tmp_path / "link.key",
+                                               "--positions", nope, "--out", tmp_path / "a"], 2, "does not exist"),
+        "flower align key unwritable": (["flower", "align", "key", sub / "k"], 1, "Not a directory"),
         # group: fedsonmf flower keys
         "flower keys tls unwritable": (["flower", "keys", "tls", sub, "--host", "127.0.0.1"], 1, "Not a directory"),
         "flower keys node unwritable": (["flower", "keys", "node", sub, "--name", "n0"], 1, "Not a directory"),

@@ -38,6 +38,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
+from fedsonmf.cli import align
 from fedsonmf.cli.options import (
     ALGORITHM_OPTIONS,
     CONTEXT,
@@ -746,6 +747,7 @@ def _register_machine_commands(flower_app) -> None:
     keys_app = typer.Typer(help="Create TLS certificates and SuperNode key pairs.", no_args_is_help=True,
                            context_settings=CONTEXT)
     flower_app.add_typer(keys_app, name="keys")
+    align.register(flower_app, _fail)
 
     @keys_app.command("tls")
     def keys_tls(

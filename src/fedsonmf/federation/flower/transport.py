@@ -148,8 +148,9 @@ def check_same_ids(info: dict, node_ids: Sequence[int], file: str = "view file")
             raise FederationError(
                 f"view {p} (node {node_ids[p]}) holds other sample ids than view {first} in its {file}: every "
                 f"file must hold the same sample ids, in any row order (each node sorts its rows by id); for views "
-                f"that hold different samples, agree on one order of all samples and give each node its "
-                f"availability mask (docs/flower.md, \"Sample ids\")", client=p, round=0, node_id=node_ids[p])
+                f"that hold different samples, align the files first with `fedsonmf flower align` (keyed tags of the "
+                f"ids; docs/flower.md, \"Files of different samples between separate machines\")",
+                client=p, round=0, node_id=node_ids[p])
 
 
 def _error_text(rep: FlwrMessage) -> str:
