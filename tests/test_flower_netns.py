@@ -79,8 +79,9 @@ def test_recipe_is_parsed_from_the_docs():
     assert {s[1] for s in runs} == set(ADDRESSES)
     assert [s[2][2] for s in runs if s[3]] == ["superlink", "supernode", "supernode"]  # the daemons
     assert all(s[2][0] == "fedsonmf" for s in runs) and runs[-1][2][2] == "submit"
-    submits = [s[2] for s in runs if s[2][2] == "submit"]  # a factorisation, then a clustering
+    submits = [s[2] for s in runs if s[2][2] == "submit"]  # a factorisation, a clustering, a predict run
     assert "--rank" in submits[0] and "--clusters" not in submits[0] and "--clusters" in submits[1]
+    assert submits[2][submits[2].index("--predict-from") + 1] == submits[1][submits[1].index("--out") + 1]
     # the gate on every daemon: the hosts trust the coordinator's public key, the submitter signs with its private one
     for s in runs:
         if s[3] or s[2][2] == "submit":
@@ -239,8 +240,10 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     dirs = {h: tmp_path / h for h in ADDRESSES}
     for d in dirs.values():
         d.mkdir()
-    for i, X in enumerate(data.views):  # each node holds only its own view
+    new = make_synthetic(n_clients=2, n_samples=12, n_features=10, rank=R, heterogeneity=0.5, random_state=5)
+    for i, (X, Xn) in enumerate(zip(data.views, new.views)):  # each node holds only its own view (and new samples)
         np.save(dirs[f"node{i}"] / f"view{i}.npy", np.asarray(X, dtype=np.float64))
+        np.save(dirs[f"node{i}"] / f"new{i}.npy", np.asarray(Xn, dtype=np.float64))
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     logs = tmp_path / "logs"
@@ -266,7 +269,9 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
         else:
             assert proc.returncode == 0, f"{shlex.join(argv)} on {host} failed:\n{log.read_text()}"
             last = log
-    assert "completed 3 rounds" in last.read_text() and f"{c} clusters of sizes" in last.read_text()
+    assert "assigned 12 new samples" in last.read_text()
+    fits = sorted(logs.glob("*-link-submit.log"))[:2]
+    assert "completed 3 rounds" in fits[1].read_text() and f"{c} clusters of sizes" in fits[1].read_text()
     # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
     markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
     markers.mkdir(mode=0o777)
@@ -315,6 +320,10 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
                                      secure_aggregation=True).fit(data.views)
     assert np.array_equal(read_labels_csv(dirs["link"] / "run2" / "labels.csv"), est.labels_)
     assert np.array_equal(np.load(dirs["link"] / "run2" / "V.npy"), est.result_.V)
+    # the predict run (`submit --predict-from run2`): the estimator's predict on the nodes' new samples
+    with threadpool_limits(1):
+        want = est.predict(new.views)
+    assert np.array_equal(read_labels_csv(dirs["link"] / "run2-new" / "labels.csv"), want)
     # stopping the daemon commands stops their gate executors (and everything else they started)
     hosts.down()
     assert _processes_mentioning(str(tmp_path)) == []
@@ -488,7 +497,20 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     with pytest.raises(gate.Refused, match="differs"):  # an edited clustering option breaks the signature
         host.check(content, 7, {**conf, "n-clusters": 3})
     assert host.check(content, 7, conf)["fab-sha256"] == fab
+    # --predict-from: a signed predict run config naming the fit's out-dir, then the new samples' report
+    out = tmp_path / "new"
+    np.save(tmp_path / "run" / "centers.npy", np.eye(2))
+    r = CliRunner().invoke(app, [*base[:base.index("--out")], "--out", str(out), *base[base.index("--out") + 2:],
+                                 "--predict-from", str(tmp_path / "run"), "--labels", str(tmp_path / "y.txt")])
+    assert r.exit_code == 0, r.output
+    assert "assigned 6 new samples, per cluster [3, 3]" in r.output and "ACC 83.3 %" in r.output, r.output
+    conf = tomllib.loads((home / "run-config.toml").read_text())
+    assert (conf["mode"], conf["model-dir"]) == ("predict", str(tmp_path / "run"))
+    assert "n-clusters" not in conf and "num-rounds" not in conf
+    assert host.check(content, 8, conf)["fab-sha256"] == fab
     for args, why in ((["--labels", str(tmp_path / "y.txt")], "give --clusters too"),
+                      (["--predict-from", str(tmp_path / "run"), "--clusters", "2"], "a predict run fits nothing"),
+                      (["--predict-from", str(tmp_path)], "holds no clustering run (no centers.npy)"),
                       (["--rank", "auto"], "a rank rule needs --clusters"),
                       (["--clusters", "2", "--rank", "two"], "must be auto, auto-cap, paper or a positive number"),
                       (["--clusters", "2", "--labels", str(tmp_path / "no.txt")], "does not exist")):

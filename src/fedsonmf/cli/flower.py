@@ -329,14 +329,32 @@ def _report_submitted_clustering(out: Path, clusters: int, labels: Path | None) 
     and with ``labels`` the scores (also added to ``result.json``); bad labels end with exit 2."""
     import json
 
+    cl = json.loads((out / "result.json").read_text()).get("clustering", {})
+    typer.echo(f"{clusters} clusters of sizes {cl.get('cluster_sizes')} (rank r = {cl.get('n_components')}); "
+               f"labels: {out / 'labels.csv'}")
+    _score_submitted(out, labels)
+
+
+def _report_submitted_predict(out: Path, labels: Path | None) -> None:
+    """After a predict run submitted on the SuperLink host: how many new samples went to each cluster,
+    where their labels are, and with ``labels`` the scores."""
+    import numpy as np
+
+    from fedsonmf.federation.flower.clustering import read_labels_csv
+
+    found = read_labels_csv(out / "labels.csv")
+    typer.echo(f"assigned {found.size} new samples, per cluster {np.bincount(found).tolist()}; labels: "
+               f"{out / 'labels.csv'}")
+    _score_submitted(out, labels)
+
+
+def _score_submitted(out: Path, labels: Path | None) -> None:
+    """With ``labels``: the scores of ``out/labels.csv`` against them, printed and added to result.json."""
     from fedsonmf.exceptions import InputError
     from fedsonmf.federation.flower.clustering import read_labels_csv
     from fedsonmf.federation.flower.launcher import _update_result_json
     from fedsonmf.metrics import clustering_scores
 
-    cl = json.loads((out / "result.json").read_text()).get("clustering", {})
-    typer.echo(f"{clusters} clusters of sizes {cl.get('cluster_sizes')} (rank r = {cl.get('n_components')}); "
-               f"labels: {out / 'labels.csv'}")
     if labels is None:
         return
     found = read_labels_csv(out / "labels.csv")
@@ -881,6 +899,9 @@ def _register_machine_commands(flower_app) -> None:
         min_cluster_size: int = typer.Option(1, "--refine-min-cluster-size", min=1, help="Answer refinement "
                                              "labels only when every nonempty cluster holds at least this many "
                                              "samples (2 or more refuses the seeded starts)."),
+        predict: Optional[Path] = typer.Option(None, "--predict", help="This node's file of new samples (same "
+                                               "features as --view) for `submit --predict-from`; restart the node "
+                                               "with it, with the same --state-dir as the fit."),
     ):
         """Run flower-supernode for one view, with TLS, its own key and the gate (foreground).
 
@@ -889,8 +910,9 @@ def _register_machine_commands(flower_app) -> None:
         runs without secure aggregation unless given ``--allow-plain``."""
         sec = _sec()
         try:
-            if not view.is_file():
-                raise sec.InputError(f"view file {view} does not exist")
+            for what, path in (("view", view), ("new-sample", predict)):
+                if path is not None and not path.is_file():
+                    raise sec.InputError(f"{what} file {path} does not exist")
             if insecure:
                 typer.echo("WARNING: --insecure: plain HTTP, no node key", err=True)
                 ca_cert = private = None
@@ -902,7 +924,8 @@ def _register_machine_commands(flower_app) -> None:
             args = sec.supernode_args(superlink_addr, ca_cert, private,
                                       sec.node_config(partition, partitions, view, state_dir, mask,
                                                       require_secure=not allow_plain,
-                                                      min_cluster_size=min_cluster_size), port=runtime_port)
+                                                      min_cluster_size=min_cluster_size, predict=predict),
+                                      port=runtime_port)
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)
@@ -922,6 +945,10 @@ def _register_machine_commands(flower_app) -> None:
         labels: Optional[Path] = typer.Option(None, "--labels", help="With --clusters, when submitting on the "
                                               "SuperLink host: true classes to score against (ACC/NMI/purity), "
                                               ".npy or one label per line in the nodes' sample order."),
+        predict_from: Optional[Path] = typer.Option(None, "--predict-from", help="Assign new samples instead of "
+                                                    "fitting: the out-dir of a clustering run (on the SuperLink "
+                                                    "host) whose bases and centres to use; each node embeds the "
+                                                    "file its `supernode --predict` names."),
         ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
         pins: Optional[Path] = typer.Option(None, "--pins", help="Pins file on the SuperLink host."),
         out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
@@ -942,7 +969,8 @@ def _register_machine_commands(flower_app) -> None:
 
         With --clusters the run clusters the samples as `flower cluster` does on loopback (each node
         preprocesses its own view, the rank rule is settled at the handshake, the server refines the
-        partition with the nodes); --preprocess and --normalize-embedding apply only then."""
+        partition with the nodes); --preprocess and --normalize-embedding apply only then.  With
+        --predict-from RUN it assigns new samples to RUN's clusters (one exchange, the bases fixed)."""
         import json
         import subprocess
 
@@ -961,7 +989,19 @@ def _register_machine_commands(flower_app) -> None:
 
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         options = {"preprocess": params.pop("preprocess"), "normalize_embedding": params.pop("normalize_embedding")}
-        if clusters is None:
+        cluster_rc: dict[str, Any] = {}
+        if predict_from is not None:
+            if clusters is not None or rank is not None or resume:
+                raise typer.BadParameter("a predict run fits nothing: leave out --clusters, --rank and --resume",
+                                         param_hint="--predict-from")
+            model = predict_from.resolve()
+            if model.exists() and not (model / "centers.npy").is_file():
+                raise typer.BadParameter(f"{model} holds no clustering run (no centers.npy): give the out-dir of "
+                                         "a `submit --clusters` run", param_hint="--predict-from")
+            if labels is not None and not labels.is_file():
+                raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
+            cfg = FedConfig(**params)  # (unused: the fit's own configuration applies)
+        elif clusters is None:
             if labels is not None:
                 raise typer.BadParameter("--labels scores a clustering: give --clusters too", param_hint="--labels")
             if rank is not None and not (rank.isdigit() and int(rank) >= 1):
@@ -970,7 +1010,6 @@ def _register_machine_commands(flower_app) -> None:
             if rank is not None:
                 params["n_components"] = int(rank)
             cfg = FedConfig(**params)
-            cluster_rc = {}
         else:
             if labels is not None and not labels.is_file():
                 raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
@@ -993,11 +1032,14 @@ def _register_machine_commands(flower_app) -> None:
         home = home.resolve()
         sec.write_connection(home, CONNECTION, superlink_addr, None if insecure else ca)
         app_dir = write_app_dir(home / "fedsonmf-app")
-        conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
-                "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics),
-                "out-dir": str(out.resolve()), "job-id": job_id, "resume": resume, "round-timeout": round_timeout,
-                "node-timeout": node_timeout, "node-pins": "" if insecure or pins is None else str(pins.resolve()),
-                **cluster_rc}
+        common = {"out-dir": str(out.resolve()), "round-timeout": round_timeout, "node-timeout": node_timeout,
+                  "node-pins": "" if insecure or pins is None else str(pins.resolve())}
+        if predict_from is not None:  # the nodes and the fit's job id come from the fit's record in model-dir
+            conf = {"mode": "predict", "model-dir": str(predict_from.resolve()), **common}
+        else:
+            conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
+                    "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
+                    "resume": resume, **common, **cluster_rc}
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
@@ -1013,6 +1055,9 @@ def _register_machine_commands(flower_app) -> None:
             raise typer.Exit(0 if proc.returncode == 0 else 1)
         if status.get("status") != "completed":
             _fail(f"the run failed: {status.get('error')} (last completed round {status.get('last_completed_round')})")
+        if predict_from is not None:
+            _report_submitted_predict(out, labels)
+            return
         typer.echo(f"completed {status.get('n_rounds')} rounds; V: {Path(out) / 'V.npy'}")
         if clusters is not None:
             _report_submitted_clustering(out, clusters, labels)

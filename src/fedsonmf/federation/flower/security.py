@@ -440,7 +440,7 @@ def superlink_runtime_api(host: str, port: int) -> str:
 
 
 def node_config(partition: int, partitions: int, view, state_dir=None, mask=None, *,
-                require_secure: bool = True, min_cluster_size: int = 1) -> str:
+                require_secure: bool = True, min_cluster_size: int = 1, predict=None) -> str:
     """The ``--node-config`` string of the node holding view ``partition``.
 
     Parameters
@@ -460,6 +460,9 @@ def node_config(partition: int, partitions: int, view, state_dir=None, mask=None
         take part in runs whose uploads are not masked.
     min_cluster_size : int, default=1
         The node's policy ``refine-min-cluster-size`` (written when above 1).
+    predict : path or None, default=None
+        The node's file of new samples (``predict-path``) that a ``predict`` run embeds; only the
+        node config names a file a node reads, never a run config.
 
     Returns
     -------
@@ -473,6 +476,8 @@ def node_config(partition: int, partitions: int, view, state_dir=None, mask=None
         text += f' mask-path="{Path(mask).resolve()}"'
     if int(min_cluster_size) > 1:
         text += f" refine-min-cluster-size={int(min_cluster_size)}"
+    if predict is not None:
+        text += f' predict-path="{Path(predict).resolve()}"'
     return text
 
 
