@@ -85,6 +85,18 @@ def test_cli_align_gives_load_views_masks_in_the_tags_order(tmp_path):
     for name in names:
         text = (tmp_path / f"{name}.tags.json").read_text() + (tmp_path / "pos" / f"{name}.positions.json").read_text()
         assert "s0" not in text
+    # the run's labels.csv (rows 0..n-1 in the nodes' order) back to each organisation's own ids
+    clusters = np.random.default_rng(3).integers(0, 4, size=30)
+    (tmp_path / "labels.csv").write_text("sample_id,cluster\n" + "".join(f"{i},{k}\n" for i, k in enumerate(clusters)))
+    by_id = dict(zip(np.asarray(ds.ids, dtype=str)[order], clusters))  # row i of the run is the i-th tag's sample
+    for name, path in zip(names, paths):
+        r = run.invoke(app, ["flower", "align", "labels", str(tmp_path / "labels.csv"), str(path), "--key", str(key),
+                             "--positions", str(tmp_path / "pos" / f"{name}.positions.json"), "--out",
+                             str(tmp_path / f"{name}.clusters.csv")])
+        assert r.exit_code == 0, r.output
+        rows = [line.split(",") for line in (tmp_path / f"{name}.clusters.csv").read_text().splitlines()[1:]]
+        assert sorted(i for i, _ in rows) == sorted(lk_read(path)[1])  # every sample of its own, no other
+        assert all(int(k) == by_id[i] for i, k in rows)
     pos_b = json.loads((tmp_path / "pos" / "hospB.positions.json").read_text())
     assert pos_b["n_samples"] == 30 and len(pos_b["positions"]) == 26 and set(pos_b) == {
         "format", "n_samples", "tags_sha256", "positions"}
@@ -164,10 +176,32 @@ def test_cli_align_bad_input_exits_2_with_one_error_line(tmp_path, capsys):
              (["tags", str(tmp_path / "v.npy"), "--key", str(tmp_path / "none"), "--out", str(tmp_path / "t.json")],
               "does not exist"),
              (["positions", str(tmp_path / "missing.tags.json"), "--out-dir", str(tmp_path / "pos")], "does not exist"),
-             (["key", str(tmp_path / "k")], "never overwritten")]
+             (["key", str(tmp_path / "k")], "never overwritten"),
+             (["labels", str(tmp_path / "nolabels.csv"), str(tmp_path / "v.npy"), "--out", str(tmp_path / "c.csv")],
+              "does not exist"),
+             (["labels", str(tmp_path / "k"), str(tmp_path / "v.npy"), "--out", str(tmp_path / "c.csv")],
+              "is not a run's labels.csv"),
+             (["labels", str(tmp_path / "t.json"), str(tmp_path / "v.npy"), "--key", str(tmp_path / "k"), "--out",
+               str(tmp_path / "c.csv")], "give --key and --positions together")]
     for args, why in cases:
         with pytest.raises(SystemExit) as exit_:
             main(["flower", "align", *args])
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and why in err and err.count("error:") == 1, (args, err)
     assert not (tmp_path / "t.json").exists() and not (tmp_path / "pos").exists()
+
+
+def test_labels_of_complete_files_by_id_follow_the_nodes_sort(tmp_path):
+    """Without a key: the nodes sorted their rows by id (integers as integers), so row i of labels.csv
+    is the i-th smallest id, whatever order the organisation's file lists its rows in."""
+    ids = np.array(["10", "9", "100", "7"])
+    np.save(tmp_path / "v.npy", np.ones((4, 2)))
+    (tmp_path / "v.ids.txt").write_text("\n".join(ids) + "\n")
+    (tmp_path / "labels.csv").write_text("sample_id,cluster\n0,5\n1,6\n2,7\n3,8\n")  # rows: 7, 9, 10, 100
+    r = CliRunner().invoke(app, ["flower", "align", "labels", str(tmp_path / "labels.csv"), str(tmp_path / "v.npy"),
+                                 "--out", str(tmp_path / "c.csv")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "c.csv").read_text().splitlines() == ["sample_id,cluster", "10,7", "9,6", "100,8", "7,5"]
+    (tmp_path / "short.csv").write_text("sample_id,cluster\n0,1\n1,1\n")
+    with pytest.raises(InputError, match="the run has 2 samples and this file 4"):
+        lk.own_rows(ids, 2)

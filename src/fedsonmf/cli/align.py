@@ -7,11 +7,14 @@ their ids, for a federation between separate machines (:mod:`fedsonmf.datasets.l
     [each organisation]  fedsonmf flower align view view.csv --key link.key --positions hospA.positions.json \\
                              --out aligned
     [each organisation]  fedsonmf flower supernode ... --view aligned/view.npy --mask aligned/view.mask.npy
+    [each organisation]  fedsonmf flower align labels labels.csv view.csv --key link.key \
+                             --positions hospA.positions.json --out clusters.csv   # its samples, its ids
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -122,3 +125,58 @@ def register(flower_app, fail) -> None:
             fail(exc)
         typer.echo(f"wrote {path} ({n} samples, {int(np.count_nonzero(mask))} held here) and its mask "
                    f"{mask_path}: start this organisation's SuperNode with --view {path} --mask {mask_path}")
+
+    @align_app.command("labels")
+    def labels_cmd(
+        run_labels: Path = typer.Argument(..., help="The run's labels.csv (sample_id,cluster with the rows 0..n-1 "
+                                          "of the nodes' order), as the coordinator shares it."),
+        view: Path = typer.Argument(..., help="This organisation's view file, with its sample ids."),
+        out: Path = typer.Option(..., "--out", "-o", help="CSV sample_id,cluster of this organisation's samples, "
+                                 "by its own ids (0600)."),
+        key_path: Optional[Path] = typer.Option(None, "--key", help="The linkage key, for files aligned with "
+                                                "`align view`."),
+        positions_path: Optional[Path] = typer.Option(None, "--positions", help="This organisation's "
+                                                      "NAME.positions.json, for files aligned with `align view`."),
+    ):
+        """This organisation's samples' clusters by its own ids, from the run's labels.csv."""
+        from fedsonmf.datasets.files import read_view, write_assignments
+        from fedsonmf.datasets.linkage import own_rows, read_key, read_positions
+        from fedsonmf.exceptions import InputError
+
+        try:
+            if (key_path is None) != (positions_path is None):
+                raise InputError("give --key and --positions together (files aligned with `align view`), or neither")
+            labels = _read_run_labels(run_labels)
+            _, ids = read_view(view, mmap_mode="r", validate=False)
+            if ids is None:
+                raise InputError(f"{view} carries no sample ids: line i of {run_labels.name} is row i of the file")
+            if key_path is None:
+                mine, rows = own_rows(ids, labels.size)
+            else:
+                n, pos, digest = read_positions(positions_path)
+                if n != labels.size:
+                    raise InputError(f"{run_labels} has {labels.size} samples, the positions file {n}")
+                mine, rows = own_rows(ids, n, read_key(key_path), pos, digest)
+            write_assignments(out, mine, labels[rows])
+        except (InputError, OSError) as exc:
+            fail(exc)
+        typer.echo(f"wrote {out}: the clusters of this organisation's {len(mine)} samples, by its ids")
+
+
+def _read_run_labels(path: Path):
+    """The clusters of a run's ``labels.csv`` (``sample_id,cluster``, ids 0..n-1), in row order."""
+    import numpy as np
+
+    from fedsonmf.exceptions import InputError
+
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"labels file {path} does not exist") from None
+    try:
+        pairs = sorted((int(a), int(b)) for a, b in (line.split(",") for line in lines[1:] if line.strip()))
+    except ValueError:
+        raise InputError(f"{path} is not a run's labels.csv (sample_id,cluster lines of integers)") from None
+    if lines[:1] != ["sample_id,cluster"] or [i for i, _ in pairs] != list(range(len(pairs))):
+        raise InputError(f"{path} is not a run's labels.csv (a sample_id,cluster header, then the rows 0..n-1)")
+    return np.array([k for _, k in pairs], dtype=np.int64)

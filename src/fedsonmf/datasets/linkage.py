@@ -46,10 +46,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf._io import check_private_file, write_atomic, write_json_atomic
+from fedsonmf.datasets.files import _id_keys
 from fedsonmf.exceptions import InputError
 
 __all__ = ["KEY_BYTES", "new_key", "read_key", "canonical_id", "id_tags", "tags_digest", "positions",
-           "aligned_view", "write_tags", "read_tags", "write_positions", "read_positions"]
+           "aligned_view", "own_rows", "write_tags", "read_tags", "write_positions", "read_positions"]
 
 #: bytes of a linkage key (HMAC-SHA256's block-size-independent strength: 256 bits)
 KEY_BYTES = 32
@@ -163,6 +164,38 @@ def aligned_view(X, ids, key: bytes, n: int, pos, digest: str | None = None):
     out = np.zeros((int(n), X.shape[1]), dtype=X.dtype)
     out[pos] = X[order]
     return out, mask
+
+
+def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None = None):
+    """Where an organisation's samples are among the n rows of a run (its ``labels.csv``):
+    ``(ids, rows)``, each of its ids and the row that holds that sample.
+
+    With ``key`` and ``pos`` (files aligned by :func:`aligned_view`) row ``pos[k]`` is the sample of
+    the k-th smallest tag; without, the node sorted its rows by id (integers as integers when every
+    id is one, as :func:`fedsonmf.datasets.files.read_view` does), so row i is the i-th smallest id
+    and the run must have exactly as many rows as the file.
+    """
+    ids = np.asarray(ids, dtype=str)
+    if key is None:
+        if ids.size != int(n):
+            raise InputError(f"the run has {n} samples and this file {ids.size}: for files of different samples, "
+                             "give the linkage key and this organisation's positions file")
+        (keyed,), _ = _id_keys([ids])  # the node's sort key of each id, in the file's order
+        return ids, _ranks(keyed)
+    tags = id_tags(ids, key)
+    pos = np.asarray(pos, dtype=np.int64)
+    if digest is not None and digest != tags_digest(tags):
+        raise InputError("the positions file answers another list of tags (another file, or another key)")
+    if pos.shape != (tags.size,) or (tags.size and (pos.min() < 0 or pos.max() >= n)):
+        raise InputError(f"the positions file does not place this file's {tags.size} samples among {n}")
+    return ids, pos[_ranks(tags)]
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """The rank of each value in the sorted order (distinct values): row k of the sorted view holds it."""
+    rank = np.empty(values.size, dtype=np.int64)
+    rank[np.argsort(values, kind="stable")] = np.arange(values.size)
+    return rank
 
 
 def write_tags(path, tags) -> Path:
