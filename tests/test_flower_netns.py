@@ -480,9 +480,9 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
 
     monkeypatch.setattr(subprocess, "run", flwr_run)
     (tmp_path / "y.txt").write_text("a\na\nb\nb\nb\nb\n")
-    base = ["flower", "submit", "--superlink", "198.18.0.1:9092", "--insecure", "--out", str(out), "--clients", "2",
+    base = ["flower", "submit", "--superlink", "198.18.0.1:9092", "--insecure", "--out", str(out),
             "--home", str(home), "--coordinator-key", str(tmp_path / "c.key"), "--seed", "0"]
-    r = CliRunner().invoke(app, [*base, "--clusters", "2", "--rank", "paper", "--preprocess", "l2",
+    r = CliRunner().invoke(app, [*base, "--clients", "2", "--clusters", "2", "--rank", "paper", "--preprocess", "l2",
                                  "--labels", str(tmp_path / "y.txt")])
     assert r.exit_code == 0, r.output
     assert "2 clusters of sizes [3, 3] (rank r = 4)" in r.output and "ACC 83.3 %" in r.output, r.output
@@ -508,12 +508,14 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     assert (conf["mode"], conf["model-dir"]) == ("predict", str(tmp_path / "run"))
     assert "n-clusters" not in conf and "num-rounds" not in conf
     assert host.check(content, 8, conf)["fab-sha256"] == fab
-    for args, why in ((["--labels", str(tmp_path / "y.txt")], "give --clusters too"),
+    for args, why in ((["--clients", "2", "--labels", str(tmp_path / "y.txt")], "give --clusters too"),
                       (["--predict-from", str(tmp_path / "run"), "--clusters", "2"], "a predict run fits nothing"),
                       (["--predict-from", str(tmp_path)], "holds no clustering run (no centers.npy)"),
-                      (["--rank", "auto"], "a rank rule needs --clusters"),
-                      (["--clusters", "2", "--rank", "two"], "must be auto, auto-cap, paper or a positive number"),
-                      (["--clusters", "2", "--labels", str(tmp_path / "no.txt")], "does not exist")):
+                      (["--clusters", "2"], "give the number of views"),
+                      (["--clients", "2", "--rank", "auto"], "a rank rule needs --clusters"),
+                      (["--clients", "2", "--clusters", "2", "--rank", "two"],
+                       "must be auto, auto-cap, paper or a positive number"),
+                      (["--clients", "2", "--clusters", "2", "--labels", str(tmp_path / "no.txt")], "does not exist")):
         with pytest.raises(SystemExit) as exit_:
             main([*base, "--out", str(tmp_path / "other"), *args])
         err = capsys.readouterr().err

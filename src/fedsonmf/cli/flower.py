@@ -953,7 +953,8 @@ def _register_machine_commands(flower_app) -> None:
         pins: Optional[Path] = typer.Option(None, "--pins", help="Pins file on the SuperLink host."),
         out: Path = typer.Option(..., "--out", help="out-dir on the SuperLink host (a relative path is resolved "
                                  "here: submit on the SuperLink host, or give an absolute path)."),
-        clients: int = typer.Option(..., "--clients", min=1, help="Number of views (SuperNodes)."),
+        clients: Optional[int] = typer.Option(None, "--clients", min=1, help="Number of views (SuperNodes) of a "
+                                              "fit (a predict run takes its fit's)."),
         seed: int = _seed_option("Run seed."),
         job_id: str = typer.Option("", "--job-id", help="Names the nodes' state files (keep it to resume)."),
         resume: bool = typer.Option(False, "--resume", help="Continue from out-dir/checkpoint."),
@@ -1000,22 +1001,24 @@ def _register_machine_commands(flower_app) -> None:
                                          "a `submit --clusters` run", param_hint="--predict-from")
             if labels is not None and not labels.is_file():
                 raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
-            cfg = FedConfig(**params)  # (unused: the fit's own configuration applies)
-        elif clusters is None:
-            if labels is not None:
-                raise typer.BadParameter("--labels scores a clustering: give --clusters too", param_hint="--labels")
-            if rank is not None and not (rank.isdigit() and int(rank) >= 1):
-                raise typer.BadParameter(f"must be a positive number (a rank rule needs --clusters), got {rank!r}",
-                                         param_hint="--rank")
-            if rank is not None:
-                params["n_components"] = int(rank)
-            cfg = FedConfig(**params)
-        else:
-            if labels is not None and not labels.is_file():
-                raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
-            cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
-            cluster_rc = clustering_run_config(clusters, {**options, "rank": _rank_rule(rank or dd.RANK_RULE)})
-        rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
+        else:  # a fit: the factorisation, or the clustering with --clusters
+            if clients is None:
+                raise typer.BadParameter("give the number of views (SuperNodes) of the fit", param_hint="--clients")
+            if clusters is None:
+                if labels is not None:
+                    raise typer.BadParameter("--labels scores a clustering: give --clusters too",
+                                             param_hint="--labels")
+                if rank is not None and not (rank.isdigit() and int(rank) >= 1):
+                    raise typer.BadParameter(f"must be a positive number (a rank rule needs --clusters), got "
+                                             f"{rank!r}", param_hint="--rank")
+                if rank is not None:
+                    params["n_components"] = int(rank)
+            else:
+                if labels is not None and not labels.is_file():
+                    raise typer.BadParameter(f"labels file {labels} does not exist", param_hint="--labels")
+                cluster_rc = clustering_run_config(clusters, {**options, "rank": _rank_rule(rank or dd.RANK_RULE)})
+            cfg = FedConfig(**params)  # with --clusters, n_components is the rank rule's (at the handshake)
+            rounds, tol = resolve_budget(cfg, rounds, tol)  # a bad budget: one error: line, exit 2 (cli.app.main)
 
         if coordinator_key is None:
             raise typer.BadParameter("give --coordinator-key coordinator.key (`fedsonmf flower keys coordinator`): "
