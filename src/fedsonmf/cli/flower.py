@@ -247,6 +247,35 @@ def _mask_option():
                                              "view, in view order; '-' for a complete view.")
 
 
+def _missing_option():
+    return typer.Option("error", "--missing", help="View files whose ids differ: 'error', or 'mask': align them "
+                                                   "here over the union of their ids, each node with its "
+                                                   "availability mask (files without ids: an all-zero row is a "
+                                                   "missing sample), as `fedsonmf cluster --missing mask` does.")
+
+
+def _apply_missing(views: list[Path], mask_paths, missing: str, out: Path):
+    """``--missing``: ``(views, mask_paths, ids)`` to launch with -- the files as given ('error'), or their
+    copies aligned over the union of their ids with a mask each ('mask', :func:`_aligned_over_union`);
+    ``ids`` as :func:`fedsonmf.datasets.files.sorted_ids` gives them when the alignment found ids."""
+    from fedsonmf.exceptions import InputError
+
+    if missing not in ("error", "mask"):
+        raise typer.BadParameter(f"must be 'error' or 'mask', got {missing!r}", param_hint="--missing")
+    if missing == "error":
+        return views, mask_paths, None
+    if mask_paths is not None:
+        raise typer.BadParameter("--missing mask makes each node's mask from the files; leave out --mask",
+                                 param_hint="--mask")
+    _check_out_folder(out)  # the aligned copies are written into it
+    try:
+        views, mask_paths, raw = _aligned_over_union(views, out)
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return views, mask_paths, None if raw is None else (raw, raw.dtype.kind == "i")
+
+
 def _insecure_option():
     return typer.Option(False, "--insecure", help="No TLS and no SuperNode authentication "
                         "(secure by default: per-deployment CA, node keys, views pinned to keys).")
@@ -412,6 +441,7 @@ def register(app, reproduce_app) -> None:
                                                   "certificate, server key (0600)."),
         insecure: bool = _insecure_option(),
         masks: Optional[list[str]] = _mask_option(),
+        missing: str = _missing_option(),
         min_clients: Optional[float] = _min_clients_option(),
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
@@ -431,6 +461,8 @@ def register(app, reproduce_app) -> None:
             raise typer.BadParameter("--insecure and --tls exclude each other", param_hint="--tls")
         cfg = FedConfig(**params)
         mask_paths = _mask_paths(masks, len(views))
+        given = list(views)  # the inputs of record (--json), also when the nodes get aligned copies
+        views, mask_paths, _ = _apply_missing(views, mask_paths, missing, out)
         part = _participation(min_clients, sample_clients, rejoin)
         rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_components=cfg.n_components,
                                             mask_paths=mask_paths, resume=resume)[1:]
@@ -444,7 +476,7 @@ def register(app, reproduce_app) -> None:
         server = Path(out).resolve() / "server"
         typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
         if json_path is not None:
-            res.save_json(json_path, inputs=[Path(v) for v in views])
+            res.save_json(json_path, inputs=[Path(v) for v in given])
             typer.echo(f"wrote {json_path}")
 
     @flower_app.command("cluster")
@@ -467,10 +499,7 @@ def register(app, reproduce_app) -> None:
         secure_aggregation: bool = _secure_aggregation_option(),
         insecure: bool = _insecure_option(),
         masks: Optional[list[str]] = _mask_option(),
-        missing: str = typer.Option("error", "--missing", help="View files whose ids differ: 'error', or 'mask': "
-                                    "align them here over the union of their ids, each node with its availability "
-                                    "mask (files without ids: an all-zero row is a missing sample), as "
-                                    "`fedsonmf cluster --missing mask` does."),
+        missing: str = _missing_option(),
         min_clients: Optional[float] = _min_clients_option(),
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
@@ -491,20 +520,7 @@ def register(app, reproduce_app) -> None:
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
         mask_paths = _mask_paths(masks, len(views))
-        if missing not in ("error", "mask"):
-            raise typer.BadParameter(f"must be 'error' or 'mask', got {missing!r}", param_hint="--missing")
-        ids = None
-        if missing == "mask":
-            if mask_paths is not None:
-                raise typer.BadParameter("--missing mask makes each node's mask from the files; leave out --mask",
-                                         param_hint="--mask")
-            _check_out_folder(out)  # the aligned copies are written into it
-            try:
-                views, mask_paths, raw = _aligned_over_union(views, out)
-            except InputError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
-            ids = None if raw is None else (raw, raw.dtype.kind == "i")
+        views, mask_paths, ids = _apply_missing(views, mask_paths, missing, out)
         shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters,
                                                     mask_paths=mask_paths)
         check_output_path(labels_out, "--labels-out")

@@ -22,9 +22,10 @@ from fedsonmf.exceptions import InputError
 __all__ = ["write_views", "write_masks", "check_inputs"]
 
 #: what an id mismatch between view files suggests (no ``--missing`` on a deployment: docs/flower.md)
-_DIFFERENT_SAMPLES = ("in any row order; for views that hold different samples, let `fedsonmf flower cluster "
-                      "--missing mask` align the files over the union of their ids on this machine (between "
-                      "machines: `fedsonmf flower align`), or give each node its availability mask (--mask)")
+_DIFFERENT_SAMPLES = ("in any row order; for views that hold different samples, let --missing mask (`fedsonmf "
+                      "flower cluster` or `flower run`) align the files over the union of their ids on this "
+                      "machine (between machines: `fedsonmf flower align`), or give each node its availability "
+                      "mask (--mask)")
 
 
 def write_masks(masks, directory) -> list[Path | None]:
