@@ -127,7 +127,7 @@ def test_tags_are_keyed_canonical_and_refuse_duplicates():
     assert lk.id_tags(["007"], KEY)[0] == lk.id_tags(["7"], KEY)[0] != lk.id_tags(["7"], bytes(32))[0]
     assert lk.id_tags(["a7"], KEY)[0] != lk.id_tags(["7"], KEY)[0]
     assert all(len(t) == 64 for t in lk.id_tags(["x", "y"], KEY))
-    with pytest.raises(InputError, match="duplicate sample ids.*: 7"):
+    with pytest.raises(InputError, match=r"duplicate sample ids \(an integer id counts as its value, 007 as 7\): 7"):
         lk.id_tags(["7", "8", "007"], KEY)
 
 
@@ -205,3 +205,5 @@ def test_labels_of_complete_files_by_id_follow_the_nodes_sort(tmp_path):
     (tmp_path / "short.csv").write_text("sample_id,cluster\n0,1\n1,1\n")
     with pytest.raises(InputError, match="the run has 2 samples and this file 4"):
         lk.own_rows(ids, 2)
+    with pytest.raises(InputError, match="duplicate sample ids: 7"):
+        lk.own_rows(["7", "8", "007"], 3)

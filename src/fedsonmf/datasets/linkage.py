@@ -99,11 +99,7 @@ def id_tags(ids, key: bytes) -> np.ndarray:
         Two ids with the same canonical form (a duplicate sample, or ``7`` beside ``007``).
     """
     canon = [canonical_id(v) for v in np.asarray(ids, dtype=str)]
-    if len(set(canon)) < len(canon):
-        seen: set[str] = set()
-        dup = [c for c in canon if c in seen or seen.add(c)]  # type: ignore[func-returns-value]
-        raise InputError(f"duplicate sample ids (an integer id counts as its value, 007 as 7): "
-                         f"{', '.join(sorted(set(dup))[:5])}")
+    _refuse_duplicates(np.asarray(canon, dtype=str), "(an integer id counts as its value, 007 as 7)")
     return np.array([hmac.new(key, c.encode(), hashlib.sha256).hexdigest() for c in canon], dtype="<U64")
 
 
@@ -181,6 +177,7 @@ def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None
             raise InputError(f"the run has {n} samples and this file {ids.size}: for files of different samples, "
                              "give the linkage key and this organisation's positions file")
         (keyed,), _ = _id_keys([ids])  # the node's sort key of each id, in the file's order
+        _refuse_duplicates(keyed, "")
         return ids, _ranks(keyed)
     tags = id_tags(ids, key)
     pos = np.asarray(pos, dtype=np.int64)
@@ -189,6 +186,13 @@ def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None
     if pos.shape != (tags.size,) or (tags.size and (pos.min() < 0 or pos.max() >= n)):
         raise InputError(f"the positions file does not place this file's {tags.size} samples among {n}")
     return ids, pos[_ranks(tags)]
+
+
+def _refuse_duplicates(values: np.ndarray, why: str) -> None:
+    uniq, counts = np.unique(values, return_counts=True)
+    if uniq.size < values.size:
+        shown = ", ".join(str(v) for v in uniq[counts > 1][:5])
+        raise InputError(f"duplicate sample ids{' ' + why if why else ''}: {shown}")
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
