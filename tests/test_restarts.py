@@ -86,3 +86,27 @@ def test_n_init_auto_is_one_fit_without_an_objective_and_checks_its_input():
             FedMultiViewClustering(3, n_init=bad).fit(views)
     with pytest.raises(ParameterError, match="restart_rule"):
         FedMultiViewClustering(3, restart_rule="best").fit(views)
+
+
+def test_restarts_in_threads_give_the_same_fit_as_one_after_the_other():
+    """n_jobs=2: the n_init fits run two at a time in threads; every restart's V, the kept restart,
+    the refined labels and the centres are those of the sequential run (seeded, BLAS on one thread)."""
+    from threadpoolctl import threadpool_limits
+
+    from fedsonmf.datasets import make_synthetic
+
+    data = make_synthetic(n_clients=3, n_samples=60, n_features=12, rank=3, heterogeneity=0.4, random_state=4)
+    kw = dict(n_init=3, max_rounds=6, random_state=3)
+    with threadpool_limits(1):
+        one = FedMultiViewClustering(3, **kw).fit(data.views)
+        two = FedMultiViewClustering(3, n_jobs=2, **kw).fit(data.views)
+        seen = []
+        three = FedMultiViewClustering(3, n_jobs=2, **kw).fit(data.views, callback=seen.append)  # in turn
+    for m in (two, three):
+        assert m.best_restart_ == one.best_restart_ and m.seeds_ == one.seeds_
+        assert np.array_equal(m.labels_, one.labels_) and np.array_equal(m.cluster_centers_, one.cluster_centers_)
+        assert np.array_equal(m.embedding_, one.embedding_)
+    rounds = [r["round"] for r in seen]  # with a callback the fits run one after the other: 1..k, 1..k', 1..k''
+    starts = [i for i, k in enumerate(rounds) if k == 1]
+    assert len(starts) == 3 and all(rounds[i:j] == list(range(1, j - i + 1))
+                                    for i, j in zip(starts, starts[1:] + [len(rounds)]))

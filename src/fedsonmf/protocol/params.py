@@ -72,7 +72,8 @@ _TABLE = [
     Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics); 0 runs all rounds."),
     Param("algorithm", "fedsonmf", "Federated algorithm (fedsonmf.algorithms.ALGORITHMS)."),
     Param("random_state", None, "Seed of every random choice: None, int, RandomState or Generator."),
-    Param("n_jobs", 1, "Clients run in this many threads (results do not depend on it)."),
+    Param("n_jobs", 1, "Clients run in this many threads; FedMultiViewClustering runs up to this many of its "
+                       "n_init fits at once instead (results do not depend on it)."),
     Param("blas_threads", "auto", "Limit BLAS threads during the fit (threadpoolctl): 'auto' = 1 when clients run in "
                                   "parallel or the data products are small (docs/speed.md), None leaves them."),
     Param("checkpoint_dir", None, "Save the state after every round here and resume from it."),
