@@ -98,3 +98,25 @@ def test_progress_bars_run_with_eta(two_csv_views, capsys):
     assert "ETA" in buf.getvalue() and "round 3/10" in buf.getvalue()
     code, _, _ = _run(["cluster", "a.csv", "b.csv", "-k", "3", "--rounds", "3"], capsys)
     assert code in (0, None)
+
+
+def test_n_jobs_gives_the_same_clusters_and_the_bar_averages_the_restarts(two_csv_views, capsys):
+    """--n-jobs 2 runs the restarts in threads: the same assignments as --n-jobs 1; the progress bar
+    (one for all restarts of a fit) shows their mean way to the end and names the row's restart."""
+    from fedsonmf.cli.cluster import _Progress
+    from fedsonmf.cli.progress import UNITS
+
+    for jobs in ("1", "2"):
+        code, _, _ = _run(["cluster", "a.csv", "b.csv", "-k", "3", "--rounds", "4", "--n-init", "3", "-q",
+                           "--n-jobs", jobs, "--labels-out", f"l{jobs}.csv"], capsys)
+        assert code in (0, None)
+    assert (two_csv_views / "l1.csv").read_text() == (two_csv_views / "l2.csv").read_text()
+    with _Progress(True, 1, 10) as prog:
+        prog.on_round({"round": 5, "effective_rank": 3, "restart": 0, "n_restarts": 2})
+        prog.on_round({"round": 10, "effective_rank": 3, "restart": 1, "n_restarts": 2})
+        task = prog.progress.tasks[prog.rounds]
+        assert task.completed == pytest.approx(UNITS * (0.5 + 1.0) / 2)
+        assert task.fields["status"].startswith("restart 2/2  round 10/10")
+        prog.on_seed("fedsonmf", 0, {"acc": 0.5})  # the next seed's fit starts from nothing
+        prog.on_round({"round": 5, "effective_rank": 3, "restart": 1, "n_restarts": 2})
+        assert prog.progress.tasks[prog.rounds].completed == pytest.approx(UNITS * 0.25)

@@ -44,6 +44,7 @@ class _Progress:
     def __init__(self, enabled: bool, n_seeds: int, max_rounds: int, tol: float | None = None):
         self.enabled, self.n_seeds, self.max_rounds, self.tol = enabled, n_seeds, max_rounds, tol
         self.progress = None
+        self._restarts: dict[int, float] = {}  # the current fit's restarts: how far each is
 
     def __enter__(self):
         if self.enabled:
@@ -62,6 +63,7 @@ class _Progress:
         if self.progress:
             self.progress.reset(self.seeds, total=self.n_seeds, description=description, status=f"0/{self.n_seeds}")
             self.progress.reset(self.rounds, total=UNITS)
+        self._restarts = {}
 
     def on_seed(self, method, seed, row):
         if self.progress:
@@ -70,13 +72,21 @@ class _Progress:
             self.progress.update(self.seeds, advance=1, status=f"{int(self.progress.tasks[self.seeds].completed) + 1}"
                                  f"/{self.n_seeds}  seed {seed}: ACC {100 * row['acc']:.1f}")
             self.progress.reset(self.rounds, total=UNITS)
+        self._restarts = {}
 
     def on_round(self, row):
+        """One round of one fit; a clustering's restarts (``restart`` of ``n_restarts``, possibly
+        interleaved with ``--n-jobs``) share the bar: it shows their mean way to the end."""
         if self.progress:
             from fedsonmf.cli.progress import round_fraction, round_status
 
-            self.progress.update(self.rounds, completed=UNITS * round_fraction(row, self.max_rounds, self.tol),
-                                 status=round_status(row, self.max_rounds, self.tol))
+            frac, status = round_fraction(row, self.max_rounds, self.tol), round_status(row, self.max_rounds, self.tol)
+            n = int(row.get("n_restarts", 1))
+            if n > 1:
+                self._restarts[int(row["restart"])] = frac
+                frac = sum(self._restarts.values()) / n
+                status = f"restart {int(row['restart']) + 1}/{n}  {status}"
+            self.progress.update(self.rounds, completed=UNITS * frac, status=status)
 
     def __exit__(self, *exc):
         if self.progress:
@@ -214,7 +224,7 @@ def register(app, reproduce_app) -> None:
 
     @app.command()
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
-                 "n_init", *DP_OPTIONS)
+                 "n_init", "n_jobs", *DP_OPTIONS)
     def cluster(
         paths: list[Path] = typer.Argument(..., help="A multi-view .mat file, or one file per view: .csv, .tsv, "
                                            ".npy, .npz (scipy.sparse), .mtx, .mat (samples x features)."),
@@ -328,7 +338,7 @@ def register(app, reproduce_app) -> None:
             typer.echo(f"wrote {json_path}")
 
     @reproduce_app.command("table1")
-    @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding", "preprocess", "n_init")
+    @with_params("max_rounds", "tol", "rho1", "mu_scale", "normalize_embedding", "preprocess", "n_init", "n_jobs")
     def table1(
         data_dir: Optional[Path] = typer.Option(None, "--data",
                                                 help="Data folder (default: FEDSONMF_DATA or ../shared/data)."),

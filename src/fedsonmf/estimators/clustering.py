@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,8 @@ default="auto"
         Federated fits with different seeds: ``"auto"`` = 5, or 1 when no objective is
         reported to choose by (``diagnostics=False``, or differential privacy: there every
         fit would also spend budget).  ``n_init_`` is the number used.  With ``n_jobs`` > 1 (or
-        -1) and no ``callback``, up to ``n_jobs`` of the in-process fits run at once in threads,
-        each with its clients in turn: the same partitions, sooner (docs/speed.md).
+        -1), up to ``n_jobs`` of the in-process fits run at once in threads, each with its
+        clients in turn: the same partitions, sooner (docs/speed.md).
     restart_rule : {"medoid", "objective", "consensus"}, default="medoid"
         How the fits are combined.  ``"medoid"``: the fit whose partition (k-means of its V)
         has the highest summed adjusted Rand index to the others is kept (``best_restart_``;
@@ -452,7 +453,9 @@ default="auto"
     def fit(self, Xs, y=None, *, callback=None, masks=None) -> FedMultiViewClustering:
         """Factorize the views ``Xs`` federatedly and cluster the samples; ``y`` is ignored.
 
-        ``callback(row)`` is called with every round's history row (progress display).
+        ``callback(row)`` is called with every round's history row (progress display), with
+        ``row["restart"]`` (0-based) and ``row["n_restarts"]`` added; with ``n_jobs`` > 1 the
+        restarts' rows interleave, one call at a time.
         ``masks`` (incomplete views, docs/algorithm.md §15.1): per view None, a boolean array of
         length n_samples or int sample ids; see :func:`~fedsonmf.estimators.sonmf.federated_sonmf`.
         """
@@ -492,19 +495,26 @@ default="auto"
             return self._fit_flower(views, models, seeds, masks)
         self.preprocessing_: Any = []  # None on the Flower engine (node-local)
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
-        def restart(model, s):
+        lock = threading.Lock()
+
+        def restart(i, model, s):
             stop = None
             if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
                 stop = stop_rule(self.early_stop, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding)
+            rows = None
+            if callback is not None:
+                def rows(row):  # one call at a time, whichever thread the restart runs in; the row says whose
+                    with lock:
+                        callback({**row, "restart": i, "n_restarts": len(models)})
             # one view: warned above
-            res = model._fit(Xs, callback=callback, masks=masks, single_view_ok=True, stop_rule=stop)
+            res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
                 max_iter=self.kmeans_max_iter, random_state=s,
             )
             return labels, (model, res, km)
 
-        workers = min(check_n_jobs(self.n_jobs), len(models)) if callback is None else 1
+        workers = min(check_n_jobs(self.n_jobs), len(models))
         if workers > 1:
             # the restarts are independent fits with their own seeds: up to n_jobs of them at once, in
             # threads (the U-step's compiled loops and BLAS release the GIL; 2 threads ran two 4-view BBC
@@ -513,9 +523,9 @@ default="auto"
             for model in models:
                 model.n_jobs = 1
             with threadpool_limits(limits=1), ThreadPoolExecutor(workers) as pool:
-                done = list(pool.map(restart, models, seeds))
+                done = list(pool.map(restart, range(len(models)), models, seeds))
         else:
-            done = [restart(model, s) for model, s in zip(models, seeds)]
+            done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
         partitions = [labels for labels, _ in done]
         fits = [fit for _, fit in done]
         # the restarts, chosen from what the server has before any refinement exchange: the medoid of
