@@ -40,6 +40,10 @@ def _cases(tmp_path):
         # group: fedsonmf cluster
         "cluster missing file": (["cluster", tmp_path / "nope.mat"], 2, "does not exist"),
         "cluster unknown option": (["cluster", "--bogus"], 2, "--bogus"),
+        # group: fedsonmf score
+        "score missing clusters": (["score", nope, "--labels", tmp_path / "y9.csv"], 2, "is not a file"),
+        "score json below a file": (["score", tmp_path / "y9.csv", "--labels", tmp_path / "y9.csv", "--json",
+                                       sub], 2, "--json"),
         # group: fedsonmf reproduce
         "reproduce table1 no data": (["reproduce", "table1", "--data", tmp_path / "none"], 2, "data"),
         "reproduce synthetic bad rounds": (["reproduce", "synthetic", "--rounds", 0], 2, "rounds"),
@@ -154,7 +158,7 @@ def test_every_command_group_is_exercised():
     from fedsonmf.cli.app import app
 
     root = typer.main.get_command(app)
-    groups = {"synthetic", "cluster", "reproduce", "flower", "plot"}
+    groups = {"synthetic", "cluster", "score", "reproduce", "flower", "plot"}
     assert set(root.commands) == groups
     covered = {name.split()[0] for name in _names()}
     assert covered == groups

@@ -39,6 +39,7 @@ PARSE_ONLY = {
     "BBCSport.mat --seeds 3": "differential privacy over 3 seeds on real data (a minute)",
     "FILE.mat": "a placeholder file name",
     "A.csv B.npz": "placeholder files (ids, labels, different samples)",
+    "score clusters.csv --labels y.csv": "y.csv stands for your own labels (tests/test_sklearn_cli.py scores files)",
     "fedsonmf flower": "a real Flower deployment (SuperLink + SuperNodes; the deploy tests run it)",
 }
 

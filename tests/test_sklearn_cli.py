@@ -120,3 +120,35 @@ def test_n_jobs_gives_the_same_clusters_and_the_bar_averages_the_restarts(two_cs
         prog.on_seed("fedsonmf", 0, {"acc": 0.5})  # the next seed's fit starts from nothing
         prog.on_round({"round": 5, "effective_rank": 3, "restart": 1, "n_restarts": 2})
         assert prog.progress.tasks[prog.rounds].completed == pytest.approx(UNITS * 0.25)
+
+
+def test_score_matches_clustering_scores_in_any_row_order(tmp_path, capsys, monkeypatch):
+    """fedsonmf score: a Flower labels.csv (ids = positions) against one label per line, and a file of
+    real ids against id,label pairs listed in another order, give the library's scores; bad pairs exit 2."""
+    import json
+
+    from sklearn.metrics import adjusted_rand_score
+
+    from fedsonmf.metrics import clustering_scores
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(1)
+    y, pred = rng.integers(0, 3, 40), rng.integers(0, 4, 40)
+    want = {**clustering_scores(y, pred), "ari": adjusted_rand_score(y, pred)}
+    (tmp_path / "labels.csv").write_text("sample_id,cluster\n" + "".join(f"{i},{k}\n" for i, k in enumerate(pred)))
+    (tmp_path / "y.txt").write_text("".join(f"class{k}\n" for k in y))
+    code, out, _ = _run(["score", "labels.csv", "--labels", "y.txt", "--json", "s.json"], capsys)
+    assert code in (0, None) and "40 samples, 4 clusters, 3 classes" in out
+    got = json.loads((tmp_path / "s.json").read_text())["scores"]
+    assert got == pytest.approx(want)
+    ids = [f"p{i:03d}" for i in range(40)]
+    a, b = rng.permutation(40), rng.permutation(40)
+    (tmp_path / "own.csv").write_text("id,cluster\n" + "".join(f"{ids[i]},{pred[i]}\n" for i in a))
+    (tmp_path / "yid.csv").write_text("id,label\n" + "".join(f"{ids[i]},{y[i]}\n" for i in b))
+    code, out, _ = _run(["score", "own.csv", "--labels", "yid.csv", "--json", "t.json"], capsys)
+    assert code in (0, None)
+    assert json.loads((tmp_path / "t.json").read_text())["scores"] == pytest.approx(want)
+    (tmp_path / "short.csv").write_text("id,label\n" + "".join(f"{ids[i]},{y[i]}\n" for i in b[:-1]))
+    for labels, message in (("y.txt", "must be id,label pairs"), ("short.csv", "no label for 1 samples")):
+        code, _, err = _run(["score", "own.csv", "--labels", labels], capsys)
+        assert code == 2 and err.startswith("error: ") and message in err

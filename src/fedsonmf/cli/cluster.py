@@ -219,8 +219,70 @@ def _check_rank(rank: int, ds) -> None:
                              f"{ds.n_samples}")
 
 
+def _scored_files(clusters_path: Path, labels_path: Path):
+    """``(y_true, y_pred)`` of a clusters file and a labels file, in one sample order.
+
+    A clusters file whose ids are the positions 0..n-1 (a Flower run's ``labels.csv``, the rows in
+    the nodes' order) takes labels one per line or as ``id,label`` pairs of those positions; a file
+    of other ids (``--labels-out``, ``flower align labels``) takes ``id,label`` pairs, matched by id.
+    """
+    from fedsonmf.datasets.files import align_labels, read_labels, sorted_ids
+
+    for p, flag in ((clusters_path, "CLUSTERS"), (labels_path, "--labels")):
+        if not p.is_file():
+            raise InputError(f"{flag}: {p} is not a file")
+    values, ids = read_labels(clusters_path)
+    n = values.size
+    if n == 0:
+        raise InputError(f"{clusters_path} holds no clusters")
+    keyed, numeric = sorted_ids(ids) or (None, False)
+    if keyed is not None:
+        if np.unique(keyed).size != n:
+            raise InputError(f"{clusters_path}: a sample id appears twice")
+        if numeric and np.array_equal(keyed, np.arange(n)):
+            ids = None  # positions: the nodes' order (a Flower run's labels.csv)
+    if ids is None:
+        pred = np.unique(values, return_inverse=True)[1]
+        return align_labels(labels_path, None, n), pred
+    order = np.argsort(np.array([int(v) for v in ids]) if numeric else ids, kind="stable")
+    pred = np.unique(values[order], return_inverse=True)[1]
+    if read_labels(labels_path)[1] is None:
+        raise InputError(f"{clusters_path} names its samples by id, so --labels must be id,label pairs (one "
+                         f"label per line has no ids to match)")
+    return align_labels(labels_path, (keyed, numeric), n), pred
+
+
 def register(app, reproduce_app) -> None:
     """Add this area's commands to the main app and to fedsonmf reproduce."""
+
+    @app.command()
+    def score(
+        clusters_path: Path = typer.Argument(..., metavar="CLUSTERS", help="A clustering: sample_id,cluster "
+                                             "lines (--labels-out, a Flower run's labels.csv, `flower align "
+                                             "labels`), or one cluster per line, or .npy."),
+        labels_path: Path = typer.Option(..., "--labels", help="The true classes: one per line (in the "
+                                         "clusters' order), or id,label pairs (matched by id), or .npy."),
+        nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Write the scores here."),
+    ):
+        """Score a clustering file against true classes (ACC, NMI, purity, adjusted Rand index): e.g. a
+        Flower run's labels.csv copied off the SuperLink host."""
+        from sklearn.metrics import adjusted_rand_score
+
+        from fedsonmf.metrics import clustering_scores
+
+        _check_common(1, nmi_average, json_path)
+        y, pred = _scored_files(clusters_path, labels_path)
+        sc = {**clustering_scores(y, pred, average_method=nmi_average), "ari": float(adjusted_rand_score(y, pred))}
+        typer.echo(f"{y.size} samples, {int(pred.max()) + 1} clusters, {int(y.max()) + 1} classes: "
+                   f"ACC {100 * sc['acc']:.2f} %  NMI {100 * sc['nmi']:.2f} %  purity {100 * sc['purity']:.2f} %  "
+                   f"ARI {sc['ari']:.4f}")
+        if json_path is not None:
+            doc = {"scores": sc, "n_samples": int(y.size), "n_clusters": int(pred.max()) + 1,
+                   "n_classes": int(y.max()) + 1, "nmi_average": nmi_average,
+                   "meta": meta(inputs=[clusters_path, labels_path])}
+            write_json_atomic(json_path, doc)
+            typer.echo(f"wrote {json_path}")
 
     @app.command()
     @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "init_u", "init_v", "normalize_embedding", "preprocess",
