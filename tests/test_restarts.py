@@ -116,3 +116,27 @@ def test_restarts_in_threads_give_the_same_fit_as_one_after_the_other():
     for i in range(3):
         mine = timeless(seen, i)
         assert mine == timeless(alone, i) and [r["round"] for r in mine] == list(range(1, len(mine) + 1))
+
+
+def test_a_failing_restart_in_a_thread_stops_the_others():
+    """n_jobs=2: when one restart fails (here its callback raises, as Ctrl-C would in the CLI), fit
+    raises that error at once; the queued restarts never start and the running one stops at its next
+    round instead of running every remaining round."""
+    from fedsonmf.datasets import make_synthetic
+
+    data = make_synthetic(n_clients=3, n_samples=60, n_features=12, rank=3, random_state=4)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def callback(row):
+        seen.append(row)
+        if row["restart"] == 0 and row["round"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        FedMultiViewClustering(3, n_init=4, n_jobs=2, max_rounds=400, tol=0.0, random_state=0).fit(
+            data.views, callback=callback)
+    per = {i: sum(r["restart"] == i for r in seen) for i in range(4)}
+    assert per[0] == 2 and per[1] < 400 and per[2] + per[3] <= 2, per

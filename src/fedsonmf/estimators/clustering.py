@@ -49,7 +49,7 @@ import functools
 import os
 import secrets
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -495,12 +495,15 @@ default="auto"
             return self._fit_flower(views, models, seeds, masks)
         self.preprocessing_: Any = []  # None on the Flower engine (node-local)
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
-        lock = threading.Lock()
+        workers = min(check_n_jobs(self.n_jobs), len(models))
+        lock, cancel = threading.Lock(), threading.Event()
 
         def restart(i, model, s):
             stop = None
             if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
                 stop = stop_rule(self.early_stop, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding)
+            if workers > 1:  # a restart in a thread ends at its next round once another has failed
+                stop = _cancellable(stop, cancel)
             rows = None
             if callback is not None:
                 def rows(row):  # one call at a time, whichever thread the restart runs in; the row says whose
@@ -514,7 +517,6 @@ default="auto"
             )
             return labels, (model, res, km)
 
-        workers = min(check_n_jobs(self.n_jobs), len(models))
         if workers > 1:
             # the restarts are independent fits with their own seeds: up to n_jobs of them at once, in
             # threads (the U-step's compiled loops and BLAS release the GIL; 2 threads ran two 4-view BBC
@@ -522,8 +524,22 @@ default="auto"
             # no core is oversubscribed; the same partitions as one after the other
             for model in models:
                 model.n_jobs = 1
-            with threadpool_limits(limits=1), ThreadPoolExecutor(workers) as pool:
-                done = list(pool.map(restart, range(len(models)), models, seeds))
+            with threadpool_limits(limits=1):
+                pool = ThreadPoolExecutor(workers)
+                try:
+                    futures = [pool.submit(restart, i, m, s) for i, (m, s) in enumerate(zip(models, seeds))]
+                    wait(futures, return_when=FIRST_EXCEPTION)  # a failure anywhere ends the wait
+                    failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+                    if failed:
+                        raise failed[0]
+                    done = [f.result() for f in futures]
+                except BaseException:
+                    # Ctrl-C, or a restart (or its callback) raised: the queued restarts never start and
+                    # the running ones stop at their next round, instead of all running to their end
+                    cancel.set()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+                pool.shutdown()
         else:
             done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
         partitions = [labels for labels, _ in done]
@@ -814,6 +830,21 @@ def _server_sum(items, secure: bool, exp: int | None = None):
 
         return fixed_point_sum(items, degree=0, exp=exp)
     return total(items)
+
+
+class _Cancelled(Exception):
+    """A restart stopped because another one failed or the fit was interrupted (never escapes ``fit``)."""
+
+
+def _cancellable(stop, cancel):
+    """``stop`` (a run's stop rule, or None) that first raises :class:`_Cancelled` once ``cancel`` is set."""
+
+    def rule(round_, V, row):
+        if cancel.is_set():
+            raise _Cancelled
+        return None if stop is None else stop(round_, V, row)
+
+    return rule
 
 
 def _composed_privacy(reports: list) -> dict | None:
