@@ -529,9 +529,10 @@ default="auto"
                 try:
                     futures = [pool.submit(restart, i, m, s) for i, (m, s) in enumerate(zip(models, seeds))]
                     wait(futures, return_when=FIRST_EXCEPTION)  # a failure anywhere ends the wait
-                    failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
-                    if failed:
-                        raise failed[0]
+                    for f in futures:
+                        error = f.exception() if f.done() else None
+                        if error is not None:
+                            raise error
                     done = [f.result() for f in futures]
                 except BaseException:
                     # Ctrl-C, or a restart (or its callback) raised: the queued restarts never start and
