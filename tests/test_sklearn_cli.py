@@ -149,6 +149,9 @@ def test_score_matches_clustering_scores_in_any_row_order(tmp_path, capsys, monk
     assert code in (0, None)
     assert json.loads((tmp_path / "t.json").read_text())["scores"] == pytest.approx(want)
     (tmp_path / "short.csv").write_text("id,label\n" + "".join(f"{ids[i]},{y[i]}\n" for i in b[:-1]))
-    for labels, message in (("y.txt", "must be id,label pairs"), ("short.csv", "no label for 1 samples")):
-        code, _, err = _run(["score", "own.csv", "--labels", labels], capsys)
+    (tmp_path / "dup.csv").write_text("id,cluster\n" + "".join(f"{ids[i]},{pred[i]}\n" for i in [*a, a[0]]))
+    for clusters, labels, message in (("own.csv", "y.txt", "must be id,label pairs"),
+                                      ("own.csv", "short.csv", "no label for 1 samples"),
+                                      ("dup.csv", "yid.csv", "dup.csv: duplicate ids")):
+        code, _, err = _run(["score", clusters, "--labels", labels], capsys)
         assert code == 2 and err.startswith("error: ") and message in err

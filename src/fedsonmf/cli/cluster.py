@@ -235,21 +235,16 @@ def _scored_files(clusters_path: Path, labels_path: Path):
     n = values.size
     if n == 0:
         raise InputError(f"{clusters_path} holds no clusters")
-    keyed, numeric = sorted_ids(ids) or (None, False)
-    if keyed is not None:
-        if np.unique(keyed).size != n:
-            raise InputError(f"{clusters_path}: a sample id appears twice")
-        if numeric and np.array_equal(keyed, np.arange(n)):
-            ids = None  # positions: the nodes' order (a Flower run's labels.csv)
-    if ids is None:
-        pred = np.unique(values, return_inverse=True)[1]
-        return align_labels(labels_path, None, n), pred
-    order = np.argsort(np.array([int(v) for v in ids]) if numeric else ids, kind="stable")
-    pred = np.unique(values[order], return_inverse=True)[1]
-    if read_labels(labels_path)[1] is None:
+    key = sorted_ids(ids)
+    if key is not None and key[1] and np.array_equal(key[0], np.arange(n)):
+        key = None  # positions: the nodes' order (a Flower run's labels.csv)
+    if key is not None and read_labels(labels_path)[1] is None:
         raise InputError(f"{clusters_path} names its samples by id, so --labels must be id,label pairs (one "
                          f"label per line has no ids to match)")
-    return align_labels(labels_path, (keyed, numeric), n), pred
+    # both files through the same alignment: by id (duplicates, missing and extra ids refused) or by
+    # position; the clusters first, so that an id it repeats is named as such
+    pred = align_labels(clusters_path, key, n)
+    return align_labels(labels_path, key, n), pred
 
 
 def register(app, reproduce_app) -> None:
