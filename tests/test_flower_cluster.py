@@ -30,6 +30,7 @@ from typer.testing import CliRunner  # noqa: E402
 from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
+from fedsonmf.exceptions import CheckpointError, FederationError  # noqa: E402
 from fedsonmf.federation.flower import codec, run_flower, write_masks, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
@@ -113,7 +114,8 @@ class FakeGrid:
         return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
 
 
-def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, masks=None, **rc_extra):
+def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, masks=None, before_handle=None,
+              **rc_extra):
     paths = write_views(views, tmp_path / "views")
     new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
     mask_paths = write_masks(masks, tmp_path / "masks") if masks is not None else [None] * len(views)
@@ -126,13 +128,13 @@ def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None,
         if mask_paths[p] is not None:
             nc["mask-path"] = str(mask_paths[p])
         nodes[nid] = nc
-    grid = FakeGrid(make_client_app(clustering=STEPS_MODULE), nodes)
+    grid = FakeGrid(make_client_app(clustering=STEPS_MODULE, before_handle=before_handle), nodes)
     grid.reply_hook = reply_hook
     rc = dict(RUN_CONFIG_DEFAULTS)
     rc.update({"num-clients": len(views), "num-rounds": ROUNDS, "seed": SEED, "tol": 0.0,
                "config-json": json.dumps(FedConfig().to_dict()), "out-dir": str(tmp_path / "server"),
                "job-id": "job-c", "round-timeout": 30.0, "node-timeout": 5.0, "poll-interval": 0.001,
-               "record-wire": True, "n-clusters": C})
+               "record-wire": True, "n-clusters": C, "n-init": "1"})
     rc.update(rc_extra)
     with threadpool_limits(1):
         server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc),
@@ -287,6 +289,73 @@ def test_the_spectral_blocks_ride_on_the_graph_refinements_requests_and_give_the
     alone = sum(1 for r, k in zip(wire, kind) if k == "spectral" and r["direction"] == "down")
     steps = min(20, y.size // (2 * C))
     assert (len(shared) + alone) == 3 * (steps - 1)
+
+
+def test_a_run_of_several_fits_keeps_the_estimators_medoid_and_predicts_with_its_bases(tmp_path):
+    """``n-init = 3``: the ServerApp fits three times from the estimator's seeds (each fit its own job
+    on the nodes), keeps the medoid of their partitions and refines it -- the in-process estimator's
+    labels, V and centres -- and a predict run then uses the kept fit's bases."""
+    views, _ = blobs()
+    new, _ = blobs(n_per=5, seed=3)
+    ref = reference(views, n_init=3)
+    grid, rc = _fake_run(tmp_path, views, new_views=new, **{"n-init": "3"})
+    out = Path(rc["out-dir"])
+    assert np.array_equal(np.load(out / "V.npy"), ref.result_.V)
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    assert np.array_equal(np.load(out / "centers.npy"), ref.cluster_centers_)
+    result = json.loads((out / "result.json").read_text())
+    restarts = result["clustering"]["restarts"]
+    assert restarts["seeds"] == ref.seeds_ and restarts["best_restart"] == ref.best_restart_
+    assert result["seed"] == ref.seeds_[ref.best_restart_]
+    assert result["flower"]["job_id"] == f"job-c-restart-{ref.best_restart_}"
+    assert result["clustering"]["refine_iterations"] == ref.refine_iter_[0]
+    for i in range(3):  # each fit is saved on the SuperLink host and kept on the nodes as its own job
+        assert json.loads((out / f"restart-{i}" / "result.json").read_text())["seed"] == ref.seeds_[i]
+        assert (tmp_path / "node0" / f"job-c-restart-{i}").is_dir()
+    # only the kept fit was refined: the refinement's exchanges name its job alone
+    jobs = {codec.decode(m.content)[1]["job-id"] for _, m in grid.sent
+            if codec.decode(m.content)[0].kind in ("refine", "graph", "spectral")}
+    assert jobs == {f"job-c-restart-{ref.best_restart_}"}
+    rc2 = {**rc, "mode": "predict", "model-dir": str(out), "out-dir": str(tmp_path / "predict")}
+    with threadpool_limits(1):
+        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
+                    clustering=STEPS_MODULE)
+        want = ref.predict(new)
+    assert np.array_equal(read_labels_csv(tmp_path / "predict" / "labels.csv"), want)
+
+
+def test_a_run_of_several_fits_resumes_at_the_fit_that_failed(tmp_path):
+    """A node that fails in the second of three fits ends the run; ``resume`` reads the first fit back
+    (it is not fitted again), continues the second from its checkpoint, and ends with the labels of
+    the uninterrupted run."""
+    views, _ = blobs()
+    ref = reference(views, n_init=3)
+    setups = {"n": 0}
+
+    def fail_once(fed_msg, context):  # the node of view 1, round 3 of the second fit: an error, once
+        if int(context.node_config["partition-id"]) != 1:
+            return
+        setups["n"] += fed_msg.kind == "setup"
+        if setups["n"] == 2 and fed_msg.kind == "round" and fed_msg.round == 3:
+            setups["n"] += 1
+            raise RuntimeError("injected failure")
+
+    with pytest.raises(FederationError, match="client 1"):
+        _fake_run(tmp_path, views, before_handle=fail_once, **{"n-init": "3"})
+    out = tmp_path / "server"
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["restart"] == 1 and status["last_completed_round"] == 2
+    assert status["checkpoint"] == str(out / "restart-1" / "checkpoint")
+    assert (out / "restart-0" / "V.npy").is_file() and not (out / "restart-1" / "V.npy").exists()
+    grid, rc = _fake_run(tmp_path, views, **{"n-init": "3", "resume": True})
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    assert np.array_equal(np.load(out / "V.npy"), ref.result_.V)
+    sent = [codec.decode(m.content) for _, m in grid.sent]
+    assert not any(meta["job-id"] == "job-c-restart-0" for _, meta in sent)  # read back, not fitted again
+    first = min(msg.round for msg, meta in sent if meta["job-id"] == "job-c-restart-1" and msg.kind == "round")
+    assert first == 3  # the second fit went on from its checkpoint
+    with pytest.raises(CheckpointError, match="seeds"):  # another n-init draws other seeds: nothing to resume
+        _fake_run(tmp_path, views, **{"n-init": "2", "resume": True})
 
 
 def test_flower_predict_equals_the_estimator(tmp_path):
@@ -519,17 +588,20 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     nodes read the new samples from their own folders) equals the in-process predict."""
     views, y = blobs()
     new, _ = blobs(n_per=5, seed=3)
-    ref = reference(views, rounds=3, n_init=2)  # two restarts: one deployment each, the medoid kept
+    ref = reference(views, rounds=3, n_init=3)  # three restarts in one deployment, the medoid kept
     with pytest.warns(UserWarning, match="padded"):
-        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=2,
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=3,
                                        flower_run_dir=tmp_path / "fl").fit(views)
     assert model.best_restart_ == ref.best_restart_ is not None and model.seeds_ == ref.seeds_
-    # the restarts ran without the refinement; the kept one ran again with it (as in process, only it is refined)
-    for i in range(2):
-        result = json.loads((tmp_path / "fl" / f"run-restart-{i}" / "server" / "result.json").read_text())
-        summary = result["clustering"]
-        assert summary["refine"] == "none" and summary["refine_iterations"] == 0
-    assert model.flower_run_dir_ == tmp_path / "fl" / f"run-restart-{ref.best_restart_}-refined"
+    # one deployment: its ServerApp ran the three fits (each its own job on the nodes) and refined the kept one
+    server = tmp_path / "fl" / "run" / "server"
+    assert model.flower_run_dir_ == tmp_path / "fl" / "run"
+    restarts = json.loads((server / "result.json").read_text())["clustering"]["restarts"]
+    assert restarts["seeds"] == ref.seeds_ and restarts["best_restart"] == ref.best_restart_
+    for i in range(3):
+        fit = json.loads((server / f"restart-{i}" / "result.json").read_text())
+        assert fit["seed"] == ref.seeds_[i] and fit["flower"]["job_id"].endswith(f"-restart-{i}")
+        assert "clustering" not in fit  # only the kept fit is refined
     assert (model.refine_iter_, model.refine_start_, model.graph_iter_) == \
         (ref.refine_iter_, ref.refine_start_, ref.graph_iter_) and ref.graph_iter_[0] > 0
     assert np.array_equal(model.result_.V, ref.result_.V)
@@ -568,7 +640,7 @@ def test_cli_cluster_scores_and_status_shows_the_current_round(tmp_path):
     result = {}
     th = threading.Thread(target=lambda: result.update(r=_cli(
         "flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--labels", tmp_path / "y.csv",
-        "--record-wire", "--out", out, "--labels-out", tmp_path / "clusters.csv")))
+        "--record-wire", "--out", out, "--labels-out", tmp_path / "clusters.csv", "--n-init", 1)))
     th.start()
     seen = []
     status = out / "server" / "status.json"
@@ -634,7 +706,8 @@ def test_cli_cluster_aligns_files_of_different_samples_over_their_ids(tmp_path):
     ref = reference(ds.views, rounds=3, masks=ds.masks)
     out = tmp_path / "run"
     r = _cli("flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--missing", "mask",
-             "--labels", tmp_path / "y.csv", "--labels-out", tmp_path / "clusters.csv", "--out", out, "-q")
+             "--n-init", 1, "--labels", tmp_path / "y.csv", "--labels-out", tmp_path / "clusters.csv", "--out", out,
+             "-q")
     assert r.exit_code == 0, r.output
     rows = (tmp_path / "clusters.csv").read_text().splitlines()
     assert rows == ["sample_id,cluster", *(f"{i},{k}" for i, k in zip(ds.ids, ref.labels_))]
@@ -664,7 +737,7 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
         ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, secure_aggregation=True,
                                      n_init=1).fit(ds.views)
     res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
-                     labels=ds.labels)
+                     clustering={"n_init": 1}, labels=ds.labels)
     assert np.array_equal(res.extra["labels"], ref.labels_)
     assert np.array_equal(res.V, ref.result_.V)
     assert res.extra["scores"] == clustering_scores(ds.labels, ref.labels_)

@@ -314,10 +314,12 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
                             max_rounds=rounds, seed=seed)
     assert res.n_rounds == rounds and res.config["secure_aggregation"] is True
     assert np.array_equal(res.V, ref.V)
-    # the clustering run (`submit --clusters`): the in-process estimator's labels and V, one fit as one run
+    # the clustering run (`submit --clusters`): the in-process estimator's labels and V -- its five fits
+    # (n_init="auto") ran in the one ServerApp run, which kept the medoid fit and refined it
     with threadpool_limits(1):
-        est = FedMultiViewClustering(c, max_rounds=rounds, random_state=seed, n_init=1,
-                                     secure_aggregation=True).fit(data.views)
+        est = FedMultiViewClustering(c, max_rounds=rounds, random_state=seed, secure_aggregation=True).fit(data.views)
+    kept = json.loads((dirs["link"] / "run2" / "result.json").read_text())["clustering"]["restarts"]
+    assert kept["n_init"] == est.n_init_ == 5 and kept["best_restart"] == est.best_restart_
     assert np.array_equal(read_labels_csv(dirs["link"] / "run2" / "labels.csv"), est.labels_)
     assert np.array_equal(np.load(dirs["link"] / "run2" / "V.npy"), est.result_.V)
     # the predict run (`submit --predict-from run2`): the estimator's predict on the nodes' new samples
@@ -489,7 +491,7 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     assert json.loads((out / "result.json").read_text())["scores"]["acc"] == pytest.approx(5 / 6)
     conf = tomllib.loads((home / "run-config.toml").read_text())
     assert (conf["n-clusters"], conf["rank-rule"], conf["preprocess"]) == (2, "paper", "l2")
-    assert {"refine", "refine-starts", "early-stop", "kmeans-n-init"} <= set(conf)
+    assert {"refine", "refine-starts", "early-stop", "kmeans-n-init", "n-init"} <= set(conf)
     fab = gate.fab_sha256(gate.build_fab(write_app_dir(home / "fedsonmf-app")))
     gate.write_pin(tmp_path / "pin.json", [fab], authority.public_key)
     host = gate.Gate(tmp_path / "pin.json", tmp_path / "ledger.json")

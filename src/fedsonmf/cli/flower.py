@@ -71,7 +71,8 @@ class FlowerProgress:
 
     Before round 1 it names the phase (starting, handshake, setup); then round k of K,
     the mean seconds per round and the ETA (rounds left x s/round; a run that meets
-    ``tol`` stops earlier).  The rounds' bar ends at the rounds that ran; in a clustering run
+    ``tol`` stops earlier), for each of a clustering run's fits in turn (``n_restarts``).  The
+    rounds' bar ends at the rounds that ran; in a clustering run
     a second bar then counts the refinement's exchanges, with the stage and the mean seconds
     per exchange (no ETA: the count is not known in advance).  ``enabled=False``: silent.
     """
@@ -112,6 +113,8 @@ class FlowerProgress:
             status = f"round {st.get('round')} of {self.total}"
             if spr:
                 status += f", {spr:.1f} s/round, ETA {max(self.total - done, 0) * spr:.0f} s"
+            if st.get("n_restarts"):  # a clustering run's fits, one after the other (the medoid is kept)
+                status = f"fit {int(st.get('restart') or 0) + 1} of {st['n_restarts']}: {status}"
             self._progress.update(self._task, description="rounds", completed=done, status=status)
         elif phase in self.PHASES:
             self._progress.update(self._task, description=phase, completed=done, status=self.PHASES[phase])
@@ -353,14 +356,20 @@ def _read_labels(path: Path, ids, n: int):
     return align_labels(path, ids, n)
 
 
+def _kept_fit(cl: dict) -> str:
+    """", fit k of n kept (the medoid)" for a clustering run of several fits, else ""."""
+    rs = cl.get("restarts")
+    return f", fit {rs['best_restart'] + 1} of {rs['n_init']} kept (the medoid)" if rs else ""
+
+
 def _report_submitted_clustering(out: Path, clusters: int, labels: Path | None) -> None:
     """After a clustering run submitted on the SuperLink host: the cluster sizes, where the labels are,
     and with ``labels`` the scores (also added to ``result.json``); bad labels end with exit 2."""
     import json
 
     cl = json.loads((out / "result.json").read_text()).get("clustering", {})
-    typer.echo(f"{clusters} clusters of sizes {cl.get('cluster_sizes')} (rank r = {cl.get('n_components')}); "
-               f"labels: {out / 'labels.csv'}")
+    typer.echo(f"{clusters} clusters of sizes {cl.get('cluster_sizes')} (rank r = {cl.get('n_components')}"
+               f"{_kept_fit(cl)}); labels: {out / 'labels.csv'}")
     _score_submitted(out, labels)
 
 
@@ -480,7 +489,8 @@ def register(app, reproduce_app) -> None:
             typer.echo(f"wrote {json_path}")
 
     @flower_app.command("cluster")
-    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding")
+    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding",
+                 "n_init")
     def cluster(
         views: list[Path] = typer.Argument(..., help=VIEWS_HELP),
         clusters: int = typer.Option(..., "--clusters", "-k", min=1, help="Number of clusters c."),
@@ -516,7 +526,7 @@ def register(app, reproduce_app) -> None:
         rule = _rank_rule(rank)
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
         options = {"rank": rule, "preprocess": params.pop("preprocess"),
-                   "normalize_embedding": params.pop("normalize_embedding")}
+                   "normalize_embedding": params.pop("normalize_embedding"), "n_init": params.pop("n_init")}
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
         mask_paths = _mask_paths(masks, len(views))
@@ -540,7 +550,8 @@ def register(app, reproduce_app) -> None:
                       mask_paths=mask_paths)
         _report(res)
         cl = res.extra["clustering"]
-        typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']})")
+        typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']}"
+                   f"{_kept_fit(cl)})")
         if "scores" in res.extra:
             sc = res.extra["scores"]
             typer.echo(f"ACC {100 * sc['acc']:.1f} %  NMI {100 * sc['nmi']:.1f} %  purity {100 * sc['purity']:.1f} %")
@@ -949,7 +960,8 @@ def _register_machine_commands(flower_app) -> None:
                    public_key=public)
 
     @flower_app.command("submit")
-    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding")
+    @with_params(*ALGORITHM_OPTIONS, "max_rounds", "tol", "diagnostics", "preprocess", "normalize_embedding",
+                 "n_init")
     def submit(
         superlink_addr: str = typer.Option(..., "--superlink", help="HOST:PORT of the SuperLink."),
         clusters: Optional[int] = typer.Option(None, "--clusters", "-k", min=1, help="Cluster the samples into c "
@@ -1005,7 +1017,8 @@ def _register_machine_commands(flower_app) -> None:
         from fedsonmf.federation.flower.launcher import clustering_run_config
 
         algorithm, rounds, tol = params.pop("algorithm"), params.pop("max_rounds"), params.pop("tol")
-        options = {"preprocess": params.pop("preprocess"), "normalize_embedding": params.pop("normalize_embedding")}
+        options = {"preprocess": params.pop("preprocess"), "normalize_embedding": params.pop("normalize_embedding"),
+                   "n_init": params.pop("n_init")}
         cluster_rc: dict[str, Any] = {}
         if predict_from is not None:
             if clusters is not None or rank is not None or resume:

@@ -104,7 +104,7 @@ from fedsonmf.estimators.refine import (
     score_weight,
     seeded_starts,
 )
-from fedsonmf.estimators.restarts import AUTO_N_INIT, RESTART_RULES, choose_restart
+from fedsonmf.estimators.restarts import RESTART_RULES, choose_restart, resolve_n_init, restart_seeds
 from fedsonmf.estimators.sonmf import FedSONMF
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
@@ -409,10 +409,7 @@ default="auto"
 
     def _n_init(self) -> int:
         """The number of fits: ``n_init``, with ``"auto"`` resolved (5; 1 when no objective is reported)."""
-        if self.n_init != "auto":
-            return int(self.n_init)
-        no_objective = self._dp() or not self.diagnostics
-        return 1 if no_objective else AUTO_N_INIT
+        return resolve_n_init(self.n_init, dp=self._dp(), diagnostics=bool(self.diagnostics))
 
     def _dp(self) -> bool:
         """Whether the fits run with differential privacy."""
@@ -485,7 +482,7 @@ default="auto"
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
         self.n_init_ = n_init = self._n_init()
-        seeds = [seed] + [int(s) for s in np.random.default_rng(seed).integers(2**32, size=n_init - 1)]
+        seeds = restart_seeds(seed, n_init)
         models = [self._factorization(r, s, i) for i, s in enumerate(seeds)]
         for m in models:
             m._validate()  # every parameter checked before any computation
@@ -666,11 +663,6 @@ default="auto"
                    "refine_seeded_starts": self.refine_seeded_starts,
                    "refine_spectral_steps": self.refine_spectral_steps}
         stages = refine_stages(self.refine, dp=self._dp())
-        # the medoid is chosen from the unrefined partitions and only its fit is refined (as in process):
-        # each restart runs without the refinement exchanges, then the kept one runs again with them --
-        # the same seed gives the same V bit for bit, so one more fit's rounds instead of n_init - 1 more
-        # refinements, each several times a fit's exchanges on Flower (docs/flower.md)
-        defer = len(models) > 1 and bool(stages) and self.restart_rule == "medoid"
 
         def deploy(i: int, opts: dict, name: str):
             cfg, run, _ = models[i]._validate()
@@ -680,7 +672,22 @@ default="auto"
                              mask_paths=mask_paths)
             return res, run_dir
 
-        partitions, fits = [], []
+        if self.restart_rule == "medoid" and not self._dp():
+            # one deployment: its ServerApp runs the n_init fits from the same seeds (restart_seeds),
+            # keeps the medoid and refines it, as in process (each restart its own job on the nodes)
+            res, run_dir = deploy(0, {**options, "n_init": len(models)}, "run")
+            self.best_restart_ = int(res.extra["clustering"].get("restarts", {}).get("best_restart", 0))
+            return self._keep_flower_fit(res, run_dir, res.extra["labels"], res.extra["cluster_centers"], [res],
+                                         stages, paths, seeds)
+        # the other rules (and DP, whose fits each spend budget): one deployment per restart.  The medoid
+        # is chosen from the unrefined partitions and only its fit is refined (as in process):
+        # each restart runs without the refinement exchanges, then the kept one runs again with them --
+        # the same seed gives the same V bit for bit, so one more fit's rounds instead of n_init - 1 more
+        # refinements, each several times a fit's exchanges on Flower (docs/flower.md)
+        options["n_init"] = 1
+        defer = len(models) > 1 and bool(stages) and self.restart_rule == "medoid"
+        partitions: list = []
+        fits: list = []
         for i in range(len(models)):
             res, run_dir = deploy(i, {**options, "refine": "none"} if defer else options,
                                   "run" if len(models) == 1 else f"run-restart-{i}")
@@ -704,15 +711,19 @@ default="auto"
                      f"({fits[best][1]}); its refined partition is kept", RuntimeWarning)
         self.best_restart_ = best
         res, run_dir = fits[best or 0]
-        r = int(res.V.shape[0])
         if best is None:  # consensus (choose_restart keeps a lone fit)
             labels = consensus_labels(partitions, self.n_clusters)
             centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         else:
             labels, centers = partitions[best or 0], res.extra["cluster_centers"]
-        self.n_components_ = r
         # the kept run's refinement, as its ServerApp reported it (consensus: every run's)
         kept = [fits[best][0]] if best is not None else [f for f, _ in fits]
+        return self._keep_flower_fit(res, run_dir, labels, centers, kept, stages, paths, seeds)
+
+    def _keep_flower_fit(self, res, run_dir, labels, centers, kept, stages, paths, seeds) -> FedMultiViewClustering:
+        """The fitted attributes of ``engine="flower"`` from the kept run ``res`` (its folder ``run_dir``),
+        the final ``labels`` and ``centers``, and the refinement reports of the runs ``kept``."""
+        self.n_components_ = int(res.V.shape[0])
         reports = [f.extra.get("clustering", {}) for f in kept]
         self.refine_iter_ = [int(c.get("refine_iterations", 0)) for c in reports] if "kmeans" in stages else []
         self.refine_start_ = [int(c.get("refine_start") or 0) for c in reports] if "kmeans" in stages else []

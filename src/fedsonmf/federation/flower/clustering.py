@@ -90,6 +90,8 @@ def clustering_options(rc) -> dict | None:
         "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
         "refine_seeded_starts": int(rc.get("refine-seeded-starts", default("refine_seeded_starts"))),
         "refine_spectral_steps": int(rc.get("refine-spectral-steps", default("refine_spectral_steps"))),
+        # the number of fits ("auto" or a count; resolved by the steps' resolve_n_init), the medoid kept
+        "n_init": str(rc.get("n-init", default("n_init"))),
     }
 
 

@@ -85,7 +85,7 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "early_stop": default("early_stop"), "refine": default("refine"),
                        "refine_starts": default("refine_starts"),
                        "refine_seeded_starts": default("refine_seeded_starts"),
-                       "refine_spectral_steps": default("refine_spectral_steps")}
+                       "refine_spectral_steps": default("refine_spectral_steps"), "n_init": default("n_init")}
 
 
 def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
@@ -100,13 +100,17 @@ def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
     if not (rank in ("auto", "auto-cap", "paper") or (isinstance(rank, int) and not isinstance(rank, bool)
                                                          and rank >= 1)):
         raise ParameterError(f"clustering rank must be 'auto', 'auto-cap', 'paper' or a positive integer, got {rank!r}")
+    n_init = opts["n_init"]
+    if not (n_init == "auto" or (isinstance(n_init, (int, np.integer)) and not isinstance(n_init, bool) and n_init >= 1)
+            or (isinstance(n_init, str) and n_init.isdigit() and int(n_init) >= 1)):
+        raise ParameterError(f"clustering n_init must be 'auto' or a positive integer, got {n_init!r}")
     return {"n-clusters": int(n_clusters), "rank-rule": str(rank), "preprocess": str(opts["preprocess"]),
             "normalize-views": bool(opts["normalize_views"]), "normalize-embedding": bool(opts["normalize_embedding"]),
             "kmeans-n-init": int(opts["kmeans_n_init"]), "kmeans-max-iter": int(opts["kmeans_max_iter"]),
             "early-stop": str(opts["early_stop"]), "refine": str(opts["refine"]),
             "refine-starts": int(opts["refine_starts"]),
             "refine-seeded-starts": int(opts["refine_seeded_starts"]),
-            "refine-spectral-steps": int(opts["refine_spectral_steps"])}
+            "refine-spectral-steps": int(opts["refine_spectral_steps"]), "n-init": str(n_init)}
 
 
 def _update_result_json(out_dir: Path, extra: dict) -> None:

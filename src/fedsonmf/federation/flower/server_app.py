@@ -36,7 +36,7 @@ from flwr.supercore.run import RunNotRunningException
 
 from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
-from fedsonmf.exceptions import FederationError, ProtocolError, RunStopped
+from fedsonmf.exceptions import CheckpointError, FederationError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec, nodeconfig
@@ -220,6 +220,24 @@ class StatusFile:
                    seconds_per_round=float(sum(self._secs) / len(self._secs)))
 
 
+def _fit_finished(folder: Path) -> bool:
+    """Whether a restart's fit finished in an earlier attempt of this run (its V and result are saved)."""
+    return (folder / "V.npy").is_file() and (folder / "result.json").is_file()
+
+
+def _read_fit(folder: Path):
+    """A finished restart's :class:`FitResult`, read back from its folder (a resumed run)."""
+    from fedsonmf.federation.flower.launcher import load_result
+
+    return load_result(folder)
+
+
+def _final_objective(res) -> float | None:
+    """The last round's objective F of a fit, None when not reported."""
+    F = res.history.column("objective")
+    return float(F[-1]) if F.size and np.isfinite(F[-1]) else None
+
+
 def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -> dict | None:
     """The setup scalars (all but ``client``) the hellos carry, so that the nodes set up at the
     handshake (one exchange less before round 1).  None when r is not known before the nodes
@@ -276,21 +294,57 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     t0 = time.perf_counter()
     last_round = {"completed": 0}
     last_state: dict = {"state": None}  # the server's state after the last round (who holds which sample)
+    current = {"checkpoint": ckpt_dir}  # the checkpoint of the fit running (a restart's own)
     try:
         steps = fclust.load_steps(clustering) if copts else None
         # the refinement stages, checked before any round (a run config's value is unchecked so far)
         stages = steps.refine_stages(copts["refine"], dp=cfg.dp_enabled) if copts and steps is not None else ()
-        saved = ckpt.load_server_checkpoint(ckpt_dir) if bool(rc.get("resume", False)) else None
-        if saved is not None and not str(rc.get("job-id", "") or ""):
-            job_id = str(saved.run["job_id"])  # the clients' state files are named by the job id
-            status.write(job_id=job_id)
+        resuming = bool(rc.get("resume", False))
+        # a clustering run fits n_init times from the estimator's seeds and keeps the medoid fit (as the
+        # in-process estimator does); restart i is job "<job>-restart-<i>" on the nodes, so the kept
+        # fit's bases stay there for its refinement and for predict runs
+        n_init, seeds = 1, [seed]
+        if copts and steps is not None:
+            try:
+                n_init = steps.resolve_n_init(copts["n_init"], dp=cfg.dp_enabled, diagnostics=cfg.diagnostics)
+            except ValueError as exc:
+                raise ProtocolError(f"run config 'n-init': {exc}") from None
+            if n_init > 1 and cfg.dp_enabled:
+                raise ProtocolError(f"run config 'n-init' = {n_init} under differential privacy: each fit would "
+                                    "spend the run's budget again; use n-init = 1 (the default under DP)")
+            seeds = steps.restart_seeds(seed, n_init)
+        plan_path = out / "restarts.json"
+        plan = json.loads(plan_path.read_text()) if n_init > 1 and resuming and plan_path.is_file() else None
+        if n_init > 1 and resuming and plan is None:
+            raise CheckpointError(f"cannot resume: {plan_path} does not exist (no run of {n_init} fits started "
+                                  "in this out-dir)")
+        if plan is not None and [int(x) for x in plan["seeds"]] != seeds:
+            raise CheckpointError(f"cannot resume: this run's fits have the seeds {seeds}, the interrupted run's "
+                                  f"{plan['seeds']} (another seed or n-init)")
+        if plan is not None and not str(rc.get("job-id", "") or ""):
+            job_id = str(plan["job_id"])  # the nodes' state files are named by the job id
+        restart_dirs = [out] if n_init == 1 else [_inside(out / f"restart-{i}", out) for i in range(n_init)]
+        done = [n_init > 1 and resuming and _fit_finished(d) for d in restart_dirs]  # restarts a resume skips
+        first = done.index(False) if False in done else n_init - 1
+        job_ids = [job_id] if n_init == 1 else [f"{job_id}-restart-{i}" for i in range(n_init)]
+        ckpt_dirs = [_inside(d / "checkpoint", out) for d in restart_dirs]
+        saved = ckpt.load_server_checkpoint(ckpt_dirs[first]) if resuming and not done[first] and \
+            ckpt.has_server_checkpoint(ckpt_dirs[first]) else None
+        if n_init == 1 and resuming and saved is None:
+            saved = ckpt.load_server_checkpoint(ckpt_dirs[0])  # names the missing checkpoint
+        if saved is not None and n_init == 1 and not str(rc.get("job-id", "") or ""):
+            job_id = job_ids[0] = str(saved.run["job_id"])  # the clients' state files are named by the job id
+        status.write(job_id=job_id, **({"n_restarts": n_init} if n_init > 1 else {}))
+        if n_init > 1:
+            _write_json(plan_path, {"job_id": job_id, "seeds": seeds, "n_init": n_init})
         spec = None
-        if saved is None and bool(_rc(rc, "setup-at-handshake")):
-            spec = _setup_spec(cfg, copts, alg.name, seed)  # None when r depends on the views' widths
+        if saved is None and not done[first] and bool(_rc(rc, "setup-at-handshake")):
+            spec = _setup_spec(cfg, copts, alg.name, seeds[first])  # None when r depends on the views' widths
         view_info: dict = {}
         pins_path = str(rc.get("node-pins", "") or "") or None  # the launcher's pins file (node auth)
-        node_ids = handshake(grid, m, job_id=job_id, timeout=node_timeout, poll=max(poll, 0.05), recorder=recorder,
-                             info=view_info, setup=spec, pins=read_pins(pins_path) if pins_path else None,
+        node_ids = handshake(grid, m, job_id=job_ids[first], timeout=node_timeout, poll=max(poll, 0.05),
+                             recorder=recorder, info=view_info, setup=spec,
+                             pins=read_pins(pins_path) if pins_path else None,
                              retired=read_retired(pins_path) if pins_path else frozenset())
         setup_extra, rank_message = {}, None
         if copts:  # the rank rule, settled from c and the d_p the nodes reported
@@ -301,42 +355,79 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             setup_extra = fclust.setup_scalars(copts)
         else:
             check_views_at_handshake(view_info, node_ids, cfg.n_components)  # r <= d_p, before round 1
-        run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seed, "n_clients": m, "job_id": job_id}
-        resume = None
-        if saved is not None:
-            ckpt.check_resume_matches(saved, run_info)  # after the rank rule: r is part of the config
-            resume = (saved.state, saved.history)
-            last_round["completed"] = saved.completed_rounds
-            last_state["state"] = saved.state
-            status.write(rounds_done=saved.completed_rounds)
         t_hs = time.perf_counter() - t0
         at_hello = {p: (v["setup"], v["setup_bytes"]) for p, v in view_info.items() if "setup" in v}
-        transport = FlowerTransport(grid, node_ids, job_id=job_id, round_timeout=round_timeout, poll=poll,
+        transport = FlowerTransport(grid, node_ids, job_id=job_ids[first], round_timeout=round_timeout, poll=poll,
                                     recorder=recorder, startup_timeout=startup_timeout, pins_path=pins_path,
                                     setup_scalars=setup_extra, on_exchange=status.exchange_started,
                                     setup_at_hello=(spec, at_hello) if spec else None,
                                     ids_digests={p: v[codec.IDS_DIGEST] for p, v in view_info.items()
                                                  if codec.IDS_DIGEST in v})
-
-        def on_round_end(state, history):
-            ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
-            last_round["completed"] = state.round - 1
-            last_state["state"] = state
-            status.round_done(state.round - 1, history.rows[-1]["seconds"])
-
         # a clustering fit stops as the estimator's does: tol, or the server's k-means of V settled
-        stop = (steps.stop_rule(copts["early_stop"], copts["n_clusters"], seed=seed,
-                                normalize_embedding=copts["normalize_embedding"])
-                if copts and steps is not None and tol > 0 else None)
-        res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seed,
-                             on_round_end=on_round_end, resume=resume, participation=participation, stop_rule=stop)
+        fits: list = []  # per restart: its FitResult, run here or read back from its folder (a resume)
+        for i in range(n_init):
+            run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seeds[i], "n_clients": m,
+                        "job_id": job_ids[i]}
+            if done[i]:
+                fits.append(_read_fit(restart_dirs[i]))
+                continue
+            transport.job_id = job_ids[i]
+            if i > first:
+                transport.setup_at_hello = None  # the hellos set up the first fit only
+            resume = None
+            if i == first and saved is not None:
+                ckpt.check_resume_matches(saved, run_info)  # after the rank rule: r is part of the config
+                resume = (saved.state, saved.history)
+                last_round["completed"] = saved.completed_rounds
+                last_state["state"] = saved.state
+                status.write(rounds_done=saved.completed_rounds)
+            current["checkpoint"] = ckpt_dirs[i]
+            if n_init > 1:
+                status.write(restart=i, rounds_done=last_round["completed"] if resume else 0, round=0)
+
+            def on_round_end(state, history, run_info=run_info, ckpt_dir=ckpt_dirs[i]):
+                ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
+                last_round["completed"] = state.round - 1
+                last_state["state"] = state
+                status.round_done(state.round - 1, history.rows[-1]["seconds"])
+
+            stop = (steps.stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
+                                    normalize_embedding=copts["normalize_embedding"])
+                    if copts and steps is not None and tol > 0 else None)
+            res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
+                                 on_round_end=on_round_end, resume=resume, participation=participation,
+                                 stop_rule=stop)
+            res.extra["flower"] = {
+                "node_ids": node_ids, "job_id": job_ids[i], "run_id": int(context.run_id),
+                "handshake_seconds": t_hs, "wire_bytes": list(transport.wire_bytes),
+                "resumed_from_round": resume[0].round if resume else None,
+                "started_at": status.data["started_at"], "round1_started_at": status.data["round1_started_at"],
+            }
+            if participation is not None:
+                res.extra["flower"]["dropped"] = list(transport.dropped)
+            if n_init > 1:  # a finished restart: read back by a resume instead of being fitted again
+                save_npy_atomic(_inside(restart_dirs[i] / "V.npy", out), res.V)
+                _write_json(restart_dirs[i] / "result.json", res.to_json_dict())
+                last_round["completed"] = 0
+            fits.append(res)
+        best, restarts = 0, None
+        if n_init > 1:
+            assert steps is not None and copts is not None
+            partitions = [steps.cluster_embedding(f.V, copts["n_clusters"], seed=s,
+                                                  normalize_embedding=copts["normalize_embedding"],
+                                                  kmeans_n_init=copts["kmeans_n_init"],
+                                                  kmeans_max_iter=copts["kmeans_max_iter"])[0]
+                          for f, s in zip(fits, seeds)]
+            best = int(steps.choose_restart("medoid", partitions, fits))
+            restarts = {"n_init": n_init, "seeds": seeds, "best_restart": best,
+                        "objectives": [_final_objective(f) for f in fits],
+                        "n_rounds": [int(f.n_rounds) for f in fits]}
+            transport.job_id = job_ids[best]  # the refinement and later predict runs use the kept fit's bases
+            if last_state["state"] is None or best != n_init - 1:
+                last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
+        res = fits[best]
         save_npy_atomic(_inside(out / "V.npy", out), res.V)
-        res.extra["flower"] = {
-            "node_ids": node_ids, "job_id": job_id, "run_id": int(context.run_id),
-            "handshake_seconds": t_hs, "wire_bytes": transport.wire_bytes,
-            "resumed_from_round": resume[0].round if resume else None,
-            "started_at": status.data["started_at"], "round1_started_at": status.data["round1_started_at"],
-        }
+        res.extra["flower"]["wire_bytes"] = transport.wire_bytes  # every restart's and the refinement's
         if participation is not None:
             res.extra["flower"]["dropped"] = transport.dropped
         if copts:
@@ -355,14 +446,15 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
                                                  policy=policy, products=spectral)
                            if "graph" in stages else (None, None))
-            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seed, steps, refine, graph,
-                                                                         spectral, both, policy),
-                                       "rank_message": rank_message}
+            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seeds[best], steps, refine,
+                                                                         graph, spectral, both, policy),
+                                       "rank_message": rank_message,
+                                       **({"restarts": restarts} if restarts else {})}
         _write_json(out / "result.json", res.to_json_dict())
         status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
     except BaseException as exc:
         info = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                "last_completed_round": last_round["completed"], "checkpoint": str(ckpt_dir),
+                "last_completed_round": last_round["completed"], "checkpoint": str(current["checkpoint"]),
                 "traceback": traceback.format_exc(limit=5)}
         if isinstance(exc, FederationError):
             info.update(client=exc.client, round=exc.round, node_id=exc.node_id)

@@ -377,7 +377,10 @@ class FlowerTransport:
         self.on_exchange = on_exchange
         self.node_ids = list(node_ids)
         self.n_clients = len(self.node_ids)
+        #: the job id of the messages; a run of several fits (restarts) sets each fit's in turn
         self.job_id = job_id
+        #: the handshake's job id: the salt of the ids digests, so a node adopted later is asked with it
+        self.hello_job_id = job_id
         self.round_timeout = float(round_timeout)
         # the setup exchange includes the nodes' start-up (process spawn, imports, loading the view,
         # the initial bases): it has its own timeout, never shorter than a round's
@@ -406,7 +409,7 @@ class FlowerTransport:
         new = sorted(unseen)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
-                                                            "job-id": self.job_id})})
+                                                            "job-id": self.hello_job_id})})
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
                                 ttl=3600.0) for nid in new]
             for nid, mid, msg in zip(new, self.grid.push_messages(msgs), msgs):
