@@ -242,13 +242,16 @@ default="auto"
         ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
         deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
         (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
-        same V bit for bit).  With ``n_init > 1`` (medoid rule) each restart is one deployment
-        without the refinement, and the kept one runs once more with it.
+        same V bit for bit).  With ``n_init > 1`` and the medoid rule one deployment runs every
+        fit (its ServerApp keeps the medoid and refines it, ``run-config`` key ``n-init``); the
+        other rules and differential privacy run one deployment per restart (the medoid of
+        differentially private fits: without the refinement, the kept one again with it).
     flower_run_dir : path or None, default=None
         ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
-        deployment: node state, logs, the server's out-dir with ``labels.csv``; with restarts
-        ``run-restart-<i>/`` each, ``run-restart-<i>-refined/`` the kept one); None = a new
-        temporary folder.  The deployment kept is ``flower_run_dir_``.
+        deployment: node state, logs, the server's out-dir with ``labels.csv`` and each fit in
+        ``restart-<i>/``; with one deployment per restart -- other rules, DP -- ``run-restart-<i>/``
+        each, ``run-restart-<i>-refined/`` the kept one); None = a new temporary folder.  The
+        deployment kept is ``flower_run_dir_``.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose

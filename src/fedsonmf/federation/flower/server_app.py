@@ -14,6 +14,10 @@ SuperLink host:
 ``V.npy``            the final V (r x n)
 ``labels.csv``       clustering runs: ``sample_id,cluster`` (ids 0..n-1), ``centers.npy`` the k-means centres
 ``checkpoint/``      server state + history after the last completed round (resume)
+``restart-<i>/``     a clustering run of ``n-init`` > 1 fits: fit i's ``V.npy``, ``result.json`` and
+                     ``checkpoint/`` (the kept fit's V, labels and result are the ones above);
+                     ``restarts.json`` the fits' seeds and the job id (a resume continues at the
+                     first unfinished fit)
 ``wire.jsonl``       every message that crossed the wire (``record-wire = true``)
 
 Run-config keys are those of the shipped app template (:mod:`.template`).  A clustering
