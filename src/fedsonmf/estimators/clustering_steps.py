@@ -37,7 +37,7 @@ from fedsonmf.estimators.refine import client_refine as refine_reply
 from fedsonmf.estimators.refine import refine_best, refine_partition, refine_stages, refine_view
 from fedsonmf.estimators.refine import score_weight as refine_scores  # the weight of its score: 0 = none
 from fedsonmf.estimators.refine import seeded_starts as refine_seeded
-from fedsonmf.estimators.restarts import choose_restart, resolve_n_init, restart_seeds
+from fedsonmf.estimators.restarts import choose_restart, final_objective, resolve_n_init, restart_seeds
 from fedsonmf.estimators.row_norms import normalize_rows
 from fedsonmf.estimators.spectral import graph_stage, spectral_steps
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
@@ -49,7 +49,8 @@ __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "as
            "refine_batch_rows", "refine_partition",
            "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
            "graph_products", "spectral_steps", "graph_stage", "normalize_rows",
-           "kmeans_on_embedding", "resolve_n_init", "restart_seeds", "choose_restart"]
+           "kmeans_on_embedding", "resolve_n_init", "restart_seeds", "choose_restart",
+           "final_objective"]
 
 
 def kmeans_on_embedding(

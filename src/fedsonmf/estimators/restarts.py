@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsonmf._validation import check_int
+
 __all__ = ["RESTART_RULES", "AUTO_N_INIT", "resolve_n_init", "restart_seeds", "final_objective", "best_restart",
            "medoid_restart", "choose_restart"]
 
@@ -39,13 +41,11 @@ def resolve_n_init(n_init, *, dp: bool, diagnostics: bool) -> int:
     """The number of fits of ``n_init`` ("auto" or a positive int): "auto" is :data:`AUTO_N_INIT`,
     or 1 when the fits report no objective (differential privacy, ``diagnostics=False``), where
     every further fit would spend privacy budget or could not be told apart."""
-    if isinstance(n_init, str) and n_init != "auto":
-        n_init = int(n_init) if n_init.isdigit() else n_init
+    if isinstance(n_init, str) and n_init.isdigit():
+        n_init = int(n_init)  # a run config's text
     if n_init == "auto":
         return 1 if dp or not diagnostics else AUTO_N_INIT
-    if isinstance(n_init, bool) or not isinstance(n_init, (int, np.integer)) or n_init < 1:
-        raise ValueError(f"n_init must be 'auto' or a positive integer, got {n_init!r}")
-    return int(n_init)
+    return check_int("n_init", n_init, min=1, desc="'auto' or a positive integer")
 
 
 def restart_seeds(seed: int, n_init: int) -> list[int]:

@@ -40,7 +40,7 @@ from flwr.supercore.run import RunNotRunningException
 
 from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
-from fedsonmf.exceptions import CheckpointError, FederationError, ProtocolError, RunStopped
+from fedsonmf.exceptions import CheckpointError, FederationError, ParameterError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec, nodeconfig
@@ -236,12 +236,6 @@ def _read_fit(folder: Path):
     return load_result(folder)
 
 
-def _final_objective(res) -> float | None:
-    """The last round's objective F of a fit, None when not reported."""
-    F = res.history.column("objective")
-    return float(F[-1]) if F.size and np.isfinite(F[-1]) else None
-
-
 def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -> dict | None:
     """The setup scalars (all but ``client``) the hellos carry, so that the nodes set up at the
     handshake (one exchange less before round 1).  None when r is not known before the nodes
@@ -311,7 +305,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         if copts and steps is not None:
             try:
                 n_init = steps.resolve_n_init(copts["n_init"], dp=cfg.dp_enabled, diagnostics=cfg.diagnostics)
-            except ValueError as exc:
+            except ParameterError as exc:
                 raise ProtocolError(f"run config 'n-init': {exc}") from None
             if n_init > 1 and cfg.dp_enabled:
                 raise ProtocolError(f"run config 'n-init' = {n_init} under differential privacy: each fit would "
@@ -332,10 +326,11 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         first = done.index(False) if False in done else n_init - 1
         job_ids = [job_id] if n_init == 1 else [f"{job_id}-restart-{i}" for i in range(n_init)]
         ckpt_dirs = [_inside(d / "checkpoint", out) for d in restart_dirs]
-        saved = ckpt.load_server_checkpoint(ckpt_dirs[first]) if resuming and not done[first] and \
-            ckpt.has_server_checkpoint(ckpt_dirs[first]) else None
-        if n_init == 1 and resuming and saved is None:
-            saved = ckpt.load_server_checkpoint(ckpt_dirs[0])  # names the missing checkpoint
+        saved = None
+        # one fit: its checkpoint must be there (the error names it); several: a fit interrupted
+        # before its first round has none and starts again
+        if resuming and not done[first] and (n_init == 1 or ckpt.has_server_checkpoint(ckpt_dirs[first])):
+            saved = ckpt.load_server_checkpoint(ckpt_dirs[first])
         if saved is not None and n_init == 1 and not str(rc.get("job-id", "") or ""):
             job_id = job_ids[0] = str(saved.run["job_id"])  # the clients' state files are named by the job id
         status.write(job_id=job_id, **({"n_restarts": n_init} if n_init > 1 else {}))
@@ -424,7 +419,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                           for f, s in zip(fits, seeds)]
             best = int(steps.choose_restart("medoid", partitions, fits))
             restarts = {"n_init": n_init, "seeds": seeds, "best_restart": best,
-                        "objectives": [_final_objective(f) for f in fits],
+                        "objectives": [F if np.isfinite(F) else None  # JSON: null when not reported
+                                       for F in map(steps.final_objective, fits)],
                         "n_rounds": [int(f.n_rounds) for f in fits]}
             transport.job_id = job_ids[best]  # the refinement and later predict runs use the kept fit's bases
             if last_state["state"] is None or best != n_init - 1:
