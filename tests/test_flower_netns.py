@@ -488,7 +488,8 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
                                  "--labels", str(tmp_path / "y.txt")])
     assert r.exit_code == 0, r.output
     assert "2 clusters of sizes [3, 3] (rank r = 4)" in r.output and "ACC 83.3 %" in r.output, r.output
-    assert json.loads((out / "result.json").read_text())["scores"]["acc"] == pytest.approx(5 / 6)
+    scores = json.loads((out / "result.json").read_text())["scores"]  # as `fedsonmf score` reports them
+    assert scores["acc"] == pytest.approx(5 / 6) and f"ARI {scores['ari']:.4f}" in r.output
     conf = tomllib.loads((home / "run-config.toml").read_text())
     assert (conf["n-clusters"], conf["rank-rule"], conf["preprocess"]) == (2, "paper", "l2")
     assert {"refine", "refine-starts", "early-stop", "kmeans-n-init", "n-init"} <= set(conf)
@@ -505,7 +506,8 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     r = CliRunner().invoke(app, [*base[:base.index("--out")], "--out", str(out), *base[base.index("--out") + 2:],
                                  "--predict-from", str(tmp_path / "run"), "--labels", str(tmp_path / "y.txt")])
     assert r.exit_code == 0, r.output
-    assert "assigned 6 new samples, per cluster [3, 3]" in r.output and "ACC 83.3 %" in r.output, r.output
+    assert "assigned 6 new samples, per cluster [3, 3]" in r.output, r.output
+    assert "ACC 83.3 %" in r.output and "ARI" in r.output, r.output
     conf = tomllib.loads((home / "run-config.toml").read_text())
     assert (conf["mode"], conf["model-dir"]) == ("predict", str(tmp_path / "run"))
     assert "n-clusters" not in conf and "num-rounds" not in conf

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedsonmf.metrics import clustering_accuracy, clustering_scores, nmi, purity
+from fedsonmf.metrics import adjusted_rand, clustering_accuracy, clustering_scores, format_scores, nmi, purity
 
 Y = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 2])
 
@@ -66,7 +66,7 @@ def test_nmi_average_methods():
         nmi(y_true, y_pred, average_method="mean")
 
 
-@pytest.mark.parametrize("func", [clustering_accuracy, purity, nmi, clustering_scores])
+@pytest.mark.parametrize("func", [clustering_accuracy, purity, nmi, adjusted_rand, clustering_scores])
 def test_invalid_inputs_raise(func):
     with pytest.raises(ValueError, match="differ in length"):
         func([0, 1, 1], [0, 1])
@@ -74,3 +74,20 @@ def test_invalid_inputs_raise(func):
         func([0, 1], [[0], [1]])
     with pytest.raises(ValueError, match="empty"):
         func([], [])
+
+
+def test_adjusted_rand_is_one_for_a_relabelling_zero_in_expectation_and_reported_on_request():
+    """1 for the classes under any names, about 0 for random labels (it is corrected for chance, unlike
+    purity), below 1 for a worse partition; ``clustering_scores(ari=True)`` adds it, and the one-line
+    report prints it after the three percentages."""
+    assert adjusted_rand(Y, np.array([5, 5, 5, 9, 9, 9, 1, 1, 1, 1])) == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 4000)
+    assert abs(adjusted_rand(y, rng.integers(0, 4, 4000))) < 0.01
+    y_pred = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2])
+    assert adjusted_rand(Y, y_pred) < 1.0
+    assert "ari" not in clustering_scores(Y, y_pred)
+    sc = clustering_scores(Y, y_pred, ari=True)
+    assert sc["ari"] == adjusted_rand(Y, y_pred)
+    assert format_scores(sc) == f"ACC 70.0 %  NMI {100 * sc['nmi']:.1f} %  purity 70.0 %  ARI {sc['ari']:.4f}"
+    assert format_scores({k: v for k, v in sc.items() if k != "ari"}, digits=2).endswith("purity 70.00 %")

@@ -262,16 +262,13 @@ def register(app, reproduce_app) -> None:
     ):
         """Score a clustering file against true classes (ACC, NMI, purity, adjusted Rand index): e.g. a
         Flower run's labels.csv copied off the SuperLink host."""
-        from sklearn.metrics import adjusted_rand_score
-
-        from fedsonmf.metrics import clustering_scores
+        from fedsonmf.metrics import clustering_scores, format_scores
 
         _check_common(1, nmi_average, json_path)
         y, pred = _scored_files(clusters_path, labels_path)
-        sc = {**clustering_scores(y, pred, average_method=nmi_average), "ari": float(adjusted_rand_score(y, pred))}
+        sc = clustering_scores(y, pred, average_method=nmi_average, ari=True)
         typer.echo(f"{y.size} samples, {int(pred.max()) + 1} clusters, {int(y.max()) + 1} classes: "
-                   f"ACC {100 * sc['acc']:.2f} %  NMI {100 * sc['nmi']:.2f} %  purity {100 * sc['purity']:.2f} %  "
-                   f"ARI {sc['ari']:.4f}")
+                   f"{format_scores(sc, digits=2)}")
         if json_path is not None:
             doc = {"scores": sc, "n_samples": int(y.size), "n_clusters": int(pred.max()) + 1,
                    "n_classes": int(y.max()) + 1, "nmi_average": nmi_average,

@@ -387,22 +387,23 @@ def _report_submitted_predict(out: Path, labels: Path | None) -> None:
 
 
 def _score_submitted(out: Path, labels: Path | None) -> None:
-    """With ``labels``: the scores of ``out/labels.csv`` against them, printed and added to result.json."""
+    """With ``labels``: the scores of ``out/labels.csv`` against them (as ``fedsonmf score`` reads the
+    two files), printed and added to result.json."""
+    from fedsonmf.cli.cluster import _scored_files
     from fedsonmf.exceptions import InputError
-    from fedsonmf.federation.flower.clustering import read_labels_csv
     from fedsonmf.federation.flower.launcher import _update_result_json
-    from fedsonmf.metrics import clustering_scores
+    from fedsonmf.metrics import clustering_scores, format_scores
 
     if labels is None:
         return
-    found = read_labels_csv(out / "labels.csv")
     try:
-        sc = clustering_scores(_read_labels(labels, None, found.size), found)
+        y, found = _scored_files(out / "labels.csv", labels)
     except InputError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    sc = clustering_scores(y, found, ari=True)
     _update_result_json(out, {"scores": sc})
-    typer.echo(f"ACC {100 * sc['acc']:.1f} %  NMI {100 * sc['nmi']:.1f} %  purity {100 * sc['purity']:.1f} %")
+    typer.echo(format_scores(sc))
 
 
 def _report(res) -> None:
@@ -553,8 +554,9 @@ def register(app, reproduce_app) -> None:
         typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']}"
                    f"{_kept_fit(cl)})")
         if "scores" in res.extra:
-            sc = res.extra["scores"]
-            typer.echo(f"ACC {100 * sc['acc']:.1f} %  NMI {100 * sc['nmi']:.1f} %  purity {100 * sc['purity']:.1f} %")
+            from fedsonmf.metrics import format_scores
+
+            typer.echo(format_scores(res.extra["scores"]))
         server = Path(out).resolve() / "server"
         typer.echo(f"labels: {server / 'labels.csv'}  V: {server / 'V.npy'}  result: {server / 'result.json'}")
         if labels_out is not None:

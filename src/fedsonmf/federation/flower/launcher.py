@@ -292,7 +292,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                 y = np.asarray(labels).ravel()
                 if y.size != found.size:
                     raise InputError(f"{y.size} labels for {found.size} samples")
-                res.extra["scores"] = clustering_scores(y, found)
+                res.extra["scores"] = clustering_scores(y, found, ari=True)
                 _update_result_json(outcome.out_dir, {"scores": res.extra["scores"]})
         return res
     finally:
