@@ -31,6 +31,7 @@ from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
 from fedsonmf.exceptions import CheckpointError, FederationError  # noqa: E402
+from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
 from fedsonmf.federation.flower import codec, run_flower, write_masks, write_views  # noqa: E402
 from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
@@ -80,7 +81,12 @@ def _task_identity():
 
 
 class FakeGrid:
-    """A Grid whose nodes are ClientApp objects called in this process (as in test_flower_apps)."""
+    """A Grid whose nodes are ClientApp objects called in this process (as in test_flower_apps).
+
+    ``FakeGrid.job`` is the job id of the message a node is handling (a hook can tell the fits of a
+    run apart; the server's ``SerialGrid`` lets one push through at a time)."""
+
+    job = None
 
     def __init__(self, client_app, node_configs):
         self.app = client_app
@@ -100,6 +106,8 @@ class FakeGrid:
             mid = uuid.uuid4().hex
             msg.metadata.__dict__["_message_id"] = mid
             self.sent.append((msg.metadata.dst_node_id, msg))
+            if codec.META in msg.content:
+                FakeGrid.job = str(msg.content[codec.META]["job-id"])
             try:
                 self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # what the SuperNode runtime does
@@ -322,22 +330,30 @@ def test_a_run_of_several_fits_keeps_the_estimators_medoid_and_predicts_with_its
                     clustering=STEPS_MODULE)
         want = ref.predict(new)
     assert np.array_equal(read_labels_csv(tmp_path / "predict" / "labels.csv"), want)
+    # the fits ran at once (the status counts each one's rounds); with partial participation (node
+    # adoption is the run's) they run one after the other -- the same fits, kept fit and labels
+    status = json.loads((out / "status.json").read_text())
+    assert status["fit_rounds"] == {str(i): ROUNDS for i in range(3)} and status["fits_running"] == []
+    grid, rc = _fake_run(tmp_path / "one-by-one", views, **{"n-init": "3", "min-clients": 3})
+    out = Path(rc["out-dir"])
+    assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
+    assert "fit_rounds" not in json.loads((out / "status.json").read_text())
+    order = [codec.decode(m.content)[1]["job-id"] for _, m in grid.sent if codec.decode(m.content)[0].kind == "round"]
+    assert order == sorted(order)
 
 
 def test_a_run_of_several_fits_resumes_at_the_fit_that_failed(tmp_path):
-    """A node that fails in the second of three fits ends the run; ``resume`` reads the first fit back
-    (it is not fitted again), continues the second from its checkpoint, and ends with the labels of
-    the uninterrupted run."""
+    """The fits run at once: a node that fails in round 3 of the second of three fits ends the run,
+    the other fits stop at the end of their round under way (checkpointed); ``resume`` continues
+    every fit from its own checkpoint and ends with the labels and V of the uninterrupted run."""
     views, _ = blobs()
     ref = reference(views, n_init=3)
-    setups = {"n": 0}
+    failed = {"n": 0}
 
     def fail_once(fed_msg, context):  # the node of view 1, round 3 of the second fit: an error, once
-        if int(context.node_config["partition-id"]) != 1:
-            return
-        setups["n"] += fed_msg.kind == "setup"
-        if setups["n"] == 2 and fed_msg.kind == "round" and fed_msg.round == 3:
-            setups["n"] += 1
+        if (int(context.node_config["partition-id"]) == 1 and FakeGrid.job == "job-c-restart-1"
+                and fed_msg.kind == "round" and fed_msg.round == 3 and not failed["n"]):
+            failed["n"] += 1
             raise RuntimeError("injected failure")
 
     with pytest.raises(FederationError, match="client 1"):
@@ -346,16 +362,27 @@ def test_a_run_of_several_fits_resumes_at_the_fit_that_failed(tmp_path):
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and status["restart"] == 1 and status["last_completed_round"] == 2
     assert status["checkpoint"] == str(out / "restart-1" / "checkpoint")
-    assert (out / "restart-0" / "V.npy").is_file() and not (out / "restart-1" / "V.npy").exists()
+    # the others stopped at the end of their round under way (the threads' pace varies: from before
+    # their first round, with no checkpoint, to the last), or had finished (their V saved)
+    finished = [i for i in range(3) if (out / f"restart-{i}" / "V.npy").is_file()]
+    done = {i: ckpt.load_server_checkpoint(out / f"restart-{i}" / "checkpoint").completed_rounds
+            if ckpt.has_server_checkpoint(out / f"restart-{i}" / "checkpoint") else 0 for i in range(3)}
+    assert 1 not in finished and done[1] == 2 and all(done[i] == ROUNDS for i in finished), (done, finished)
     grid, rc = _fake_run(tmp_path, views, **{"n-init": "3", "resume": True})
     assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
     assert np.array_equal(np.load(out / "V.npy"), ref.result_.V)
     sent = [codec.decode(m.content) for _, m in grid.sent]
-    assert not any(meta["job-id"] == "job-c-restart-0" for _, meta in sent)  # read back, not fitted again
-    first = min(msg.round for msg, meta in sent if meta["job-id"] == "job-c-restart-1" and msg.kind == "round")
-    assert first == 3  # the second fit went on from its checkpoint
+    for i in range(3):  # every fit went on from its own checkpoint (no round it had done, no setup unless
+        mine = [msg for msg, meta in sent if meta["job-id"] == f"job-c-restart-{i}"]  # it had none); a finished
+        assert done[i] == 0 or not any(msg.kind == "setup" for msg in mine)  # one is read back
+        assert not (i in finished and any(msg.kind == "round" for msg in mine))
+        assert sorted({msg.round for msg in mine if msg.kind == "round"}) == list(range(done[i] + 1, ROUNDS + 1))
     with pytest.raises(CheckpointError, match="seeds"):  # another n-init draws other seeds: nothing to resume
         _fake_run(tmp_path, views, **{"n-init": "2", "resume": True})
+    # a run whose fits all finished resumes at the refinement: no fit is sent anything again
+    grid, rc = _fake_run(tmp_path, views, **{"n-init": "3", "resume": True})
+    jobs = {meta["job-id"] for msg, meta in (codec.decode(m.content) for _, m in grid.sent) if msg.kind == "round"}
+    assert not jobs and np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
 
 
 def test_flower_predict_equals_the_estimator(tmp_path):

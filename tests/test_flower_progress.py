@@ -111,3 +111,31 @@ def test_progress_of_a_predict_run(shown):
     assert task.fields["status"] == "embedding the new samples"
     prog.update({"status": "completed", "phase": "done", "rounds_done": 0, "mode": "predict"})
     assert (task.description, task.total, task.completed, task.fields["status"]) == ("embed", 1, 1, "done")
+
+
+def test_fits_at_once_report_each_fits_rounds_and_the_bar_follows_the_slowest(tmp_path, shown):
+    """A clustering run's fits at once: ``status.json`` counts every fit's rounds (a resumed fit from
+    its checkpoint's), ``rounds_done`` is the slowest running fit's, and the display shows them all."""
+    server_app = pytest.importorskip("fedsonmf.federation.flower.server_app")  # imports flwr
+    path = tmp_path / "status.json"
+    status = server_app.StatusFile(path, max_rounds=30, n_restarts=3)
+    for i, k in ((0, 0), (1, 4), (2, 0)):  # each thread announces its fit; fit 1 resumes after round 4
+        status.fits_started({i: k})
+    status.fit_round_done(0, 1, 2.0)
+    status.fit_round_done(2, 1, 4.0)
+    st = json.loads(path.read_text())
+    assert st["fit_rounds"] == {"0": 1, "1": 4, "2": 1} and st["fits_running"] == [0, 1, 2]
+    assert st["rounds_done"] == 1 and st["seconds_per_round"] == pytest.approx(3.0)
+    for s in range(2, 6):
+        status.fit_round_done(0, s, 2.0)
+    status.fit_finished(0)  # fit 0 stopped early: the others decide the bar
+    status.fit_round_done(2, 2, 2.0)
+    st = json.loads(path.read_text())
+    assert st["fits_running"] == [1, 2] and st["rounds_done"] == 2
+    prog, task, _ = shown(30)
+    prog.update({**st, "phase": "round", "round": 5})
+    assert task.completed == 2 and task.fields["status"].startswith("3 fits at once, rounds 5/4/2 of 30, ")
+    assert "ETA" in task.fields["status"]
+    for i in (1, 2):
+        status.fit_finished(i)
+    assert json.loads(path.read_text())["rounds_done"] == 5  # none running: the longest fit's rounds

@@ -71,7 +71,8 @@ class FlowerProgress:
 
     Before round 1 it names the phase (starting, handshake, setup); then round k of K,
     the mean seconds per round and the ETA (rounds left x s/round; a run that meets
-    ``tol`` stops earlier), for each of a clustering run's fits in turn (``n_restarts``).  The
+    ``tol`` stops earlier), for each of a clustering run's fits in turn (``n_restarts``), or for
+    its fits at once (each fit's rounds; the bar and the ETA follow the slowest).  The
     rounds' bar ends at the rounds that ran; in a clustering run
     a second bar then counts the refinement's exchanges, with the stage and the mean seconds
     per exchange (no ETA: the count is not known in advance).  ``enabled=False``: silent.
@@ -111,9 +112,13 @@ class FlowerProgress:
         elif phase == "round" or (done and phase not in self.PHASES):
             spr = st.get("seconds_per_round")
             status = f"round {st.get('round')} of {self.total}"
+            if st.get("fit_rounds"):  # a clustering run's fits at once: each one's rounds done, the bar the slowest's
+                n, rounds = int(st.get("n_restarts") or 0), st["fit_rounds"]
+                each = "/".join(str(rounds.get(str(i), 0)) for i in range(n))
+                status = f"{n} fits at once, rounds {each} of {self.total}"
             if spr:
                 status += f", {spr:.1f} s/round, ETA {max(self.total - done, 0) * spr:.0f} s"
-            if st.get("n_restarts"):  # a clustering run's fits, one after the other (the medoid is kept)
+            if st.get("n_restarts") and not st.get("fit_rounds"):  # the fits one after the other
                 status = f"fit {int(st.get('restart') or 0) + 1} of {st['n_restarts']}: {status}"
             self._progress.update(self._task, description="rounds", completed=done, status=status)
         elif phase in self.PHASES:

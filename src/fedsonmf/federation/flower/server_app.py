@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 import traceback
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,7 @@ from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
 from fedsonmf.federation.flower.transport import (
     FlowerTransport,
+    SerialGrid,
     WireRecorder,
     check_same_ids,
     check_views_at_handshake,
@@ -175,6 +178,10 @@ class StatusFile:
     once two have started, ``seconds_per_exchange`` (mean time between their starts).
     At the end: ``n_rounds`` (rounds run; fewer than ``max_rounds`` after an early stop)
     and ``seconds``.  A launcher polls it for a progress display (round k of K, s/round, ETA).
+    A clustering run of several fits adds ``n_restarts``; its fits run at once
+    (:func:`server_main`), with ``fit_rounds`` ({fit: rounds done}) and ``fits_running``, and
+    ``rounds_done`` is then the rounds of the slowest fit still running.  Every method may be
+    called from the fits' threads.
     """
 
     #: the exchanges of the clustering phase (:mod:`.clustering`)
@@ -187,15 +194,23 @@ class StatusFile:
                      "started_at": now, "round1_started_at": None, **fields}
         self._secs: list[float] = []
         self._n_exchanges, self._first_exchange_at = 0, 0.0  # the clustering phase's exchanges
+        self._fit_rounds: dict[int, int] = {}  # fits at once: {fit: rounds done}
+        self._running: set[int] = set()
+        self._lock = threading.RLock()
         self.write()
 
     def write(self, **fields) -> None:
         """Update ``fields`` and ``updated_at`` and rewrite the file atomically."""
-        self.data.update(fields, updated_at=time.time())
-        _write_json(self.path, self.data)
+        with self._lock:
+            self.data.update(fields, updated_at=time.time())
+            _write_json(self.path, self.data)
 
     def exchange_started(self, kind: str, s: int) -> None:
         """The transport's hook: an exchange of ``kind`` (round or counter ``s``) is about to be pushed."""
+        with self._lock:
+            self._exchange_started(kind, s)
+
+    def _exchange_started(self, kind: str, s: int) -> None:
         if kind == "setup":
             self.write(phase="setup")
         elif kind == "round":
@@ -219,9 +234,40 @@ class StatusFile:
 
     def round_done(self, s: int, seconds: float) -> None:
         """Round ``s`` completed in ``seconds``: the counters and the mean seconds per round."""
-        self._secs.append(float(seconds))
-        self.write(rounds_done=int(s), last_round_seconds=float(seconds),
-                   seconds_per_round=float(sum(self._secs) / len(self._secs)))
+        with self._lock:
+            self._secs.append(float(seconds))
+            self.write(rounds_done=int(s), last_round_seconds=float(seconds),
+                       seconds_per_round=float(sum(self._secs) / len(self._secs)))
+
+    def fits_started(self, rounds: dict[int, int]) -> None:
+        """Fits at once: ``rounds`` = {fit: rounds it has already done (a resume)} of the fits to run."""
+        with self._lock:
+            self._fit_rounds.update({int(i): int(k) for i, k in rounds.items()})
+            self._running |= {int(i) for i in rounds}
+            self._write_fits()
+
+    def fit_round_done(self, fit: int, s: int, seconds: float) -> None:
+        """Fits at once: fit ``fit`` completed its round ``s`` in ``seconds``."""
+        with self._lock:
+            self._secs.append(float(seconds))
+            self._fit_rounds[int(fit)] = int(s)
+            self._write_fits(last_round_seconds=float(seconds),
+                             seconds_per_round=float(sum(self._secs) / len(self._secs)))
+
+    def fit_finished(self, fit: int) -> None:
+        """Fits at once: fit ``fit`` has ended (its V and result are saved)."""
+        with self._lock:
+            self._running.discard(int(fit))
+            self._write_fits()
+
+    def _write_fits(self, **fields) -> None:
+        slowest = min((self._fit_rounds[i] for i in self._running), default=max(self._fit_rounds.values(), default=0))
+        self.write(fit_rounds={str(i): k for i, k in sorted(self._fit_rounds.items())},
+                   fits_running=sorted(self._running), rounds_done=int(slowest), **fields)
+
+
+class _FitCancelled(Exception):
+    """A fit that stopped at the end of a round because another fit of the run failed (it resumes)."""
 
 
 def _fit_finished(folder: Path) -> bool:
@@ -363,52 +409,134 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                                     ids_digests={p: v[codec.IDS_DIGEST] for p, v in view_info.items()
                                                  if codec.IDS_DIGEST in v})
         # a clustering fit stops as the estimator's does: tol, or the server's k-means of V settled
-        fits: list = []  # per restart: its FitResult, run here or read back from its folder (a resume)
-        for i in range(n_init):
+        cancel = threading.Event()  # fits at once: set when one has failed, the others end at their next round
+
+        def fit(i: int, tr: FlowerTransport, at_once: bool):
+            """Fit i over ``tr`` (its own transport when the fits run at once); saved in its folder."""
             run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seeds[i], "n_clients": m,
                         "job_id": job_ids[i]}
-            if done[i]:
-                fits.append(_read_fit(restart_dirs[i]))
-                continue
-            transport.job_id = job_ids[i]
-            if i > first:
-                transport.setup_at_hello = None  # the hellos set up the first fit only
             resume = None
-            if i == first and saved is not None:
-                ckpt.check_resume_matches(saved, run_info)  # after the rank rule: r is part of the config
-                resume = (saved.state, saved.history)
-                last_round["completed"] = saved.completed_rounds
-                last_state["state"] = saved.state
-                status.write(rounds_done=saved.completed_rounds)
-            current["checkpoint"] = ckpt_dirs[i]
-            if n_init > 1:
-                status.write(restart=i, rounds_done=last_round["completed"] if resume else 0, round=0)
+            # a fit interrupted in an earlier attempt continues from its own checkpoint (one fit: the
+            # checkpoint must be there, the error names it; several: a fit interrupted before its first
+            # round has none and starts again)
+            prior = saved if i == first else (
+                ckpt.load_server_checkpoint(ckpt_dirs[i])
+                if resuming and ckpt.has_server_checkpoint(ckpt_dirs[i]) else None)
+            if prior is not None:
+                ckpt.check_resume_matches(prior, run_info)  # after the rank rule: r is part of the config
+                resume = (prior.state, prior.history)
+            if at_once:
+                fit_rounds[i] = prior.completed_rounds if prior is not None else 0
+                status.fits_started({i: fit_rounds[i]})
+            else:
+                if prior is not None:
+                    last_round["completed"] = prior.completed_rounds
+                    last_state["state"] = prior.state
+                current["checkpoint"] = ckpt_dirs[i]
+                status.write(**({"restart": i, "round": 0} if n_init > 1 else {}),
+                             rounds_done=prior.completed_rounds if prior is not None else 0)
 
-            def on_round_end(state, history, run_info=run_info, ckpt_dir=ckpt_dirs[i]):
+            def on_round_end(state, history, ckpt_dir=ckpt_dirs[i]):
                 ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
-                last_round["completed"] = state.round - 1
-                last_state["state"] = state
-                status.round_done(state.round - 1, history.rows[-1]["seconds"])
+                if at_once:
+                    fit_rounds[i] = state.round - 1
+                    status.fit_round_done(i, state.round - 1, history.rows[-1]["seconds"])
+                    if cancel.is_set():  # another fit failed: this one stops here, resumable
+                        raise _FitCancelled
+                else:
+                    last_round["completed"] = state.round - 1
+                    last_state["state"] = state
+                    status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
             stop = (steps.stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
                                     normalize_embedding=copts["normalize_embedding"])
                     if copts and steps is not None and tol > 0 else None)
-            res = run_federation(transport, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
+            res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
                                  on_round_end=on_round_end, resume=resume, participation=participation,
                                  stop_rule=stop)
             res.extra["flower"] = {
                 "node_ids": node_ids, "job_id": job_ids[i], "run_id": int(context.run_id),
-                "handshake_seconds": t_hs, "wire_bytes": list(transport.wire_bytes),
+                "handshake_seconds": t_hs, "wire_bytes": list(tr.wire_bytes),
                 "resumed_from_round": resume[0].round if resume else None,
                 "started_at": status.data["started_at"], "round1_started_at": status.data["round1_started_at"],
             }
             if participation is not None:
-                res.extra["flower"]["dropped"] = list(transport.dropped)
+                res.extra["flower"]["dropped"] = list(tr.dropped)
             if n_init > 1:  # a finished restart: read back by a resume instead of being fitted again
                 save_npy_atomic(_inside(restart_dirs[i] / "V.npy", out), res.V)
                 _write_json(restart_dirs[i] / "result.json", res.to_json_dict())
+            if at_once:
+                status.fit_finished(i)
+            else:
                 last_round["completed"] = 0
-            fits.append(res)
+            return res
+
+        # per restart: its FitResult, run here or read back from its folder (a resume)
+        fits: list = [_read_fit(restart_dirs[i]) if done[i] else None for i in range(n_init)]
+        todo = [i for i in range(n_init) if not done[i]]
+        fit_rounds: dict[int, int] = {}
+        # the fits are independent (their own seeds, jobs and node state): without partial participation
+        # (whose node adoption is the run's, not a fit's) they run at once, each in a thread with its
+        # own transport, so the nodes answer one fit's message while the others' wait in the SuperLink --
+        # the rounds' fixed latency is paid once, not n_init times; each fit sends and computes exactly
+        # what it would alone, so the fits, the kept one and the labels are the same
+        at_once = len(todo) > 1 and participation is None
+        if not at_once:
+            for i in todo:
+                transport.job_id = job_ids[i]
+                if i > first:
+                    transport.setup_at_hello = None  # the hellos set up the first fit only
+                fits[i] = fit(i, transport, False)
+        else:
+            shared, k = SerialGrid(grid), len(todo)
+            # each thread polls for its own replies: spread over the threads, the pulls reach the
+            # SuperLink as often as one fit's would.  A node answers one message at a time, so a fit's
+            # message may wait behind the k - 1 others at every node: its exchanges wait k times the
+            # round (and start-up) timeout before they call a node hung
+            tps = [FlowerTransport(shared, transport.node_ids, job_id=job_ids[i], round_timeout=k * round_timeout,
+                                   poll=k * poll, recorder=recorder, startup_timeout=k * transport.startup_timeout,
+                                   pins_path=pins_path, setup_scalars=setup_extra,
+                                   on_exchange=status.exchange_started,
+                                   setup_at_hello=transport.setup_at_hello if i == first else None,
+                                   ids_digests=transport.ids_digests) for i in todo]
+            for tr in tps:
+                tr.hello_job_id = transport.hello_job_id
+            status.write(n_restarts=n_init, restart=None, fits_running=todo)
+            failures: list[tuple[int, BaseException]] = []  # in the order they happened
+
+            def fit_thread(i: int, tr: FlowerTransport):
+                try:
+                    return fit(i, tr, True)
+                except _FitCancelled:
+                    raise
+                except BaseException as exc:
+                    with lock:
+                        failures.append((i, exc))
+                    cancel.set()
+                    raise
+
+            lock = threading.Lock()
+            pool = ThreadPoolExecutor(len(todo), thread_name_prefix="fedsonmf-fit")
+            try:
+                futures = [pool.submit(fit_thread, i, tr) for i, tr in zip(todo, tps)]
+                wait(futures, return_when=FIRST_EXCEPTION)
+                if failures or any(f.done() and f.exception() is not None for f in futures):
+                    cancel.set()
+                wait(futures)  # the others end at their next round (their nodes answer the exchange under way)
+            except BaseException:
+                cancel.set()  # Ctrl-C in this thread: the fits' threads stop at their next round
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            pool.shutdown()
+            transport.wire_bytes = [w for tr in tps for w in tr.wire_bytes]  # the fits' exchanges, in fit order
+            if failures:  # the first failure is the run's; the status names its fit and checkpoint
+                failed, error = failures[0]
+                current["checkpoint"] = ckpt_dirs[failed]
+                last_round["completed"] = fit_rounds.get(failed, 0)
+                status.write(restart=failed)
+                raise error
+            for i, f in zip(todo, futures):
+                fits[i] = f.result()
         best, restarts = 0, None
         if n_init > 1:
             assert steps is not None and copts is not None
@@ -423,8 +551,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                                        for F in map(steps.final_objective, fits)],
                         "n_rounds": [int(f.n_rounds) for f in fits]}
             transport.job_id = job_ids[best]  # the refinement and later predict runs use the kept fit's bases
-            if last_state["state"] is None or best != n_init - 1:
-                last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
+            last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
         res = fits[best]
         save_npy_atomic(_inside(out / "V.npy", out), res.V)
         res.extra["flower"]["wire_bytes"] = transport.wire_bytes  # every restart's and the refinement's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
-           "WireRecorder"]
+           "WireRecorder", "SerialGrid"]
 
 
 class WireRecorder:
@@ -47,20 +48,22 @@ class WireRecorder:
         if self.arrays_dir is not None:
             private_dir(self.arrays_dir)
         self._count = 0
+        self._lock = threading.Lock()  # the fits of a clustering run may exchange at once (threads)
 
     def record(self, direction: str, client: int | None, node_id: int, flwr_msg: FlwrMessage) -> None:
         """Append one message (direction, client, kind, round, every array's shape and SHA-256) to the log."""
         row: dict[str, object] = {"direction": direction, "client": client, "node_id": int(node_id),
                "message_type": flwr_msg.metadata.message_type, "group_id": flwr_msg.metadata.group_id}
-        if flwr_msg.has_error():
-            row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
-        else:
-            row["records"] = codec.describe(flwr_msg.content)
-            if self.arrays_dir is not None and direction == "up":
-                row["saved"] = self._save_arrays(client, flwr_msg.content)
-        self._count += 1
-        with open_private(self.path, "ab") as fh:  # an append-only log, 0600
-            fh.write((json.dumps(row) + "\n").encode())
+        with self._lock:
+            if flwr_msg.has_error():
+                row["error"] = {"code": flwr_msg.error.code, "reason": flwr_msg.error.reason}
+            else:
+                row["records"] = codec.describe(flwr_msg.content)
+                if self.arrays_dir is not None and direction == "up":
+                    row["saved"] = self._save_arrays(client, flwr_msg.content)
+            self._count += 1
+            with open_private(self.path, "ab") as fh:  # an append-only log, 0600
+                fh.write((json.dumps(row) + "\n").encode())
 
     def _save_arrays(self, client, content) -> dict:
         saved = {}
@@ -73,6 +76,35 @@ class WireRecorder:
                     save_npy_atomic(self.arrays_dir / fname, a.numpy())
                     saved[f"{name}/{key}"] = fname
         return saved
+
+
+class SerialGrid:
+    """A Flower ``Grid`` whose calls run one at a time, so several threads can share it.
+
+    The fits of a clustering run exchange at once (:func:`.server_app.server_main`), each in a
+    thread with its own :class:`FlowerTransport`; their pushes and pulls are short requests to the
+    SuperLink, serialised here rather than relying on the Grid's client being thread-safe.
+    Every other attribute is the wrapped grid's.
+    """
+
+    def __init__(self, grid):
+        self._grid = grid
+        self._lock = threading.Lock()
+
+    def push_messages(self, messages):
+        with self._lock:
+            return list(self._grid.push_messages(messages))
+
+    def pull_messages(self, message_ids):
+        with self._lock:
+            return list(self._grid.pull_messages(message_ids))
+
+    def get_node_ids(self):
+        with self._lock:
+            return list(self._grid.get_node_ids())
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
 
 
 def _get(record, key):
