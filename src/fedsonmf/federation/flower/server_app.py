@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 import traceback
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -372,11 +372,15 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         first = done.index(False) if False in done else n_init - 1
         job_ids = [job_id] if n_init == 1 else [f"{job_id}-restart-{i}" for i in range(n_init)]
         ckpt_dirs = [_inside(d / "checkpoint", out) for d in restart_dirs]
-        saved = None
-        # one fit: its checkpoint must be there (the error names it); several: a fit interrupted
-        # before its first round has none and starts again
-        if resuming and not done[first] and (n_init == 1 or ckpt.has_server_checkpoint(ckpt_dirs[first])):
-            saved = ckpt.load_server_checkpoint(ckpt_dirs[first])
+
+        def checkpoint_of(i: int):
+            """Fit i's checkpoint to resume from, or None.  One fit: it must be there (the error names
+            it); several: a fit interrupted before its first round has none and starts again."""
+            if not resuming or done[i] or (n_init > 1 and not ckpt.has_server_checkpoint(ckpt_dirs[i])):
+                return None
+            return ckpt.load_server_checkpoint(ckpt_dirs[i])
+
+        saved = checkpoint_of(first)  # before the handshake: it names the job, and decides the hello's setup
         if saved is not None and n_init == 1 and not str(rc.get("job-id", "") or ""):
             job_id = job_ids[0] = str(saved.run["job_id"])  # the clients' state files are named by the job id
         status.write(job_id=job_id, **({"n_restarts": n_init} if n_init > 1 else {}))
@@ -416,18 +420,12 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             run_info = {"algorithm": alg.name, "config": cfg.to_dict(), "seed": seeds[i], "n_clients": m,
                         "job_id": job_ids[i]}
             resume = None
-            # a fit interrupted in an earlier attempt continues from its own checkpoint (one fit: the
-            # checkpoint must be there, the error names it; several: a fit interrupted before its first
-            # round has none and starts again)
-            prior = saved if i == first else (
-                ckpt.load_server_checkpoint(ckpt_dirs[i])
-                if resuming and ckpt.has_server_checkpoint(ckpt_dirs[i]) else None)
+            prior = saved if i == first else checkpoint_of(i)  # an interrupted fit continues from its own
             if prior is not None:
                 ckpt.check_resume_matches(prior, run_info)  # after the rank rule: r is part of the config
                 resume = (prior.state, prior.history)
             if at_once:
-                fit_rounds[i] = prior.completed_rounds if prior is not None else 0
-                status.fits_started({i: fit_rounds[i]})
+                status.fits_started({i: prior.completed_rounds if prior is not None else 0})
             else:
                 if prior is not None:
                     last_round["completed"] = prior.completed_rounds
@@ -439,7 +437,6 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             def on_round_end(state, history, ckpt_dir=ckpt_dirs[i]):
                 ckpt.save_server_checkpoint(ckpt_dir, state, history, run_info)
                 if at_once:
-                    fit_rounds[i] = state.round - 1
                     status.fit_round_done(i, state.round - 1, history.rows[-1]["seconds"])
                     if cancel.is_set():  # another fit failed: this one stops here, resumable
                         raise _FitCancelled
@@ -474,7 +471,6 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         # per restart: its FitResult, run here or read back from its folder (a resume)
         fits: list = [_read_fit(restart_dirs[i]) if done[i] else None for i in range(n_init)]
         todo = [i for i in range(n_init) if not done[i]]
-        fit_rounds: dict[int, int] = {}
         # the fits are independent (their own seeds, jobs and node state): without partial participation
         # (whose node adoption is the run's, not a fit's) they run at once, each in a thread with its
         # own transport, so the nodes answer one fit's message while the others' wait in the SuperLink --
@@ -488,19 +484,9 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                     transport.setup_at_hello = None  # the hellos set up the first fit only
                 fits[i] = fit(i, transport, False)
         else:
-            shared, k = SerialGrid(grid), len(todo)
-            # each thread polls for its own replies: spread over the threads, the pulls reach the
-            # SuperLink as often as one fit's would.  A node answers one message at a time, so a fit's
-            # message may wait behind the k - 1 others at every node: its exchanges wait k times the
-            # round (and start-up) timeout before they call a node hung
-            tps = [FlowerTransport(shared, transport.node_ids, job_id=job_ids[i], round_timeout=k * round_timeout,
-                                   poll=k * poll, recorder=recorder, startup_timeout=k * transport.startup_timeout,
-                                   pins_path=pins_path, setup_scalars=setup_extra,
-                                   on_exchange=status.exchange_started,
-                                   setup_at_hello=transport.setup_at_hello if i == first else None,
-                                   ids_digests=transport.ids_digests) for i in todo]
-            for tr in tps:
-                tr.hello_job_id = transport.hello_job_id
+            shared = SerialGrid(grid)
+            tps = [transport.for_fit(job_ids[i], grid=shared, share=len(todo),
+                                     setup_at_hello=transport.setup_at_hello if i == first else None) for i in todo]
             status.write(n_restarts=n_init, restart=None, fits_running=todo)
             failures: list[tuple[int, BaseException]] = []  # in the order they happened
 
@@ -510,19 +496,14 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                 except _FitCancelled:
                     raise
                 except BaseException as exc:
-                    with lock:
-                        failures.append((i, exc))
+                    failures.append((i, exc))  # list.append: atomic, no lock needed
                     cancel.set()
                     raise
 
-            lock = threading.Lock()
             pool = ThreadPoolExecutor(len(todo), thread_name_prefix="fedsonmf-fit")
             try:
                 futures = [pool.submit(fit_thread, i, tr) for i, tr in zip(todo, tps)]
-                wait(futures, return_when=FIRST_EXCEPTION)
-                if failures or any(f.done() and f.exception() is not None for f in futures):
-                    cancel.set()
-                wait(futures)  # the others end at their next round (their nodes answer the exchange under way)
+                wait(futures)  # after a failure the others end at their next round's end
             except BaseException:
                 cancel.set()  # Ctrl-C in this thread: the fits' threads stop at their next round
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -532,7 +513,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             if failures:  # the first failure is the run's; the status names its fit and checkpoint
                 failed, error = failures[0]
                 current["checkpoint"] = ckpt_dirs[failed]
-                last_round["completed"] = fit_rounds.get(failed, 0)
+                last_round["completed"] = int(status.data.get("fit_rounds", {}).get(str(failed), 0))
                 status.write(restart=failed)
                 raise error
             for i, f in zip(todo, futures):

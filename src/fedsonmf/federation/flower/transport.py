@@ -427,6 +427,23 @@ class FlowerTransport:
         #: {view: refine-min-cluster-size} announced by the nodes adopted after the handshake
         self.min_cluster_sizes: dict[int, int] = {}
 
+    def for_fit(self, job_id: str, *, grid, share: int, setup_at_hello: tuple | None = None) -> FlowerTransport:
+        """A transport for one of ``share`` fits that exchange at once over ``grid`` (a :class:`SerialGrid`).
+
+        It has this transport's nodes, pins, recorder, setup scalars, hook and hello salt, and its own
+        job id, byte counts and drops.  Each thread polls for its own replies, ``share`` times less
+        often, so the pulls reach the SuperLink as often as one fit's would.  A node answers one
+        message at a time, so a fit's message may wait behind the ``share - 1`` others at every node:
+        the round and start-up timeouts are ``share`` times this transport's.
+        """
+        tr = FlowerTransport(grid, self.node_ids, job_id=job_id, round_timeout=share * self.round_timeout,
+                             poll=share * self.poll, recorder=self.recorder,
+                             startup_timeout=share * self.startup_timeout, pins_path=self.pins_path,
+                             setup_scalars=self.setup_scalars, on_exchange=self.on_exchange,
+                             setup_at_hello=setup_at_hello, ids_digests=self.ids_digests)
+        tr.hello_job_id = self.hello_job_id
+        return tr
+
     def adopt_new_nodes(self, timeout: float = 5.0) -> dict[int, int]:
         """Route a view to a node that came online since the handshake (a SuperNode restarted
         after a failure has a new node id).  Returns {view: node id} adopted now.
