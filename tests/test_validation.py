@@ -175,3 +175,19 @@ def test_clustering_rescues_huge_views_by_normalising(views):
 
     m = FedMultiViewClustering(2, max_rounds=2, random_state=0, n_init=1).fit([views[0] * 1e200, views[1]])
     assert np.all(np.isfinite(m.embedding_))
+
+
+@pytest.mark.parametrize("value, want", [("auto", "auto"), (3, 3), (np.int64(2), 2), ("5", 5)])
+def test_auto_or_count_reads_auto_a_count_and_a_count_as_text(value, want):
+    from fedsonmf._validation import check_auto_or_count
+
+    got = check_auto_or_count("n_init", value)
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("value", [0, "0", -1, 2.0, True, "x", "Auto", "", None])
+def test_auto_or_count_refuses_anything_else_naming_it(value):
+    from fedsonmf._validation import check_auto_or_count
+
+    with pytest.raises(ParameterError, match=r"n_init must be 'auto' or a positive integer, got"):
+        check_auto_or_count("n_init", value)

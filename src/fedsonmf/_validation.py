@@ -101,6 +101,22 @@ def check_int(name: str, value, *, min: int | None = None, max: int | None = Non
     return v
 
 
+def check_auto_or_count(name: str, value) -> int | str:
+    """``"auto"``, or ``value`` as an int >= 1; a count given as text (a run config's ``"5"``) is
+    read as that count.
+
+    Raises
+    ------
+    ParameterError
+        ``"<name> must be 'auto' or a positive integer, got <value!r>"``.
+    """
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    return check_int(name, value, min=1, desc="'auto' or a positive integer")
+
+
 @overload
 def check_real(name: str, value, *, min: float | None = ..., max: float | None = ...,
                min_inclusive: bool = ..., max_inclusive: bool = ..., allow_none: Literal[False] = ...,

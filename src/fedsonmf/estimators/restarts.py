@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsonmf._validation import check_int
+from fedsonmf._validation import check_auto_or_count
 
 __all__ = ["RESTART_RULES", "AUTO_N_INIT", "resolve_n_init", "restart_seeds", "final_objective", "best_restart",
            "medoid_restart", "choose_restart"]
@@ -41,11 +41,10 @@ def resolve_n_init(n_init, *, dp: bool, diagnostics: bool) -> int:
     """The number of fits of ``n_init`` ("auto" or a positive int): "auto" is :data:`AUTO_N_INIT`,
     or 1 when the fits report no objective (differential privacy, ``diagnostics=False``), where
     every further fit would spend privacy budget or could not be told apart."""
-    if isinstance(n_init, str) and n_init.isdigit():
-        n_init = int(n_init)  # a run config's text
-    if n_init == "auto":
+    count = check_auto_or_count("n_init", n_init)  # also a run config's text
+    if count == "auto":
         return 1 if dp or not diagnostics else AUTO_N_INIT
-    return check_int("n_init", n_init, min=1, desc="'auto' or a positive integer")
+    return int(count)
 
 
 def restart_seeds(seed: int, n_init: int) -> list[int]:

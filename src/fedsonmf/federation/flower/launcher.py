@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf._io import write_json_atomic
-from fedsonmf._validation import check_int
+from fedsonmf._validation import check_auto_or_count
 from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError, warn
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
@@ -101,10 +101,7 @@ def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
     if not (rank in ("auto", "auto-cap", "paper") or (isinstance(rank, int) and not isinstance(rank, bool)
                                                          and rank >= 1)):
         raise ParameterError(f"clustering rank must be 'auto', 'auto-cap', 'paper' or a positive integer, got {rank!r}")
-    n_init = opts["n_init"]
-    if n_init != "auto":  # a count, also as text
-        n_init = check_int("clustering n_init", int(n_init) if isinstance(n_init, str) and n_init.isdigit()
-                           else n_init, min=1, desc="'auto' or a positive integer")
+    n_init = check_auto_or_count("clustering n_init", opts["n_init"])  # a count, also as text
     return {"n-clusters": int(n_clusters), "rank-rule": str(rank), "preprocess": str(opts["preprocess"]),
             "normalize-views": bool(opts["normalize_views"]), "normalize-embedding": bool(opts["normalize_embedding"]),
             "kmeans-n-init": int(opts["kmeans_n_init"]), "kmeans-max-iter": int(opts["kmeans_max_iter"]),
