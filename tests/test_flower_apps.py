@@ -226,7 +226,7 @@ def test_wire_audit_catches_a_leak(tmp_path, problem):
 
 
 def _fault_app(kind, client, rnd):
-    def hook(msg, context):
+    def hook(msg, context, job_id):
         if int(context.node_config["partition-id"]) == client and msg.kind == "round" and msg.round == rnd:
             raise RuntimeError(f"injected {kind} in client {client} round {rnd}")
     return make_client_app(before_handle=hook)

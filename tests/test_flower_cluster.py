@@ -14,6 +14,7 @@ import stat
 import threading
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,8 +22,9 @@ import scipy.sparse as sp
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, Error, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Error, RecordDict  # noqa: E402
 from flwr.app import Message as FlwrMessage  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
@@ -38,6 +40,7 @@ from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
 from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE  # noqa: E402
+from fedsonmf.federation.flower.transport import BatchingGrid  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
 
@@ -80,13 +83,20 @@ def _task_identity():
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
+def _parts(msg):
+    """A message, or the messages of a batch (the fits of a run at once), each with ``content``,
+    ``has_error()`` and ``error`` as a Flower message has them."""
+    if msg.has_error() or codec.BATCH not in msg.content:
+        return [msg]
+    return [SimpleNamespace(content=c, metadata=msg.metadata, has_error=lambda c=c: codec.ERROR in c,
+                            error=SimpleNamespace(**dict(c[codec.ERROR])) if codec.ERROR in c else None)
+            for c in codec.unpack(msg.content)]
+
+
 class FakeGrid:
     """A Grid whose nodes are ClientApp objects called in this process (as in test_flower_apps).
 
-    ``FakeGrid.job`` is the job id of the message a node is handling (a hook can tell the fits of a
-    run apart; the server's ``SerialGrid`` lets one push through at a time)."""
-
-    job = None
+    ``sent`` and ``log`` hold the messages of a batch one by one; ``batches`` counts the batches."""
 
     def __init__(self, client_app, node_configs):
         self.app = client_app
@@ -96,6 +106,7 @@ class FakeGrid:
         self.log = []  # every reply, in push order
         self.sent = []  # (node id, message) of every message, in push order
         self.reply_hook = None  # called on every reply before the server sees it
+        self.batches = 0
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -105,16 +116,15 @@ class FakeGrid:
         for msg in messages:
             mid = uuid.uuid4().hex
             msg.metadata.__dict__["_message_id"] = mid
-            self.sent.append((msg.metadata.dst_node_id, msg))
-            if codec.META in msg.content:
-                FakeGrid.job = str(msg.content[codec.META]["job-id"])
+            self.sent.extend((msg.metadata.dst_node_id, m) for m in _parts(msg))
             try:
                 self.replies[mid] = self.app(message=msg, context=self.contexts[msg.metadata.dst_node_id])
             except Exception as exc:  # what the SuperNode runtime does
                 self.replies[mid] = FlwrMessage(Error(2, f"{type(exc)}:<'{exc}'>"), reply_to=msg)
             if self.reply_hook is not None:
                 self.reply_hook(self.replies[mid])
-            self.log.append(self.replies[mid])
+            self.log.extend(_parts(self.replies[mid]))
+            self.batches += codec.BATCH in msg.content
             ids.append(mid)
         return ids
 
@@ -334,12 +344,64 @@ def test_a_run_of_several_fits_keeps_the_estimators_medoid_and_predicts_with_its
     # adoption is the run's) they run one after the other -- the same fits, kept fit and labels
     status = json.loads((out / "status.json").read_text())
     assert status["fit_rounds"] == {str(i): ROUNDS for i in range(3)} and status["fits_running"] == []
+    # at once, a node got the fits' messages of a round together, one Flower message (the same
+    # results as above, where each fit's messages are the ones it sends alone)
+    assert grid.batches >= 3 * ROUNDS
     grid, rc = _fake_run(tmp_path / "one-by-one", views, **{"n-init": "3", "min-clients": 3})
     out = Path(rc["out-dir"])
     assert np.array_equal(read_labels_csv(out / "labels.csv"), ref.labels_)
-    assert "fit_rounds" not in json.loads((out / "status.json").read_text())
+    assert "fit_rounds" not in json.loads((out / "status.json").read_text()) and grid.batches == 0
     order = [codec.decode(m.content)[1]["job-id"] for _, m in grid.sent if codec.decode(m.content)[0].kind == "round"]
     assert order == sorted(order)
+
+
+def test_the_batching_grid_sends_a_node_one_message_per_round_and_each_fit_its_own_replies():
+    """Three senders (fits) push one message per node: each node gets one batch of three, and each
+    sender pulls its own replies under its own ids; a message the node fails gets its own error, the
+    batch's others are answered; once two senders have left, the third's messages go alone."""
+    echo = ClientApp()
+
+    @echo.train()
+    def one(msg, context):
+        return FlwrMessage(msg.content, reply_to=msg)
+
+    @echo.train(codec.BATCH_ACTION)
+    def many(msg, context):
+        parts = codec.unpack(msg.content)
+        return FlwrMessage(codec.pack([codec.error_content(2, "boom") if "fail" in dict(p["x"]) else p
+                                       for p in parts]), reply_to=msg)
+
+    fake = FakeGrid(echo, {11: {}, 22: {}})
+    grid = BatchingGrid(fake, senders=3, linger=30.0)  # the batch leaves when all three have pushed
+    got = {}
+
+    def sender(i):
+        msgs = [FlwrMessage(RecordDict({"x": ConfigRecord({"fit": i, "node": nid, **({"fail": 1} if i == 1 and
+                                                                                        nid == 22 else {})})}),
+                            dst_node_id=nid, message_type="train", group_id="1") for nid in (11, 22)]
+        ids = grid.push_messages(msgs)
+        got[i] = {rep.metadata.reply_to_message_id: rep for rep in grid.pull_messages(ids)}, ids
+
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert fake.batches == 2 and grid.batches_sent == 2 and len(fake.sent) == 6  # 2 Flower messages, 6 inside
+    for i, (replies, ids) in got.items():
+        assert set(replies) == set(ids)
+        for nid, mid in zip((11, 22), ids):
+            rep = replies[mid]
+            if i == 1 and nid == 22:
+                assert rep.has_error() and rep.error.reason == "boom" and rep.error.code == 2
+            else:
+                assert not rep.has_error() and dict(rep.content["x"]) == {"fit": i, "node": nid}
+    grid.leave()
+    grid.leave()  # one sender left: its push goes at once, as plain messages
+    ids = grid.push_messages([FlwrMessage(RecordDict({"x": ConfigRecord({"fit": 2})}), dst_node_id=11,
+                                          message_type="train", group_id="2")])
+    assert fake.batches == 2 and ":" not in ids[0]
+    assert dict(grid.pull_messages(ids)[0].content["x"]) == {"fit": 2}
 
 
 def test_a_run_of_several_fits_resumes_at_the_fit_that_failed(tmp_path):
@@ -350,8 +412,8 @@ def test_a_run_of_several_fits_resumes_at_the_fit_that_failed(tmp_path):
     ref = reference(views, n_init=3)
     failed = {"n": 0}
 
-    def fail_once(fed_msg, context):  # the node of view 1, round 3 of the second fit: an error, once
-        if (int(context.node_config["partition-id"]) == 1 and FakeGrid.job == "job-c-restart-1"
+    def fail_once(fed_msg, context, job_id):  # the node of view 1, round 3 of the second fit: an error, once
+        if (int(context.node_config["partition-id"]) == 1 and job_id == "job-c-restart-1"
                 and fed_msg.kind == "round" and fed_msg.round == 3 and not failed["n"]):
             failed["n"] += 1
             raise RuntimeError("injected failure")

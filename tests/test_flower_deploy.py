@@ -42,7 +42,7 @@ import time
 from fedsonmf.federation.flower.client_app import make_client_app
 
 
-def _fault(msg, context):
+def _fault(msg, context, job_id):
     spec = str(context.run_config.get("fault", ""))
     if not spec:
         return

@@ -209,6 +209,39 @@ def test_write_atomic_failure_mid_write_leaves_the_old_file(tmp_path, monkeypatc
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
 
+def test_an_idle_executor_backs_off_its_polls_and_a_task_brings_them_back(tmp_path, monkeypatch):
+    """The Runtime API is polled every ``poll`` s right after a task; every empty poll doubles the wait
+    up to ``max_poll`` (an idle deployment's polls were most of its CPU)."""
+    _, g, _ = _signed(tmp_path)
+    ex = gate.Executor("clientapp", "127.0.0.1:1", g, b"s" * 32, poll=0.05, max_poll=0.4, log=lambda text: None)
+    answers = iter([False] * 6 + [True] + [False] * 3)  # a task after six empty polls
+    handled, waits = [], []
+
+    class Reply:
+        def __init__(self, task):
+            self.task, self.token = task, "tok" if task else ""
+
+        def HasField(self, name):  # noqa: N802 - protobuf's name
+            return self.task
+
+    class Client:
+        def AcquireTask(self, request):  # noqa: N802 - Flower's RPC name
+            return Reply(next(answers))
+
+    def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 9:
+            raise StopIteration  # ends serve_forever
+
+    ex.client = Client()
+    monkeypatch.setattr(ex, "handle_client_task", handled.append)
+    monkeypatch.setattr(gate.time, "sleep", sleep)
+    with pytest.raises(StopIteration):
+        ex.serve_forever()
+    assert handled == ["tok"]
+    assert waits == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.4, 0.4, 0.05, 0.1, 0.2])
+
+
 def test_server_app_writes_only_inside_its_out_dir(tmp_path, monkeypatch):
     root = tmp_path / "run"
     monkeypatch.setenv("FEDSONMF_OUT_ROOT", str(root))

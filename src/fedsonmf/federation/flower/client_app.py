@@ -50,6 +50,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlwrMessage
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from fedsonmf._io import private_dir, write_atomic, write_json_atomic
 from fedsonmf._validation import as_internal_view, check_views
@@ -269,14 +270,14 @@ def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRunt
     context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
 
 
-def make_client_app(before_handle: Callable[[Message, Context], None] | None = None,
+def make_client_app(before_handle: Callable[[Message, Context, str], None] | None = None,
                     clustering: str | None = None) -> ClientApp:
     """A fresh ClientApp that answers with :class:`fedsonmf.federation.ClientRuntime`.
 
     Parameters
     ----------
     before_handle : callable or None, default=None
-        ``before_handle(msg, context)`` before every train message (a hook for
+        ``before_handle(msg, context, job_id)`` before every train message (a hook for
         fault-injection tests; None in normal use).
     clustering : str or None, default=None
         The name of the clustering steps module (the shipped app gives
@@ -345,7 +346,7 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
             if spec and (X.shape[0] >= r or fclust.SETUP_KEY in spec):
                 setup_msg = Message("setup", 0, {}, {**spec, "client": p})
                 if before_handle is not None:
-                    before_handle(setup_msg, context)
+                    before_handle(setup_msg, context, job_id)
                 reply = setup(setup_msg, context, p, job_id, sdir, mask)
                 fields["kind"] = codec.SETUP_AT_HELLO
         except Exception as exc:  # noqa: BLE001 - reported to the server as this view's error
@@ -355,16 +356,16 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         content[codec.META] = ConfigRecord(fields)
         return FlwrMessage(content, reply_to=msg)
 
-    @client.train()
-    def train(msg: FlwrMessage, context: Context) -> FlwrMessage:
-        fed_msg, meta = codec.decode(msg.content)
+    def answer(content: RecordDict, context: Context) -> RecordDict:
+        """The reply's content to one train message's ``content`` (alone, or one of a batch)."""
+        fed_msg, meta = codec.decode(content)
         p = _partition(context)
         if int(meta["client"]) != p:
             raise ProtocolError(f"message for client {meta['client']} reached the node of view {p}")
         job_id = str(meta["job-id"])
         sdir = state_dir_of(context, job_id)
         if before_handle is not None:
-            before_handle(fed_msg, context)
+            before_handle(fed_msg, context, job_id)
         mask = load_mask(context)
         if fed_msg.kind in ("embed", "refine", "graph", "spectral"):  # after a fit: predict, or a refinement
             state, fit_secure = fclust.fitted_state(sdir, p)
@@ -389,13 +390,12 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
                 if (digest := _ids_digest(_predict_path(context))) is not None:  # rows ordered by their ids
                     reply = dataclasses.replace(reply, scalars={
                         **reply.scalars, codec.IDS_DIGEST: codec.salted_ids_digest(digest, job_id)})
-            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+            return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
             reply = fclust.node_embed_masked(fed_msg, sdir, p)
-            return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+            return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "setup":
-            return FlwrMessage(codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id),
-                               reply_to=msg)
+            return codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id)
         view_path = fclust.prepared_view_path(sdir, p)  # a clustering run's prepared view, if any
         facts_path = sdir / f"view-facts-{p}.json" if view_path else sdir.parent / f"view-facts-{p}.json"
         # validated, hashed and measured once per view file (node-local cache); the fingerprint is
@@ -414,7 +414,26 @@ def make_client_app(before_handle: Callable[[Message, Context], None] | None = N
         runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
         reply = runtime.handle(fed_msg)
         _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, fingerprint)
-        return FlwrMessage(codec.encode(reply, client=p, job_id=job_id), reply_to=msg)
+        return codec.encode(reply, client=p, job_id=job_id)
+
+    @client.train()
+    def train(msg: FlwrMessage, context: Context) -> FlwrMessage:
+        return FlwrMessage(answer(msg.content, context), reply_to=msg)
+
+    @client.train(codec.BATCH_ACTION)
+    def batch(msg: FlwrMessage, context: Context) -> FlwrMessage:
+        """Several train messages for this node in one (the fits of a clustering run at once,
+        :class:`~fedsonmf.federation.flower.transport.BatchingGrid`): each answered as if it had come
+        alone, one after the other, in order; one that raises gets its own error reply, the others
+        are answered all the same."""
+        replies = []
+        for content in codec.unpack(msg.content):
+            try:
+                replies.append(answer(content, context))
+            except Exception as exc:  # noqa: BLE001 - that message's error reply, in Flower's format
+                reason = str(type(exc)) + ":<'" + str(exc) + "'>"
+                replies.append(codec.error_content(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason))
+        return FlwrMessage(codec.pack(replies), reply_to=msg)
 
     return client
 

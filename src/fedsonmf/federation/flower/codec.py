@@ -9,6 +9,11 @@ The records of one Flower message (names are fixed, the audit checks them):
 ``fedsonmf.diag.scalars`` ConfigRecord: monitoring scalars of a reply
 
 Empty records are left out.  Arrays travel as ``np.save`` bytes (bit-exact float64).
+
+A *batch* (:func:`pack`, :func:`unpack`) is several such messages for one node in one Flower message:
+their records side by side, each name prefixed ``<j>:`` (``0:fedsonmf.meta``, ``1:fedsonmf.arrays``,
+...), and ``fedsonmf.batch`` (ConfigRecord: ``count``).  A batch reply holds the node's replies in
+the same order; a reply that failed is ``<j>:fedsonmf.error`` (ConfigRecord: ``code``, ``reason``).
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
-           "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest"]
+           "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest", "BATCH", "BATCH_ACTION", "ERROR", "pack", "unpack",
+           "error_content"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
 SCALARS = "fedsonmf.scalars"
 DIAG_ARRAYS = "fedsonmf.diag.arrays"
 DIAG_SCALARS = "fedsonmf.diag.scalars"
+BATCH = "fedsonmf.batch"
+ERROR = "fedsonmf.error"
+#: the ClientApp action that answers a batch (Flower message type ``train.batch``)
+BATCH_ACTION = "batch"
 #: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
 SETUP_AT_HELLO = "hello+setup"
 #: the hello reply's fingerprint of the node's set of sample ids, salted with the job id
@@ -131,6 +141,42 @@ def decode(rd: RecordDict) -> tuple[Message, dict]:
     if DIAG_SCALARS in rd:
         diag.update(dict(cast(ConfigRecord, rd[DIAG_SCALARS])))
     return Message(str(meta["kind"]), int(meta["round"]), arrays, scalars, diag), meta
+
+
+def error_content(code: int, reason: str) -> RecordDict:
+    """The content that stands for a failed reply inside a batch reply (Flower's ``Error`` fields)."""
+    return RecordDict({ERROR: ConfigRecord({"code": int(code), "reason": str(reason)})})
+
+
+def pack(contents: list[RecordDict]) -> RecordDict:
+    """One RecordDict carrying ``contents`` (each a message's content) side by side, in order."""
+    rd = RecordDict({BATCH: ConfigRecord({"count": len(contents)})})
+    for j, content in enumerate(contents):
+        for name, rec in content.items():
+            rd[f"{j}:{name}"] = rec
+    return rd
+
+
+def unpack(rd: RecordDict) -> list[RecordDict]:
+    """The contents :func:`pack` put in ``rd``, in order.
+
+    Raises
+    ------
+    ValueError
+        ``rd`` is not a batch, or a record's name is not one of its parts'.
+    """
+    if BATCH not in rd:
+        raise ValueError(f"not a fedsonmf batch: records {sorted(rd.keys())}")
+    count = int(cast(int, cast(ConfigRecord, rd[BATCH])["count"]))
+    parts: list[RecordDict] = [RecordDict() for _ in range(count)]
+    for name, rec in rd.items():
+        if name == BATCH:
+            continue
+        j, sep, inner = name.partition(":")
+        if not sep or not j.isdigit() or int(j) >= count:
+            raise ValueError(f"record {name!r} of a batch of {count} is not one of its messages'")
+        parts[int(j)][inner] = rec
+    return parts
 
 
 def describe(rd: RecordDict) -> dict:

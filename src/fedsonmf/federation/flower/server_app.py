@@ -49,8 +49,8 @@ from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
 from fedsonmf.federation.flower.transport import (
+    BatchingGrid,
     FlowerTransport,
-    SerialGrid,
     WireRecorder,
     check_same_ids,
     check_views_at_handshake,
@@ -484,7 +484,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                     transport.setup_at_hello = None  # the hellos set up the first fit only
                 fits[i] = fit(i, transport, False)
         else:
-            shared = SerialGrid(grid)
+            shared = BatchingGrid(grid, senders=len(todo))  # a node gets one message per round, not one per fit
             tps = [transport.for_fit(job_ids[i], grid=shared, share=len(todo),
                                      setup_at_hello=transport.setup_at_hello if i == first else None) for i in todo]
             status.write(n_restarts=n_init, restart=None, fits_running=todo)
@@ -499,6 +499,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                     failures.append((i, exc))  # list.append: atomic, no lock needed
                     cancel.set()
                     raise
+                finally:
+                    shared.leave()  # the other fits' pushes no longer wait for this one's
 
             pool = ThreadPoolExecutor(len(todo), thread_name_prefix="fedsonmf-fit")
             try:

@@ -17,8 +17,10 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
-from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.app import ConfigRecord, Error, MessageType, RecordDict
 from flwr.app import Message as FlwrMessage
 
 from fedsonmf._io import open_private, private_dir, save_npy_atomic
@@ -29,7 +31,7 @@ from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
-           "WireRecorder", "SerialGrid"]
+           "WireRecorder", "BatchingGrid"]
 
 
 class WireRecorder:
@@ -78,29 +80,162 @@ class WireRecorder:
         return saved
 
 
-class SerialGrid:
-    """A Flower ``Grid`` whose calls run one at a time, so several threads can share it.
+class _SubReply:
+    """A node's reply to one message of a batch, as :func:`_push_pull` and the wire recorder read a
+    Flower reply: ``metadata`` (``reply_to_message_id``, ``message_type``, ``group_id``),
+    ``content``, ``has_error()`` and ``error`` (``code``, ``reason``)."""
 
-    The fits of a clustering run exchange at once (:func:`.server_app.server_main`), each in a
-    thread with its own :class:`FlowerTransport`; their pushes and pulls are short requests to the
-    SuperLink, serialised here rather than relying on the Grid's client being thread-safe.
-    Every other attribute is the wrapped grid's.
+    def __init__(self, envelope: FlwrMessage, sub_id: str, sent: FlwrMessage, content: RecordDict | None,
+                 error=None):
+        self.metadata = SimpleNamespace(reply_to_message_id=sub_id, message_type=sent.metadata.message_type,
+                                        group_id=sent.metadata.group_id,
+                                        src_node_id=envelope.metadata.src_node_id, run_id=envelope.metadata.run_id)
+        self.content, self.error = content, error
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+    def has_content(self) -> bool:
+        return self.error is None
+
+
+class BatchingGrid:
+    """A Flower ``Grid`` shared by the fits of a clustering run that exchange at once, each in its
+    own thread (:func:`.server_app.server_main`).
+
+    A push waits until every fit still running has pushed (or ``linger`` seconds have passed); the
+    train messages then queued for one node travel as one Flower message (``train.batch``,
+    :func:`.codec.pack`), which the node answers message by message, each exactly as if it had come
+    alone, in one reply (the ClientApp's ``batch`` handler). A node thus pays Flower's fixed cost
+    per message (its pull, the task, the reply's push: about a second on loopback, docs/flower.md)
+    once per round instead of once per fit. Each fit sees its own messages and replies only: a
+    message of a batch has the id ``<batch id>:<j>`` and its reply comes back under that id (a
+    failed one with its own error, the others' unaffected); a message alone in its node's queue,
+    or not a train message, is pushed as it is. The Grid's calls run one at a time (its client is
+    not assumed to be thread-safe).
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    senders : int
+        The fits that will push; each calls :meth:`leave` when it ends (finished or failed).
+    linger : float, default=1.0
+        The longest a push waits for the other fits' pushes, seconds. The fits keep step (their
+        replies come back in the same batches), so the wait is normally the time between their
+        polls; a fit busy longer (its server step) only delays the batch by this much.
     """
 
-    def __init__(self, grid):
+    def __init__(self, grid, senders: int, linger: float = 1.0):
         self._grid = grid
-        self._lock = threading.Lock()
+        self._senders = int(senders)
+        self.linger = float(linger)
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, FlwrMessage]] = []  # (push call, message) waiting for the batch
+        self._calls = 0  # push calls seen (a call's messages leave together)
+        self._waiting: set[int] = set()  # push calls whose messages are queued
+        self._ids: dict[int, list[str]] = {}  # push call -> the ids of its messages, once pushed
+        self._batches: dict[str, list[tuple[str, FlwrMessage]]] = {}  # batch id -> (sub id, message)
+        self._subs: dict[str, str] = {}  # sub id -> its batch id
+        self._replies: dict[str, object] = {}  # sub id -> reply, not yet pulled by its fit
+        self.batches_sent = 0  # Flower messages that carried more than one fit's message
 
     def push_messages(self, messages):
-        with self._lock:
-            return list(self._grid.push_messages(messages))
+        messages = list(messages)
+        with self._cond:
+            call = self._calls
+            self._calls += 1
+            self._queue.extend((call, m) for m in messages)
+            self._waiting.add(call)
+            deadline = time.monotonic() + self.linger
+            while call not in self._ids:
+                if len(self._waiting) >= self._senders or time.monotonic() >= deadline:
+                    self._flush()
+                    break
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            return self._ids.pop(call)
+
+    def leave(self) -> None:
+        """One fit has ended: the others no longer wait for its pushes."""
+        with self._cond:
+            self._senders -= 1
+            if self._waiting and len(self._waiting) >= self._senders:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Push the queue: per node, its train messages in one batch (a lone one as it is)."""
+        queue, self._queue = self._queue, []
+        by_node: dict[int, list[int]] = {}
+        for k, (_, m) in enumerate(queue):
+            if str(m.metadata.message_type) == MessageType.TRAIN:
+                by_node.setdefault(int(m.metadata.dst_node_id), []).append(k)
+        out: list[FlwrMessage] = []
+        parts: list[list[int]] = []  # per Flower message pushed, the queue positions it carries
+        for k, (_, m) in enumerate(queue):
+            group = by_node.get(int(m.metadata.dst_node_id)) if str(m.metadata.message_type) == MessageType.TRAIN \
+                else None
+            if group is None or len(group) == 1:
+                out.append(m)
+                parts.append([k])
+            elif group[0] == k:  # the node's first train message: the batch goes out in its place
+                subs = [queue[i][1] for i in group]
+                out.append(FlwrMessage(codec.pack([s.content for s in subs]), dst_node_id=m.metadata.dst_node_id,
+                                       message_type=f"{MessageType.TRAIN}.{codec.BATCH_ACTION}", group_id="batch",
+                                       ttl=max(float(s.metadata.ttl) for s in subs)))
+                parts.append(group)
+        ids: list[str | None] = [None] * len(queue)
+        for mid, carried in zip(self._grid.push_messages(out), parts):
+            if len(carried) == 1:
+                ids[carried[0]] = mid
+                continue
+            self._batches[mid] = []
+            for j, k in enumerate(carried):
+                ids[k] = sub = f"{mid}:{j}"
+                self._subs[sub] = mid
+                self._batches[mid].append((sub, queue[k][1]))
+            self.batches_sent += 1
+        for (call, _), mid in zip(queue, ids):
+            self._ids.setdefault(call, []).append(str(mid))
+        self._waiting.clear()
+        self._cond.notify_all()
 
     def pull_messages(self, message_ids):
-        with self._lock:
-            return list(self._grid.pull_messages(message_ids))
+        message_ids = list(message_ids)
+        with self._cond:
+            real = [mid for mid in message_ids if mid not in self._subs]
+            batches = {self._subs[mid] for mid in message_ids if mid in self._subs and mid not in self._replies}
+            out = []
+            for rep in self._grid.pull_messages(real + sorted(batches)) if real or batches else []:
+                rid = rep.metadata.reply_to_message_id
+                if rid in self._batches:
+                    self._split(rep, self._batches.pop(rid))
+                else:
+                    out.append(rep)
+            for mid in message_ids:
+                if mid in self._replies:
+                    self._subs.pop(mid, None)
+                    out.append(self._replies.pop(mid))
+            return out
+
+    def _split(self, envelope: FlwrMessage, subs: list[tuple[str, FlwrMessage]]) -> None:
+        """A batch reply into its messages' replies (a failed batch: its error for each)."""
+        if envelope.has_error():
+            for sub, sent in subs:
+                self._replies[sub] = _SubReply(envelope, sub, sent, None, envelope.error)
+            return
+        contents = codec.unpack(envelope.content)
+        if len(contents) != len(subs):
+            raise FederationError(f"node {envelope.metadata.src_node_id} answered a batch of {len(subs)} "
+                                  f"messages with {len(contents)} replies")
+        for (sub, sent), content in zip(subs, contents):
+            if codec.ERROR in content:
+                err = dict(cast(ConfigRecord, content[codec.ERROR]))
+                self._replies[sub] = _SubReply(envelope, sub, sent, None,
+                                               Error(code=int(cast(int, err["code"])), reason=str(err["reason"])))
+            else:
+                self._replies[sub] = _SubReply(envelope, sub, sent, content)
 
     def get_node_ids(self):
-        with self._lock:
+        with self._cond:
             return list(self._grid.get_node_ids())
 
     def __getattr__(self, name):
@@ -192,6 +327,8 @@ def _error_text(rep: FlwrMessage) -> str:
 
 #: seconds the other clients' replies are still awaited after an error reply, before the run fails
 DRAIN_SECONDS = 30.0
+#: the longest wait between two pulls of an exchange's replies, seconds (:func:`_push_pull`)
+MAX_REPLY_POLL = 0.25
 
 
 def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True):
@@ -210,6 +347,7 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     by_id = dict(zip(ids, msgs))
     pending, got = set(ids), {}
     deadline = time.monotonic() + timeout
+    wait = poll
     while pending:
         for rep in grid.pull_messages(list(pending)):
             rid = rep.metadata.reply_to_message_id
@@ -221,7 +359,11 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
             stop_on_error = False
         if not pending or time.monotonic() >= deadline:
             break
-        time.sleep(poll)
+        time.sleep(wait)
+        # every pull is a request to the SuperLink, and no reply comes back sooner than a node's
+        # pull, task and reply push (about a second, the node checking for its reply every 0.5 s):
+        # the first pulls are quick, later ones back off to MAX_REPLY_POLL
+        wait = min(2.0 * wait, max(poll, MAX_REPLY_POLL))
     return by_id, got, pending
 
 
@@ -428,13 +570,14 @@ class FlowerTransport:
         self.min_cluster_sizes: dict[int, int] = {}
 
     def for_fit(self, job_id: str, *, grid, share: int, setup_at_hello: tuple | None = None) -> FlowerTransport:
-        """A transport for one of ``share`` fits that exchange at once over ``grid`` (a :class:`SerialGrid`).
+        """A transport for one of ``share`` fits that exchange at once over ``grid`` (a :class:`BatchingGrid`).
 
         It has this transport's nodes, pins, recorder, setup scalars, hook and hello salt, and its own
         job id, byte counts and drops.  Each thread polls for its own replies, ``share`` times less
-        often, so the pulls reach the SuperLink as often as one fit's would.  A node answers one
-        message at a time, so a fit's message may wait behind the ``share - 1`` others at every node:
-        the round and start-up timeouts are ``share`` times this transport's.
+        often, so the pulls reach the SuperLink as often as one fit's would.  A node answers the fits'
+        messages of a batch one after the other and replies once, so a fit's reply waits for the
+        ``share - 1`` others at every node: the round and start-up timeouts are ``share`` times this
+        transport's.
         """
         tr = FlowerTransport(grid, self.node_ids, job_id=job_id, round_timeout=share * self.round_timeout,
                              poll=share * self.poll, recorder=self.recorder,
