@@ -431,8 +431,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
             try:
                 replies.append(answer(content, context))
             except Exception as exc:  # noqa: BLE001 - that message's error reply, in Flower's format
-                reason = str(type(exc)) + ":<'" + str(exc) + "'>"
-                replies.append(codec.error_content(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason))
+                replies.append(codec.error_content(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, codec.error_reason(exc)))
         return FlwrMessage(codec.pack(replies), reply_to=msg)
 
     return client

@@ -29,7 +29,7 @@ from fedsonmf.protocol.messages import Message
 
 __all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
            "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest", "BATCH", "BATCH_ACTION", "ERROR", "pack", "unpack",
-           "error_content"]
+           "error_content", "error_reason"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
@@ -141,6 +141,12 @@ def decode(rd: RecordDict) -> tuple[Message, dict]:
     if DIAG_SCALARS in rd:
         diag.update(dict(cast(ConfigRecord, rd[DIAG_SCALARS])))
     return Message(str(meta["kind"]), int(meta["round"]), arrays, scalars, diag), meta
+
+
+def error_reason(ex: BaseException) -> str:
+    """Flower's own text of a ClientApp exception (``"<class 'X'>:<'text'>"``, as ``flwr-clientapp``
+    reports it)."""
+    return str(type(ex)) + ":<'" + str(ex) + "'>"
 
 
 def error_content(code: int, reason: str) -> RecordDict:

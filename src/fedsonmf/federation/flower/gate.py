@@ -479,11 +479,6 @@ def pull_task_input(client, max_time: float = MESSAGE_PULL_SECONDS):
     return message, context, run, fab
 
 
-def _error_reason(ex: BaseException) -> str:
-    # Flower's own format of a ClientApp exception ("<class 'X'>:<'text'>")
-    return str(type(ex)) + ":<'" + str(ex) + "'>"
-
-
 #: the longest wait between two polls of an idle executor, seconds (see :meth:`Executor.serve_forever`)
 MAX_POLL = 0.5
 
@@ -565,6 +560,8 @@ class Executor:
         from flwr.supercore.heartbeat import HeartbeatSender
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
+        from fedsonmf.federation.flower.codec import error_reason
+
         client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-clientapp")
         stopped = threading.Event()
         heartbeat = HeartbeatSender(_heartbeat_fn(client, stopped))
@@ -584,14 +581,14 @@ class Executor:
                     reply = self.app(message=message, context=context)
                     sub_status, details = SubStatus.COMPLETED, ""
                 except Exception as ex:  # noqa: BLE001 - becomes the error reply, as in flwr-clientapp
-                    details = _error_reason(ex)
+                    details = error_reason(ex)
                     self.log(f"run {run.run_id}: ClientApp raised {details}")
                     reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
                                     reply_to=message)
             if not stopped.is_set():
                 push_message(client, reply, context)
         except Exception as ex:  # noqa: BLE001 - a broken task must not end the executor
-            details = f"task failed: {_error_reason(ex)}"
+            details = f"task failed: {error_reason(ex)}"
             self.log(details)
         finally:
             if heartbeat.is_running:

@@ -473,7 +473,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         todo = [i for i in range(n_init) if not done[i]]
         # the fits are independent (their own seeds, jobs and node state): without partial participation
         # (whose node adoption is the run's, not a fit's) they run at once, each in a thread with its
-        # own transport, so the nodes answer one fit's message while the others' wait in the SuperLink --
+        # own transport, and a node gets the fits' messages of a round in one batch (BatchingGrid) --
         # the rounds' fixed latency is paid once, not n_init times; each fit sends and computes exactly
         # what it would alone, so the fits, the kept one and the labels are the same
         at_once = len(todo) > 1 and participation is None

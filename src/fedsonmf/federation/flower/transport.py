@@ -85,18 +85,13 @@ class _SubReply:
     Flower reply: ``metadata`` (``reply_to_message_id``, ``message_type``, ``group_id``),
     ``content``, ``has_error()`` and ``error`` (``code``, ``reason``)."""
 
-    def __init__(self, envelope: FlwrMessage, sub_id: str, sent: FlwrMessage, content: RecordDict | None,
-                 error=None):
+    def __init__(self, sub_id: str, sent: FlwrMessage, content: RecordDict | None, error=None):
         self.metadata = SimpleNamespace(reply_to_message_id=sub_id, message_type=sent.metadata.message_type,
-                                        group_id=sent.metadata.group_id,
-                                        src_node_id=envelope.metadata.src_node_id, run_id=envelope.metadata.run_id)
+                                        group_id=sent.metadata.group_id)
         self.content, self.error = content, error
 
     def has_error(self) -> bool:
         return self.error is not None
-
-    def has_content(self) -> bool:
-        return self.error is None
 
 
 class BatchingGrid:
@@ -164,15 +159,15 @@ class BatchingGrid:
     def _flush(self) -> None:
         """Push the queue: per node, its train messages in one batch (a lone one as it is)."""
         queue, self._queue = self._queue, []
-        by_node: dict[int, list[int]] = {}
+        train = [str(m.metadata.message_type) == MessageType.TRAIN for _, m in queue]
+        by_node: dict[int, list[int]] = {}  # node -> the queue positions of its train messages
         for k, (_, m) in enumerate(queue):
-            if str(m.metadata.message_type) == MessageType.TRAIN:
+            if train[k]:
                 by_node.setdefault(int(m.metadata.dst_node_id), []).append(k)
         out: list[FlwrMessage] = []
         parts: list[list[int]] = []  # per Flower message pushed, the queue positions it carries
         for k, (_, m) in enumerate(queue):
-            group = by_node.get(int(m.metadata.dst_node_id)) if str(m.metadata.message_type) == MessageType.TRAIN \
-                else None
+            group = by_node[int(m.metadata.dst_node_id)] if train[k] else None
             if group is None or len(group) == 1:
                 out.append(m)
                 parts.append([k])
@@ -220,7 +215,7 @@ class BatchingGrid:
         """A batch reply into its messages' replies (a failed batch: its error for each)."""
         if envelope.has_error():
             for sub, sent in subs:
-                self._replies[sub] = _SubReply(envelope, sub, sent, None, envelope.error)
+                self._replies[sub] = _SubReply(sub, sent, None, envelope.error)
             return
         contents = codec.unpack(envelope.content)
         if len(contents) != len(subs):
@@ -229,10 +224,10 @@ class BatchingGrid:
         for (sub, sent), content in zip(subs, contents):
             if codec.ERROR in content:
                 err = dict(cast(ConfigRecord, content[codec.ERROR]))
-                self._replies[sub] = _SubReply(envelope, sub, sent, None,
+                self._replies[sub] = _SubReply(sub, sent, None,
                                                Error(code=int(cast(int, err["code"])), reason=str(err["reason"])))
             else:
-                self._replies[sub] = _SubReply(envelope, sub, sent, content)
+                self._replies[sub] = _SubReply(sub, sent, content)
 
     def get_node_ids(self):
         with self._cond:
