@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.graph import (
+    MAX_NEIGHBORS,
     client_graph,
     client_links,
     graph_assign,
@@ -57,6 +58,25 @@ def test_missing_and_empty_samples_get_no_edges_and_k_follows_the_rule():
     assert (A.sum(axis=1)[np.r_[1, 2, 4:X.shape[0]]] >= min(graph_neighbors(X.shape[0]), X.shape[0] - 3)).all()
     assert graph_neighbors(100) == 10 and graph_neighbors(2**14) == 14 and graph_neighbors(5) == 4
     assert client_graph(np.ones((1, 3))).nnz == 0
+
+
+def test_k_rises_to_half_the_mean_cluster_size_of_the_held_samples_up_to_the_cap():
+    """Given c, k is half the mean cluster size of the held samples where that exceeds the
+    reference's rule, at most MAX_NEIGHBORS; never below the reference's rule, never n or more."""
+    assert graph_neighbors(400, 40) == 10  # 40 faces of 10: the reference's k
+    assert graph_neighbors(210, 7) == 15 and graph_neighbors(685, 5) == MAX_NEIGHBORS
+    assert graph_neighbors(2**14, 2) == MAX_NEIGHBORS and graph_neighbors(2**40, 2) == 40  # log2 n above the cap
+    assert graph_neighbors(1000, 5, n_held=100) == 10 and graph_neighbors(1000, 5, n_held=300) == MAX_NEIGHBORS
+    assert graph_neighbors(30, 1) == 15 and graph_neighbors(8, 1) == 7  # at most n - 1
+    views, _ = _views()
+    X = views[0]
+    n = X.shape[0]
+    A = client_graph(X, n_clusters=1)  # one cluster: as many neighbours as the cap (or n - 1) allows
+    k = graph_neighbors(n, 1)
+    assert k > graph_neighbors(n) and np.array_equal(A.toarray(), client_graph(X, n_neighbors=k).toarray())
+    held = np.arange(0, n, 3)  # a third of the samples: k from their count
+    B = client_graph(X, held=held, n_clusters=1).toarray()
+    assert np.array_equal(B, client_graph(X, held=held, n_neighbors=graph_neighbors(n, 1, held.size)).toarray())
 
 
 @settings(max_examples=25, deadline=None)

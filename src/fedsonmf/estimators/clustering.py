@@ -621,7 +621,7 @@ default="auto"
         neighbour counts A_p Z / n, its products A_p M / n with a block of the server's, and the two
         side by side in one exchange, from its own k-NN graph (built once, on the client), summed as
         the server sums them."""
-        graphs = [graph_view(X, held=h) for X, h in zip(views, _held_samples(views, masks))]
+        graphs = [graph_view(X, held=h, n_clusters=self.n_clusters) for X, h in zip(views, _held_samples(views, masks))]
 
         def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
             return _server_sum([graph_reply(A, labels, self.n_clusters) for A in graphs], secure, exp=0)

@@ -28,8 +28,12 @@ disagree with their cluster. The kernel is not positive semi-definite, so an ite
 the cut; the partition of lowest cut met is kept (the server computes the cut from L).
 
 The graph: per client, the symmetric k-NN graph of its samples scaled to unit l2 norm (nearest
-by cosine), k = max(10, round(log2 n)) -- the reference's graph, built by the client on its own
-view and never sent; with masks only the held samples have edges. Where neighbours tie (sparse
+by cosine), built by the client on its own view and never sent; with masks only the held samples
+have edges. k is the reference's max(10, round(log2 n)), raised to half the mean cluster size
+n / (2c) of the client's held samples where that is larger, up to 20 (:func:`graph_neighbors`):
+a local search on the sparsest graph that connects the samples follows its noise, and more
+neighbours average it out, while k near the cluster size would join clusters (docs/clustering.md,
+"The neighbours of the graph"). Where neighbours tie (sparse
 rows of one or two entries, duplicated rows) the tied ones share the weight of the edges left
 (:func:`client_graph`), so no edge is an arbitrary pick of the search. A client sends
 ``A_p Z / n`` (entries at most 1, the public bound of the fixed point); the common factor 1/n
@@ -63,6 +67,8 @@ __all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", 
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
+#: the most neighbours the cluster-size rule gives (graph_neighbors; the graph holds n k edges)
+MAX_NEIGHBORS = 20
 #: a sample whose neighbours tied at its k-th similarity are more than this many times k keeps only
 #: the strictly nearer ones (client_graph)
 MAX_TIE_GROUP = 3
@@ -70,18 +76,33 @@ MAX_TIE_GROUP = 3
 TIE_TOLERANCE = 1e-9
 
 
-def graph_neighbors(n_samples: int) -> int:
-    """k of every client's k-NN graph: ``max(10, round(log2 n))``, at most ``n - 1``."""
+def graph_neighbors(n_samples: int, n_clusters: int | None = None, n_held: int | None = None) -> int:
+    """k of every client's k-NN graph, at most ``n - 1``: ``max(10, round(log2 n))`` (the multi-view
+    spectral reference's rule), or, given the number of clusters c, half the mean cluster size of
+    the ``n_held`` samples the client holds (default n), ``n_held // (2c)``, when that is larger,
+    at most :data:`MAX_NEIGHBORS`.
+
+    Why (measured: docs/clustering.md, "The neighbours of the graph"): the graph refinement is a
+    local search of the normalized cut, and on the reference's sparse graph it follows the graph's
+    noise (WebKB, Movies, Prokaryotic, the 4-view BBC: 1-3 points lower than with 20 neighbours);
+    with k near the size of a cluster the neighbourhoods cross clusters (40 faces of 10 samples
+    each: 8-11 points lower at k = 20-30), hence half the mean cluster size.
+    """
     n = int(n_samples)
-    return int(max(1, min(max(MIN_NEIGHBORS, int(round(np.log2(max(n, 2))))), n - 1)))
+    k = max(MIN_NEIGHBORS, int(round(np.log2(max(n, 2)))))
+    if n_clusters is not None:
+        held = n if n_held is None else int(n_held)
+        k = max(k, min(MAX_NEIGHBORS, held // (2 * max(int(n_clusters), 1))))
+    return int(max(1, min(k, n - 1)))
 
 
-def client_graph(X, held=None, n_neighbors: int | None = None) -> sp.csr_array:
+def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int | None = None) -> sp.csr_array:
     """A client's neighbourhood graph of its own view: (n, n) symmetric, weights in (0, 1], CSR.
 
     Every held sample (a row of ``X``, (n, d_p), dense or sparse) is scaled to unit l2 norm and
     joined to its ``n_neighbors`` = k nearest held samples by cosine (default
-    :func:`graph_neighbors`); the graph is then symmetrised (the larger of the two directions).
+    :func:`graph_neighbors` of n, ``n_clusters`` and the held samples with a nonzero row); the
+    graph is then symmetrised (the larger of the two directions).
     All-zero rows and samples not held get no edges.
 
     **Ties are shared, never broken by the search's order.** When several samples are at the
@@ -99,7 +120,7 @@ def client_graph(X, held=None, n_neighbors: int | None = None) -> sp.csr_array:
     sq = np.asarray(Y.multiply(Y).sum(axis=1)).ravel() if sp.issparse(Y) else np.einsum("ij,ij->i", Y, Y)
     present = np.flatnonzero(sq > 0)
     m = present.size
-    k = min(int(n_neighbors) if n_neighbors is not None else graph_neighbors(n), m - 1)
+    k = min(int(n_neighbors) if n_neighbors is not None else graph_neighbors(n, n_clusters, m), m - 1)
     if k < 1:
         return sp.csr_array((n, n), dtype=np.float64)
     P = sp.csr_array(Y[present]) if sp.issparse(Y) else np.ascontiguousarray(Y[present], dtype=np.float64)

@@ -686,8 +686,9 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
         refuse_clear(secure, p, "the graph refinement's neighbour counts are", "this request")
     if block is not None:
         _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
-    if A is None:
-        A = steps.graph_view(X, held=held)
+    if A is None:  # built at the first request: a graph one names c, a spectral block is (n, c)
+        clusters = int(block.shape[1]) if spectral and block is not None else c
+        A = steps.graph_view(X, held=held, n_clusters=clusters)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     if spectral:
         L = steps.graph_products(A, block)
