@@ -84,9 +84,9 @@ def graph_neighbors(n_samples: int, n_clusters: int | None = None, n_held: int |
 
     Why (measured: docs/clustering.md, "The neighbours of the graph"): the graph refinement is a
     local search of the normalized cut, and on the reference's sparse graph it follows the graph's
-    noise (WebKB, Movies, Prokaryotic, the 4-view BBC: 1-3 points lower than with 20 neighbours);
+    noise (WebKB, Movies, Prokaryotic, the 4-view BBC: 0.3-2.5 points lower than with 20 neighbours);
     with k near the size of a cluster the neighbourhoods cross clusters (40 faces of 10 samples
-    each: 8-11 points lower at k = 20-30), hence half the mean cluster size.
+    each: 6-11 points lower at k = 20-30), hence half the mean cluster size.
     """
     n = int(n_samples)
     k = max(MIN_NEIGHBORS, int(round(np.log2(max(n, 2)))))
