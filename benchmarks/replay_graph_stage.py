@@ -22,7 +22,6 @@ own graph refinement, i.e. k-means on the 20-step spectral block, always kept).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
@@ -32,6 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf import FedMultiViewClustering
+from fedsonmf._io import write_json_atomic
+from fedsonmf._provenance import meta
 from fedsonmf.core.masks import held_columns
 from fedsonmf.datasets import load_mat
 from fedsonmf.estimators.clustering_steps import (
@@ -39,9 +40,6 @@ from fedsonmf.estimators.clustering_steps import (
     graph_reply,
     graph_stage,
     graph_view,
-    refine_reply,
-    refine_scores,
-    refine_view,
     spectral_steps,
 )
 from fedsonmf.estimators.graph import graph_neighbors
@@ -57,10 +55,9 @@ def _reference_k(X) -> int:
 
 def shared_neighbour_graph(X, held, n_clusters: int):
     """The rule's k-NN graph with every edge (i, j) weighted by |N(i) & N(j)| / |N(i) | N(j)|, N(i)
-    being i's k nearest and i itself (ties count with their share of an edge)."""
+    being i and its neighbours in that symmetric graph (a superset of its k nearest: the graph before
+    symmetrisation is not exposed); tied neighbours count with their share of an edge."""
     A = graph_view(X, held=held, n_clusters=n_clusters)
-    # the directed neighbourhoods: the rule's graph without symmetrisation is not exposed, so the
-    # neighbour sets are those of the symmetric graph (a superset of i's k nearest)
     N = sp.csr_array(A + sp.eye_array(A.shape[0], format="csr") * (np.asarray(A.sum(axis=1)).ravel() > 0))
     inter = sp.csr_array(N @ N.T).multiply(A > 0)
     size = np.asarray(N.sum(axis=1)).ravel()
@@ -82,16 +79,12 @@ def build_graph(variant: str, X, held, n_clusters: int):
     raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
 
 
-def replay(variant: str, views, held, start, n_clusters: int, *, seed: int, est: FedMultiViewClustering):
-    """The graph stage from ``start`` on the variant's graphs: labels (n,)."""
+def replay(variant: str, views, masks, start, n_clusters: int, *, seed: int, est: FedMultiViewClustering):
+    """The graph stage from ``start`` on the variant's graphs: labels (n,). The k-means refinement's
+    exchange (the spectral candidate's dense score) is the estimator's own in-process driver."""
     c = int(n_clusters)
+    held = [None if masks is None else held_columns(masks[p], len(start), client=p) for p in range(len(views))]
     graphs = [build_graph(variant, X, h, c) for X, h in zip(views, held)]
-    rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
-    weights = [refine_scores(Y, held=h) for Y, h in zip(rviews, held)]
-
-    def refine(labels):
-        replies = [refine_reply(Y, labels, c, held=h, scores=w) for Y, h, w in zip(rviews, held, weights)]
-        return sum(D for D, _ in replies), sum(S for _, S in replies)
 
     def exchange(labels):
         return sum(graph_reply(A, labels, c) for A in graphs)
@@ -103,7 +96,8 @@ def replay(variant: str, views, held, start, n_clusters: int, *, seed: int, est:
     if variant == "spectral-raw":
         return spectral_partition(start, exchange(start), products, c, steps, seed=seed,
                                   max_iter=est.kmeans_max_iter, n_init=est.kmeans_n_init)
-    labels, _ = graph_stage(start, exchange, products, c, steps=steps, refine=refine, seed=seed,
+    labels, _ = graph_stage(start, exchange, products, c, steps=steps, seed=seed,
+                            refine=est._refine_exchange(views, masks, secure=False),
                             max_iter=est.kmeans_max_iter, n_init=est.kmeans_n_init)
     return labels
 
@@ -120,38 +114,40 @@ def main(argv=None) -> int:
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; one of {', '.join(VARIANTS)}")
+    if args.check and "rule" not in variants:
+        ap.error("--check compares the default fit with the 'rule' variant: add it to --variants")
     out: dict = {"variants": variants, "seeds": list(range(args.seeds)), "results": {}}
     t0 = time.perf_counter()
     for path in args.files:
         ds = load_mat(path)
         c = int(ds.n_classes)
         masks = None if ds.mask is None else [np.asarray(ds.mask[:, p], dtype=bool) for p in range(ds.n_views)]
-        held = [None if masks is None else held_columns(masks[p], ds.n_samples, client=p) for p in range(ds.n_views)]
-        row: dict = {v: [] for v in variants}
-        row["start"] = []
+        row: dict = {"start": [], **{v: [] for v in variants}}
+        same = []
         for s in range(args.seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 est = FedMultiViewClustering(n_clusters=c, random_state=s, refine="kmeans").fit(ds.views, masks=masks)
                 graph_seed = int(est.seeds_[est.best_restart_ or 0])
                 row["start"].append(100 * clustering_accuracy(ds.labels, est.labels_))
-                for v in variants:
-                    labels = replay(v, ds.views, held, est.labels_, c, seed=graph_seed, est=est)
+                replayed = {v: replay(v, ds.views, masks, est.labels_, c, seed=graph_seed, est=est) for v in variants}
+                for v, labels in replayed.items():
                     row[v].append(100 * clustering_accuracy(ds.labels, labels))
-                    if v == "rule" and args.check:
-                        default = FedMultiViewClustering(n_clusters=c, random_state=s).fit(ds.views, masks=masks)
-                        row.setdefault("same_as_default", []).append(bool(np.array_equal(default.labels_, labels)))
-        out["results"][path.stem] = {k: (np.round(x, 2).tolist() if k != "same_as_default" else x)
-                                     for k, x in row.items()}
-        line = "  ".join(f"{k} {np.mean(x):.2f}" for k, x in row.items() if k != "same_as_default")
-        print(f"{path.stem}: {line}" + (f"  same={row['same_as_default']}" if args.check else ""), flush=True)
+                if args.check:
+                    default = FedMultiViewClustering(n_clusters=c, random_state=s).fit(ds.views, masks=masks)
+                    same.append(bool(np.array_equal(default.labels_, replayed["rule"])))
+        out["results"][path.stem] = {k: np.round(x, 2).tolist() for k, x in row.items()}
+        if args.check:
+            out["results"][path.stem]["same_as_default"] = same
+        line = "  ".join(f"{k} {np.mean(x):.2f}" for k, x in row.items())
+        print(f"{path.stem}: {line}" + (f"  same={same}" if args.check else ""), flush=True)
         if args.json:
-            args.json.write_text(json.dumps(out, indent=1))
+            write_json_atomic(args.json, out)
     out["seconds"] = time.perf_counter() - t0
+    out["meta"] = meta(inputs=[(p.stem, p) for p in args.files], seeds=out["seeds"])
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json_atomic(args.json, out)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
