@@ -4,17 +4,20 @@ The graph stage (the graph refinement and its spectral step) starts from the k-m
 partition. That partition is what a fit with ``refine="kmeans"`` returns (the same restarts, the
 same k-means stage), so this script fits once per data set and seed with ``refine="kmeans"``, then
 runs :func:`~fedsonmf.estimators.spectral.graph_stage` from it, in process and without secure
-aggregation, with each client's k-NN graph built by the variant under test. The variant ``rule``
-is the library's own graph, so its column is the default fit's ACC (``--check`` fits the default
-too and says whether the labels agree). Label-free variants only; labels only score.
+aggregation, with each client's k-NN graph built by the variant under test, ended by the
+estimator's ``refine_graph_choice`` (the default: the stage's medoid). The variant ``rule`` is the
+library's own graph, so its column is the default fit's ACC (``--check`` fits the default too and
+says whether the labels agree). Label-free variants only; labels only score.
 
     OMP_NUM_THREADS=1 python benchmarks/replay_graph_stage.py --seeds 2 --variants rule,reference-k,both-k \\
         ../shared/data/MSRC-v1/youweiliang/MSRC_v1.mat FOLDER/*.mat --json replay.json
 
 Variants: ``rule`` (:func:`~fedsonmf.estimators.graph.graph_neighbors` with c, the default),
-``reference-k`` (the multi-view spectral reference's k = max(10, round(log2 n))), ``both-k`` (each
-client sums its graphs at the two k: nearer neighbours weigh double), ``shared-neighbours`` (each
-k-NN edge weighted by the Jaccard overlap of the two samples' neighbour sets), and
+``cut`` (the rule's graph, the stage ended by the cut rule alone: ``refine_graph_choice="cut"``,
+the default before stop 50), ``reference-k`` (the multi-view spectral reference's
+k = max(10, round(log2 n))), ``both-k`` (each client sums its graphs at the two k: nearer
+neighbours weigh double), ``shared-neighbours`` (each k-NN edge weighted by the Jaccard overlap of
+the two samples' neighbour sets), and
 ``spectral-raw`` (not a graph: the rule's graph, but the spectral candidate's partition before its
 own graph refinement, i.e. k-means on the 20-step spectral block, always kept).
 """
@@ -46,7 +49,7 @@ from fedsonmf.estimators.graph import graph_neighbors
 from fedsonmf.estimators.spectral import spectral_partition
 from fedsonmf.metrics import clustering_accuracy
 
-VARIANTS = ("rule", "reference-k", "both-k", "shared-neighbours", "spectral-raw")
+VARIANTS = ("rule", "cut", "reference-k", "both-k", "shared-neighbours", "spectral-raw")
 
 
 def _reference_k(X) -> int:
@@ -67,7 +70,7 @@ def shared_neighbour_graph(X, held, n_clusters: int):
 
 
 def build_graph(variant: str, X, held, n_clusters: int):
-    if variant in ("rule", "spectral-raw"):
+    if variant in ("rule", "cut", "spectral-raw"):
         return graph_view(X, held=held, n_clusters=n_clusters)
     if variant == "reference-k":
         return graph_view(X, held=held, n_neighbors=_reference_k(X))
@@ -98,7 +101,8 @@ def replay(variant: str, views, masks, start, n_clusters: int, *, seed: int, est
                                   max_iter=est.kmeans_max_iter, n_init=est.kmeans_n_init)
     labels, _ = graph_stage(start, exchange, products, c, steps=steps, seed=seed,
                             refine=est._refine_exchange(views, masks, secure=False),
-                            max_iter=est.kmeans_max_iter, n_init=est.kmeans_n_init)
+                            max_iter=est.kmeans_max_iter, n_init=est.kmeans_n_init,
+                            choice="cut" if variant == "cut" else est.refine_graph_choice)
     return labels
 
 

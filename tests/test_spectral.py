@@ -15,7 +15,9 @@ from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
 from fedsonmf.estimators.spectral import (
     SPECTRAL_MARGIN,
+    STAGE_PARTITIONS,
     graph_stage,
+    medoid_choice,
     spectral_partition,
     spectral_refine,
     spectral_steps,
@@ -172,6 +174,7 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
         km = FedMultiViewClustering(3, refine="kmeans", **kw).fit(views)
         off = FedMultiViewClustering(3, refine_spectral_steps=0, **kw).fit(views)
         on = FedMultiViewClustering(3, **kw).fit(views)
+        by_cut = FedMultiViewClustering(3, refine_graph_choice="cut", **kw).fit(views)
         secure = FedMultiViewClustering(3, secure_aggregation=True, **kw).fit(views)
     assert off.spectral_kept_ == [False] and len(on.spectral_kept_) == 1
     refine = on._refine_exchange(views, None, secure=False)
@@ -180,12 +183,43 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     steps = spectral_steps(views[0].shape[0], 3, 20)
     want, info = spectral_refine(km.labels_, exchange(km.labels_), off.labels_, cut, exchange, products, 3,
                                  steps=steps, seed=on.seeds_[0], refine=refine)
-    assert np.array_equal(on.labels_, want) and on.spectral_kept_ == [info["kept"]]
+    assert np.array_equal(by_cut.labels_, want) and by_cut.spectral_kept_ == [info["kept"]]
+    assert by_cut.graph_chosen_ == ["refined"]
+    # the default ends with the medoid of the start, the cut rule's partition and the spectral candidate
+    candidate = spectral_partition(km.labels_, exchange(km.labels_), products, 3, steps, seed=on.seeds_[0])
+    medoid, chosen = medoid_choice(km.labels_, want, candidate)
+    assert np.array_equal(on.labels_, medoid) and on.graph_chosen_ == [chosen] and chosen in STAGE_PARTITIONS
+    assert on.spectral_kept_ == [info["kept"]]
     # the steps' products travel with the graph refinement's labels: the shorter of the two is free
     assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"] - min(off.graph_iter_[0] - 1, steps - 1)]
     assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition
     with pytest.raises(ParameterError, match="refine_spectral_steps"):
         FedMultiViewClustering(3, refine_spectral_steps=-1).fit(views)
+    with pytest.raises(ParameterError, match="refine_graph_choice"):
+        FedMultiViewClustering(3, refine_graph_choice="lowest").fit(views)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 5), st.integers(6, 40))
+def test_the_medoid_choice_returns_the_partition_the_other_two_agree_with_most(seed, c, n):
+    """Of three partitions the medoid has the highest summed adjusted Rand index to the other two
+    (ties: the stage's result, then the start), so it is the one opposite the least similar pair."""
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, c, size=n)
+    moved = np.where(rng.random(n) < rng.random(), rng.integers(0, c, size=n), start)
+    candidate = rng.integers(0, c, size=n) if seed % 2 else np.where(rng.random(n) < 0.3, 0, moved)
+    P = {"refined": moved, "start": start, "spectral": candidate}
+    labels, name = medoid_choice(start, moved, candidate)
+    assert name in STAGE_PARTITIONS and np.array_equal(labels, P[name])
+    agree = {k: sum(adjusted_rand_score(a, b) for j, b in P.items() if j != k) for k, a in P.items()}
+    assert agree[name] >= max(agree.values()) - 1e-12
+    earlier = STAGE_PARTITIONS[:STAGE_PARTITIONS.index(name)]
+    assert all(agree[k] < agree[name] - 1e-12 for k in earlier)  # a tie goes to the earlier name
+    # a partition met twice is the medoid; all three equal: the stage's own result
+    assert medoid_choice(start, start, candidate)[1] == "refined"
+    if adjusted_rand_score(start, moved) < 1 - 1e-12:  # the same partition up to names: all three tie
+        assert medoid_choice(start, moved, start)[1] == "start"
+    assert medoid_choice(moved, moved, moved)[1] == "refined"
 
 
 def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything_else(tmp_path):
@@ -258,12 +292,18 @@ def test_a_node_answers_a_block_that_rides_on_a_graph_request_side_by_side_and_u
         ask(1, M, folder=tmp_path / "off", max_steps=0)
 
 
-def _sequential(start, exchange, products, c, steps, seed, refine=None):
-    """The graph stage as two searches one after the other (graph_refine, then spectral_refine)."""
+def _sequential(start, exchange, products, c, steps, seed, refine=None, choice="medoid"):
+    """The graph stage as two searches one after the other (graph_refine, then spectral_refine), then,
+    under ``choice="medoid"``, the medoid of the start, that result and the spectral candidate when the
+    clients answered the candidate (a finite cut)."""
     first = []
     refined, iterations, cut = graph_refine(start, exchange, c, first=first)
     labels, info = spectral_refine(start, first[0], refined, cut, exchange, products, c, steps=steps, seed=seed,
                                    refine=refine)
+    info["chosen"] = "refined"
+    if choice == "medoid" and info["cut"] is not None and np.isfinite(info["cut"]):
+        candidate = spectral_partition(np.asarray(start), first[0], products, c, steps, seed=seed)
+        labels, info["chosen"] = medoid_choice(start, labels, candidate)
     return labels, iterations, info
 
 
@@ -309,13 +349,19 @@ def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_se
                              refine=count("refine", refine) if scored else None, both=count("both", both),
                              progress=progress)
     assert np.array_equal(got, want) and stage["kept"] == info["kept"] and stage["cut"] == info["cut"]
-    assert stage["graph_iterations"] == iterations and "labels" in progress
+    assert stage["graph_iterations"] == iterations and "labels" in progress and stage["chosen"] == info["chosen"]
     shared = min(iterations - 1, max(steps - 1, 0))  # the products that rode on the graph refinement's exchanges
     assert sent["both"] == shared
     assert stage["exchanges"] == sum(sent.values()) == iterations + info["exchanges"] - shared
     # without the combined exchange: the same partition, every request on its own round trip
     alone, stage_alone = graph_stage(start, exchange, products, c, steps=steps, seed=seed, refine=refine)
     assert np.array_equal(alone, want) and stage_alone["exchanges"] == iterations + info["exchanges"]
+    # the cut rule alone: the same exchanges, the partition the two searches keep
+    cut_only, stage_cut = graph_stage(start, exchange, products, c, steps=steps, seed=seed, refine=refine,
+                                      choice="cut")
+    want_cut, _, _ = _sequential(start, exchange, products, c, steps, seed, refine, choice="cut")
+    assert np.array_equal(cut_only, want_cut) and stage_cut["exchanges"] == stage_alone["exchanges"]
+    assert stage_cut["chosen"] == "refined"
 
 
 @settings(max_examples=20, deadline=None)

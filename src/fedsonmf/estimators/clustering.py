@@ -106,6 +106,7 @@ from fedsonmf.estimators.refine import (
 )
 from fedsonmf.estimators.restarts import RESTART_RULES, choose_restart, resolve_n_init, restart_seeds
 from fedsonmf.estimators.sonmf import FedSONMF
+from fedsonmf.estimators.spectral import GRAPH_CHOICES
 from fedsonmf.estimators.stopping import STOPPING_RULES
 from fedsonmf.estimators.view_rule import PREPROCESS_RULES
 from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
@@ -230,6 +231,13 @@ default="auto"
         block (from the start's centroids and ``kmeans_n_init`` replicates); its result is kept
         only if its normalized cut is 1 % lower and the dense views' summed k-means score is not
         higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
+    refine_graph_choice : {"medoid", "cut"}, default="medoid"
+        How the graph stage ends (:func:`~fedsonmf.estimators.spectral.medoid_choice`).
+        ``"medoid"``: of the three partitions the clients have answered -- the stage's start (the
+        k-means refinement's partition), its result by the cut rule and the raw spectral
+        candidate -- the one with the highest summed adjusted Rand index to the other two, so a
+        local search of the cut that ended far from both is not kept (computed by the server from
+        labels; no exchange).  ``"cut"``: the result by the cut rule.  ``graph_chosen_`` says which.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -299,6 +307,9 @@ default="auto"
         its products sharing the graph refinement's exchanges: :func:`~fedsonmf.estimators.spectral.graph_stage`).
     spectral_kept_ : list of bool
         With a graph stage, per refined fit: whether the spectral step's partition was kept.
+    graph_chosen_ : list of str
+        With a graph stage, per refined fit: the partition it returned, ``"refined"`` (the cut rule's),
+        ``"start"`` or ``"spectral"`` (``refine_graph_choice="medoid"``).
     n_iter_ : int
         Rounds of the (first) fit (``n_rounds_``).
     n_features_in_ : list of int
@@ -317,7 +328,8 @@ default="auto"
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
         early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
         refine_seeded_starts=default("refine_seeded_starts"),
-        refine_spectral_steps=default("refine_spectral_steps"), engine=default("engine"),
+        refine_spectral_steps=default("refine_spectral_steps"),
+        refine_graph_choice=default("refine_graph_choice"), engine=default("engine"),
         flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
@@ -343,6 +355,7 @@ default="auto"
         self.refine_starts = refine_starts
         self.refine_seeded_starts = refine_seeded_starts
         self.refine_spectral_steps = refine_spectral_steps
+        self.refine_graph_choice = refine_graph_choice
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -388,6 +401,7 @@ default="auto"
         check_int("refine_seeded_starts", self.refine_seeded_starts, min=0, desc="a nonnegative integer")
         check_int("refine_spectral_steps", self.refine_spectral_steps, min=0, desc="a nonnegative integer")
         check_choice("restart_rule", self.restart_rule, RESTART_RULES)
+        check_choice("refine_graph_choice", self.refine_graph_choice, GRAPH_CHOICES)
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
         r = self.n_components
@@ -552,6 +566,7 @@ default="auto"
         best = choose_restart(self.restart_rule, partitions, results)
         refined = range(len(fits)) if best is None else [best]
         self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
+        self.graph_chosen_ = []
         stages = refine_stages(self.refine, dp=self._dp())
         secure = bool(models[0].secure_aggregation)
         refine = None  # the k-means refinement's exchange: its summed score is the spectral step's check
@@ -570,9 +585,11 @@ default="auto"
             for i in refined:
                 partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
                                                   refine=refine, both=both, max_iter=self.kmeans_max_iter,
-                                                  n_init=self.kmeans_n_init, seed=seeds[i])
+                                                  n_init=self.kmeans_n_init, seed=seeds[i],
+                                                  choice=self.refine_graph_choice)
                 self.graph_iter_.append(info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
+                self.graph_chosen_.append(str(info["chosen"]))
         self.best_restart_ = best
         model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
         if best is not None and not stages:  # the kept fit's own k-means
@@ -664,7 +681,8 @@ default="auto"
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
                    "refine": self.refine, "refine_starts": self.refine_starts,
                    "refine_seeded_starts": self.refine_seeded_starts,
-                   "refine_spectral_steps": self.refine_spectral_steps}
+                   "refine_spectral_steps": self.refine_spectral_steps,
+                   "refine_graph_choice": self.refine_graph_choice}
         stages = refine_stages(self.refine, dp=self._dp())
 
         def deploy(i: int, opts: dict, name: str):
@@ -732,6 +750,7 @@ default="auto"
         self.refine_start_ = [int(c.get("refine_start") or 0) for c in reports] if "kmeans" in stages else []
         self.graph_iter_ = [int(c.get("graph_iterations", 0)) for c in reports] if "graph" in stages else []
         self.spectral_kept_ = [bool(c.get("spectral_kept", False)) for c in reports] if "graph" in stages else []
+        self.graph_chosen_ = [str(c.get("graph_chosen", "refined")) for c in reports] if "graph" in stages else []
         self.flower_run_dir_ = run_dir
         self.flower_view_paths_ = paths
         self.factorization_ = None

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 # largest block of partitions it answers, refine_batch_rows) and the server's (refine_starts,
 # refine_partition, refine_best); the graph refinement after it: a node's half (graph_view,
 # graph_reply, graph_products) and the server's (spectral_steps, and graph_stage: the graph refinement
-# and its spectral step, their exchanges shared)
+# and its spectral step, their exchanges shared, ended by GRAPH_CHOICES' rule)
 from fedsonmf.estimators.graph import client_graph as graph_view
 from fedsonmf.estimators.graph import client_links as graph_reply
 from fedsonmf.estimators.graph import client_products as graph_products
@@ -39,7 +39,7 @@ from fedsonmf.estimators.refine import score_weight as refine_scores  # the weig
 from fedsonmf.estimators.refine import seeded_starts as refine_seeded
 from fedsonmf.estimators.restarts import choose_restart, final_objective, resolve_n_init, restart_seeds
 from fedsonmf.estimators.row_norms import normalize_rows
-from fedsonmf.estimators.spectral import graph_stage, spectral_steps
+from fedsonmf.estimators.spectral import GRAPH_CHOICES, graph_stage, spectral_steps
 from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import DataWarning, InputError, warn
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
@@ -48,7 +48,7 @@ __all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "as
            "embedding_centers", "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign",
            "refine_batch_rows", "refine_partition",
            "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
-           "graph_products", "spectral_steps", "graph_stage", "normalize_rows",
+           "graph_products", "spectral_steps", "graph_stage", "GRAPH_CHOICES", "normalize_rows",
            "kmeans_on_embedding", "resolve_n_init", "restart_seeds", "choose_restart",
            "final_objective"]
 

@@ -55,14 +55,20 @@ from collections.abc import Callable
 import numpy as np
 
 from fedsonmf.estimators.graph import GraphSearch, graph_refine
+from fedsonmf.estimators.restarts import medoid_restart
 
-__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "spectral_steps", "PowerSteps", "spectral_partition", "block_partition",
-           "spectral_refine", "graph_stage"]
+__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "GRAPH_CHOICES", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
+           "spectral_partition", "block_partition", "spectral_refine", "medoid_choice", "graph_stage"]
 
 #: the relative drop of the normalized cut a spectral candidate must reach to be kept
 SPECTRAL_MARGIN = 0.01
 #: T c <= n / SUBSPACE_SHARE: the products never span more than half of the sample space
 SUBSPACE_SHARE = 2
+#: how the stage ends (``refine_graph_choice``): "medoid" = the medoid of its start, its result and the
+#: raw spectral candidate (:func:`medoid_choice`); "cut" = its result by the cut rule alone
+GRAPH_CHOICES = ("medoid", "cut")
+#: the names of the stage's three partitions, in the order :func:`medoid_choice` weighs them (ties: the first)
+STAGE_PARTITIONS = ("refined", "start", "spectral")
 
 
 def spectral_steps(n_samples: int, n_clusters: int, max_steps: int) -> int:
@@ -211,9 +217,28 @@ def _choose(candidate, refined, refined_cut: float, graph_exchange: Callable, re
     return (np.asarray(candidate, dtype=np.int64) if kept else refined), float(cut), kept, exchanges
 
 
+def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
+    """The medoid of the graph stage's three partitions (labels, (n,) each): the one with the highest
+    summed adjusted Rand index to the other two (:func:`~fedsonmf.estimators.restarts.medoid_restart`;
+    ties: ``refined``, then ``start``). Returns ``(labels, name)``, name one of :data:`STAGE_PARTITIONS`.
+
+    Why (docs/clustering.md, "The stage's medoid"): ``start`` is the k-means refinement's partition
+    (the factorisation and the pooled features), ``candidate`` the spectral partition of the summed
+    graph before any local search (the graph alone), and ``refined`` the local search of the cut
+    between them. When the search ends further from both than they are from each other it has
+    followed the graph's noise -- on a single weak text view, 4-7 points of ACC -- and the medoid
+    is the partition the other two agree with most. With three partitions the medoid is the one
+    opposite the least similar pair, so ``refined`` stays unless that pair includes it.
+    """
+    partitions = [np.asarray(refined, dtype=np.int64), np.asarray(start, dtype=np.int64),
+                  np.asarray(candidate, dtype=np.int64)]
+    index = medoid_restart(partitions)
+    return partitions[index], STAGE_PARTITIONS[index]
+
+
 def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_clusters: int, *, steps: int,
                 seed: int | None, refine: Callable | None = None, both: Callable | None = None,
-                max_iter: int = 300, n_init: int = 10, progress: dict | None = None):
+                max_iter: int = 300, n_init: int = 10, progress: dict | None = None, choice: str = "medoid"):
     """The whole graph stage from the k-means refinement's partition ``start``: the graph refinement
     (:func:`~fedsonmf.estimators.graph.graph_refine`), then its spectral step (:func:`spectral_refine`;
     ``steps`` < 1: none) -- the same partitions, with fewer round trips when ``both`` is given.
@@ -226,13 +251,19 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     two instead of their sum, the candidate's own refinement and the score exchange after them.
     ``progress`` (optional dict): ``progress["labels"]`` is kept at the best partition the graph
     refinement has met, so a driver whose exchange fails mid-way keeps what was reached.
+    ``choice`` (:data:`GRAPH_CHOICES`; the estimator's ``refine_graph_choice``): "cut" returns the
+    partition the cut rule keeps; "medoid" then returns the medoid of the start, that partition and
+    the raw spectral candidate (:func:`medoid_choice`; no exchange: the clients answered all three).
     ``graph_exchange``, ``products``, ``refine``, ``seed``, ``max_iter``, ``n_init``: as in
     :func:`spectral_refine`. Returns ``(labels, info)`` with info ``{"graph_iterations", "exchanges",
-    "steps", "cut", "kept"}``: the graph refinement's own iterations, the stage's round trips, and
-    :func:`spectral_refine`'s fields.  Partitions a client refuses (NaN links,
-    :mod:`fedsonmf.estimators.graph`): the graph refinement ends at the lowest cut met, a refused
-    candidate is not kept (its cut is infinite), and a refused start is returned as it is.
+    "steps", "cut", "kept", "chosen"}``: the graph refinement's own iterations, the stage's round trips,
+    :func:`spectral_refine`'s fields, and which of :data:`STAGE_PARTITIONS` the stage returns.
+    Partitions a client refuses (NaN links, :mod:`fedsonmf.estimators.graph`): the graph refinement
+    ends at the lowest cut met, a refused candidate is neither kept nor chosen (its cut is infinite),
+    and a refused start is returned as it is.
     """
+    if choice not in GRAPH_CHOICES:
+        raise ValueError(f"graph_stage: choice must be one of {GRAPH_CHOICES}, got {choice!r}")
     if products is None and int(steps) > 1:
         raise ValueError(f"graph_stage: {steps} spectral steps need a products exchange")
     start = np.asarray(start, dtype=np.int64)
@@ -244,7 +275,7 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     exchanges = 1
     if search.iterations == 0:  # the start refused by a client's policy: no links, no search, no block
         return start, {"graph_iterations": 0, "exchanges": exchanges, "steps": int(steps), "cut": None,
-                       "kept": False}
+                       "kept": False, "chosen": "start"}
     power = PowerSteps(L, steps)  # steps < 2: no block to ask
     while True:  # the graph refinement's iterations and the power steps, side by side
         labels, M = search.request(), power.request()
@@ -264,10 +295,13 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
             power.feed(products(M))  # type: ignore[misc]
         progress["labels"] = search.best
     refined, cut = search.best, float(search.best_cut)
-    info: dict = {"graph_iterations": search.iterations, "steps": int(steps), "cut": None, "kept": False}
+    info: dict = {"graph_iterations": search.iterations, "steps": int(steps), "cut": None, "kept": False,
+                  "chosen": "refined"}
     if int(steps) >= 1:
         candidate = block_partition(power, start, n_clusters, seed=seed, max_iter=max_iter, n_init=n_init)
         refined, info["cut"], info["kept"], more = _choose(candidate, refined, cut, graph_exchange, refine, n_clusters)
         exchanges += more
+        if choice == "medoid" and np.isfinite(info["cut"]):  # an infinite cut: the clients refused the candidate
+            refined, info["chosen"] = medoid_choice(start, refined, candidate)
     info["exchanges"] = exchanges
     return refined, info

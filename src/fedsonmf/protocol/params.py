@@ -120,6 +120,11 @@ _TABLE = [
                                        "of orthogonal iteration on the summed graph (at most n // (2c); one "
                                        "exchange each), kept only if it lowers the normalized cut by 1 % and the "
                                        "dense views' k-means score does not rise; 0 = none (docs/clustering.md)."),
+    Param("refine_graph_choice", "medoid", "How the graph stage ends: 'medoid' = of its start (the k-means "
+                                           "refinement's partition), its result and the raw spectral candidate, "
+                                           "the one agreeing most with the other two (adjusted Rand index; no "
+                                           "exchange); 'cut' = its result by the cut rule alone "
+                                           "(docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -143,7 +148,7 @@ RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_
 CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "restart_rule",
                   "kmeans_n_init",
                   "kmeans_max_iter", "early_stop", "refine", "refine_starts", "refine_seeded_starts",
-                  "refine_spectral_steps", "engine",
+                  "refine_spectral_steps", "refine_graph_choice", "engine",
                   "flower_run_dir")
 
 #: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a

@@ -90,6 +90,7 @@ def clustering_options(rc) -> dict | None:
         "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
         "refine_seeded_starts": int(rc.get("refine-seeded-starts", default("refine_seeded_starts"))),
         "refine_spectral_steps": int(rc.get("refine-spectral-steps", default("refine_spectral_steps"))),
+        "refine_graph_choice": str(rc.get("refine-graph-choice", default("refine_graph_choice"))),
         # the number of fits ("auto" or a count; resolved by the steps' resolve_n_init), the medoid kept
         "n_init": str(rc.get("n-init", default("n_init"))),
     }
@@ -308,7 +309,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     labels, centers, km = steps.cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, index, graph_iters, error, refined, kept = 0, None, 0, None, False, False
+    iters, index, graph_iters, error, refined, kept, chosen = 0, None, 0, None, False, False, ""
     notes: list[str] = []
     progress: dict = {}  # the graph stage's best partition so far
     try:
@@ -347,8 +348,9 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             before = policy.refused
             labels, info = steps.graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
                                              both=both, max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"],
-                                             seed=seed, progress=progress)
+                                             seed=seed, progress=progress, choice=opts["refine_graph_choice"])
             graph_iters, kept, refined = int(info["exchanges"]), bool(info["kept"]), True
+            chosen = str(info["chosen"])
             if policy.refused > before:
                 notes.append(f"{policy.refused - before} partition(s) of the graph stage not sent, below the nodes' "
                              f"refine-min-cluster-size = {policy.floor}: the graph refinement kept the lowest cut "
@@ -366,6 +368,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
             "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
             "refine_start": index, "graph_iterations": graph_iters, "spectral_kept": kept,
+            **({"graph_chosen": chosen} if chosen else {}),
             **({"refine_error": error} if error else {}), **({"refine_notes": notes} if notes else {})}
 
 

@@ -86,7 +86,8 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "early_stop": default("early_stop"), "refine": default("refine"),
                        "refine_starts": default("refine_starts"),
                        "refine_seeded_starts": default("refine_seeded_starts"),
-                       "refine_spectral_steps": default("refine_spectral_steps"), "n_init": default("n_init")}
+                       "refine_spectral_steps": default("refine_spectral_steps"),
+                       "refine_graph_choice": default("refine_graph_choice"), "n_init": default("n_init")}
 
 
 def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
@@ -108,7 +109,8 @@ def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
             "early-stop": str(opts["early_stop"]), "refine": str(opts["refine"]),
             "refine-starts": int(opts["refine_starts"]),
             "refine-seeded-starts": int(opts["refine_seeded_starts"]),
-            "refine-spectral-steps": int(opts["refine_spectral_steps"]), "n-init": str(n_init)}
+            "refine-spectral-steps": int(opts["refine_spectral_steps"]),
+            "refine-graph-choice": str(opts["refine_graph_choice"]), "n-init": str(n_init)}
 
 
 def _update_result_json(out_dir: Path, extra: dict) -> None:

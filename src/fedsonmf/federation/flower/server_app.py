@@ -343,6 +343,10 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         steps = fclust.load_steps(clustering) if copts else None
         # the refinement stages, checked before any round (a run config's value is unchecked so far)
         stages = steps.refine_stages(copts["refine"], dp=cfg.dp_enabled) if copts and steps is not None else ()
+        choice = copts.get("refine_graph_choice") if copts else None
+        if steps is not None and "graph" in stages and choice not in steps.GRAPH_CHOICES:
+            raise ProtocolError(f"run config 'refine-graph-choice' must be one of {steps.GRAPH_CHOICES}, "
+                                f"got {choice!r}")
         resuming = bool(rc.get("resume", False))
         # a clustering run fits n_init times from the estimator's seeds and keeps the medoid fit (as the
         # in-process estimator does); restart i is job "<job>-restart-<i>" on the nodes, so the kept

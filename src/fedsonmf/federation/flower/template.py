@@ -82,6 +82,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "refine-starts": default("refine_starts"),  # starts of the refinement; only dense views score them
     "refine-seeded-starts": default("refine_seeded_starts"),  # k-means++ starts, once a dense view scores
     "refine-spectral-steps": default("refine_spectral_steps"),  # the graph stage's spectral start (<= n // 2c)
+    "refine-graph-choice": default("refine_graph_choice"),  # medoid: of the stage's start, result and candidate
     "n-init": str(default("n_init")),  # fits with different seeds (auto = 5, 1 under DP); the medoid's is kept
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
