@@ -140,3 +140,34 @@ def test_a_failing_restart_in_a_thread_stops_the_others():
             data.views, callback=callback)
     per = {i: sum(r["restart"] == i for r in seen) for i in range(4)}
     assert per[0] == 2 and per[1] < 400 and per[2] + per[3] <= 2, per
+
+
+def test_the_whole_pipeline_runs_under_the_fits_blas_limit(monkeypatch):
+    """blas_threads="auto" pins BLAS to one thread on small data for the whole fit -- preprocessing,
+    the factorisations, k-means on V, the refinements -- not only the factorisation: with more threads
+    BLAS sums round differently and a seed's restart medoid can flip (3Sources, seed 5), so the labels
+    would depend on the machine's cores and differ from the Flower engine (one thread everywhere).
+    Called under a limit of 2, k-means and the refinements see 1 and the labels are those of 1."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import fedsonmf.estimators.clustering as clustering
+    from fedsonmf.datasets import make_synthetic
+
+    seen: list[int] = []
+
+    def spy(fn):
+        def call(*args, **kwargs):
+            seen.extend(int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(clustering, "kmeans_on_embedding", spy(clustering.kmeans_on_embedding))
+    monkeypatch.setattr(clustering, "refine_best", spy(clustering.refine_best))
+    data = make_synthetic(n_clients=3, n_samples=60, n_features=12, rank=3, heterogeneity=0.4, random_state=4)
+    kw = dict(n_init=3, max_rounds=6, random_state=3)
+    with threadpool_limits(2, user_api="blas"):
+        two = FedMultiViewClustering(3, **kw).fit(data.views)
+    assert seen and set(seen) == {1}
+    with threadpool_limits(1, user_api="blas"):
+        one = FedMultiViewClustering(3, **kw).fit(data.views)
+    assert np.array_equal(two.labels_, one.labels_) and np.array_equal(two.embedding_, one.embedding_)
