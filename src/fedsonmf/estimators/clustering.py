@@ -513,112 +513,119 @@ default="auto"
         # 62.7 ACC with two threads or one) -- so results would depend on the machine's cores and differ
         # from the Flower engine, whose processes run BLAS on one thread (docs/speed.md)
         with threadpool_limits(limits=_blas_limit(self.blas_threads, views, r, check_n_jobs(self.n_jobs))):
-            self.preprocessing_: Any = []  # None on the Flower engine (node-local)
-            Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
-            workers = min(check_n_jobs(self.n_jobs), len(models))
-            lock, cancel = threading.Lock(), threading.Event()
+            return self._fit_inprocess(views, masks, models, seeds, callback)
 
-            def restart(i, model, s):
-                stop = None
-                if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
-                    stop = stop_rule(self.early_stop, self.n_clusters, seed=s,
-                                     normalize_embedding=self.normalize_embedding)
-                if workers > 1:  # a restart in a thread ends at its next round once another has failed
-                    stop = _cancellable(stop, cancel)
-                rows = None
-                if callback is not None:
-                    def rows(row):  # one call at a time, whichever thread the restart runs in; the row says whose
-                        with lock:
-                            callback({**row, "restart": i, "n_restarts": len(models)})
-                # one view: warned above
-                res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
-                labels, km = kmeans_on_embedding(
-                    res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
-                    max_iter=self.kmeans_max_iter, random_state=s,
-                )
-                return labels, (model, res, km)
+    def _fit_inprocess(self, views, masks, models, seeds, callback) -> FedMultiViewClustering:
+        """The in-process fit from the checked ``views`` (n_samples x d_p each), their ``masks``, the
+        restarts' factorisation ``models`` and ``seeds``: preprocessing, the fits, the kept restart,
+        the refinements; sets the fitted attributes."""
+        n = views[0].shape[0]
+        self.preprocessing_: Any = []  # None on the Flower engine (node-local)
+        Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
+        workers = min(check_n_jobs(self.n_jobs), len(models))
+        lock, cancel = threading.Lock(), threading.Event()
 
-            if workers > 1:
-                # the restarts are independent fits with their own seeds: up to n_jobs of them at once, in
-                # threads (the U-step's compiled loops and BLAS release the GIL; 2 threads ran two 4-view BBC
-                # fits 1.77x faster, docs/speed.md), each with its clients in turn and BLAS on one thread, so
-                # no core is oversubscribed; the same partitions as one after the other
-                for model in models:
-                    model.n_jobs = 1
-                with threadpool_limits(limits=1):
-                    pool = ThreadPoolExecutor(workers)
-                    try:
-                        futures = [pool.submit(restart, i, m, s) for i, (m, s) in enumerate(zip(models, seeds))]
-                        wait(futures, return_when=FIRST_EXCEPTION)  # a failure anywhere ends the wait
-                        for f in futures:
-                            error = f.exception() if f.done() else None
-                            if error is not None:
-                                raise error
-                        done = [f.result() for f in futures]
-                    except BaseException:
-                        # Ctrl-C, or a restart (or its callback) raised: the queued restarts never start and
-                        # the running ones stop at their next round, instead of all running to their end
-                        cancel.set()
-                        pool.shutdown(wait=True, cancel_futures=True)
-                        raise
-                    pool.shutdown()
-            else:
-                done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
-            partitions = [labels for labels, _ in done]
-            fits = [fit for _, fit in done]
-            # the restarts, chosen from what the server has before any refinement exchange: the medoid of
-            # the fits' partitions (k-means of each V) or the lowest objective; only the kept fit is
-            # refined.  Consensus refines them all and combines them.
-            results = [res for _, res, _ in fits]
-            best = choose_restart(self.restart_rule, partitions, results)
-            refined = range(len(fits)) if best is None else [best]
-            self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
-            self.graph_chosen_ = []
-            stages = refine_stages(self.refine, dp=self._dp())
-            secure = bool(models[0].secure_aggregation)
-            refine = None  # the k-means refinement's exchange: its summed score is the spectral step's check
-            if "kmeans" in stages:
-                exchange = refine = self._refine_exchange(views, masks, secure=secure)
-                for i in refined:
-                    starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
-                                           n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
-                                           kmeans_max_iter=self.kmeans_max_iter)
-                    partitions[i], iters, index = refine_best(starts, exchange, seeded=self._seeded(n, seeds[i]))
-                    self.refine_iter_.append(iters)
-                    self.refine_start_.append(index)
-            if "graph" in stages:
-                exchange, products, both = self._graph_exchanges(views, masks, secure=secure)
-                steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
-                for i in refined:
-                    partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
-                                                      refine=refine, both=both, max_iter=self.kmeans_max_iter,
-                                                      n_init=self.kmeans_n_init, seed=seeds[i],
-                                                      choice=self.refine_graph_choice)
-                    self.graph_iter_.append(info["exchanges"])
-                    self.spectral_kept_.append(bool(info["kept"]))
-                    self.graph_chosen_.append(str(info["chosen"]))
-            self.best_restart_ = best
-            model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
-            if best is not None and not stages:  # the kept fit's own k-means
-                labels, centers = partitions[best], km.cluster_centers_
-            else:  # a refined or a consensus partition: its centres in the kept fit's embedding
-                labels = partitions[best] if best is not None else consensus_labels(partitions, self.n_clusters)
-                centers = embedding_centers(res.V, labels, self.n_clusters,
-                                            normalize_embedding=self.normalize_embedding)
-            self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
-            self.seeds_ = seeds
-            self.mu_ = model.mu_
-            self.seed_ = res.seed
-            self.result_ = res
-            self.history_ = res.history
-            self.n_rounds_ = self.n_iter_ = res.n_rounds
-            self.embedding_ = model.embedding_
-            self.kmeans_ = km
-            self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
-            self.labels_ = np.asarray(labels)
-            self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
-            self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
-            return self
+        def restart(i, model, s):
+            stop = None
+            if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
+                stop = stop_rule(self.early_stop, self.n_clusters, seed=s,
+                                 normalize_embedding=self.normalize_embedding)
+            if workers > 1:  # a restart in a thread ends at its next round once another has failed
+                stop = _cancellable(stop, cancel)
+            rows = None
+            if callback is not None:
+                def rows(row):  # one call at a time, whichever thread the restart runs in; the row says whose
+                    with lock:
+                        callback({**row, "restart": i, "n_restarts": len(models)})
+            # one view: warned above
+            res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
+            labels, km = kmeans_on_embedding(
+                res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
+                max_iter=self.kmeans_max_iter, random_state=s,
+            )
+            return labels, (model, res, km)
+
+        if workers > 1:
+            # the restarts are independent fits with their own seeds: up to n_jobs of them at once, in
+            # threads (the U-step's compiled loops and BLAS release the GIL; 2 threads ran two 4-view BBC
+            # fits 1.77x faster, docs/speed.md), each with its clients in turn and BLAS on one thread, so
+            # no core is oversubscribed; the same partitions as one after the other
+            for model in models:
+                model.n_jobs = 1
+            with threadpool_limits(limits=1):
+                pool = ThreadPoolExecutor(workers)
+                try:
+                    futures = [pool.submit(restart, i, m, s) for i, (m, s) in enumerate(zip(models, seeds))]
+                    wait(futures, return_when=FIRST_EXCEPTION)  # a failure anywhere ends the wait
+                    for f in futures:
+                        error = f.exception() if f.done() else None
+                        if error is not None:
+                            raise error
+                    done = [f.result() for f in futures]
+                except BaseException:
+                    # Ctrl-C, or a restart (or its callback) raised: the queued restarts never start and
+                    # the running ones stop at their next round, instead of all running to their end
+                    cancel.set()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+                pool.shutdown()
+        else:
+            done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
+        partitions = [labels for labels, _ in done]
+        fits = [fit for _, fit in done]
+        # the restarts, chosen from what the server has before any refinement exchange: the medoid of
+        # the fits' partitions (k-means of each V) or the lowest objective; only the kept fit is
+        # refined.  Consensus refines them all and combines them.
+        results = [res for _, res, _ in fits]
+        best = choose_restart(self.restart_rule, partitions, results)
+        refined = range(len(fits)) if best is None else [best]
+        self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
+        self.graph_chosen_ = []
+        stages = refine_stages(self.refine, dp=self._dp())
+        secure = bool(models[0].secure_aggregation)
+        refine = None  # the k-means refinement's exchange: its summed score is the spectral step's check
+        if "kmeans" in stages:
+            exchange = refine = self._refine_exchange(views, masks, secure=secure)
+            for i in refined:
+                starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
+                                       n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
+                                       kmeans_max_iter=self.kmeans_max_iter)
+                partitions[i], iters, index = refine_best(starts, exchange, seeded=self._seeded(n, seeds[i]))
+                self.refine_iter_.append(iters)
+                self.refine_start_.append(index)
+        if "graph" in stages:
+            exchange, products, both = self._graph_exchanges(views, masks, secure=secure)
+            steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
+            for i in refined:
+                partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
+                                                  refine=refine, both=both, max_iter=self.kmeans_max_iter,
+                                                  n_init=self.kmeans_n_init, seed=seeds[i],
+                                                  choice=self.refine_graph_choice)
+                self.graph_iter_.append(info["exchanges"])
+                self.spectral_kept_.append(bool(info["kept"]))
+                self.graph_chosen_.append(str(info["chosen"]))
+        self.best_restart_ = best
+        model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
+        if best is not None and not stages:  # the kept fit's own k-means
+            labels, centers = partitions[best], km.cluster_centers_
+        else:  # a refined or a consensus partition: its centres in the kept fit's embedding
+            labels = partitions[best] if best is not None else consensus_labels(partitions, self.n_clusters)
+            centers = embedding_centers(res.V, labels, self.n_clusters,
+                                        normalize_embedding=self.normalize_embedding)
+        self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
+        self.seeds_ = seeds
+        self.mu_ = model.mu_
+        self.seed_ = res.seed
+        self.result_ = res
+        self.history_ = res.history
+        self.n_rounds_ = self.n_iter_ = res.n_rounds
+        self.embedding_ = model.embedding_
+        self.kmeans_ = km
+        self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
+        self.labels_ = np.asarray(labels)
+        self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
+        self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
+        return self
 
     def _seeded(self, n_samples: int, seed: int):
         """The seeded starts of the refinement (:func:`seeded_starts`), for :func:`refine_best`."""
