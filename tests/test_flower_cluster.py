@@ -181,6 +181,7 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
     assert result["clustering"]["refine_start"] == ref.refine_start_[0]
     assert result["clustering"]["refine_iterations"] == ref.refine_iter_[0]
     assert result["clustering"]["graph_iterations"] == ref.graph_iter_[0] > 0  # then the same graph exchanges
+    assert result["clustering"]["graph_chosen"] == ref.graph_chosen_[0]  # and the same end of the stage
     # every node kept its prepared view and its preprocessing info, private (0600)
     for p in range(3):
         sdir = tmp_path / f"node{p}" / "job-c"
@@ -579,6 +580,15 @@ def test_a_clustering_run_needs_the_steps(tmp_path):
     assert json.loads((tmp_path / "s" / "status.json").read_text())["status"] == "failed"
 
 
+def test_an_unknown_end_of_the_graph_stage_is_refused_before_any_round(tmp_path):
+    """The run config's refine-graph-choice is checked when the ServerApp starts, not after the fits."""
+    views, _ = blobs()
+    with pytest.raises(Exception, match="refine-graph-choice"):
+        _fake_run(tmp_path, views, **{"refine-graph-choice": "lowest"})
+    status = json.loads((tmp_path / "server" / "status.json").read_text())
+    assert status["status"] == "failed" and status["rounds_done"] == 0
+
+
 @pytest.mark.parametrize("rule", ["auto", "paper"])
 def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
     """With r known before the nodes report (factorisation; clustering rank rule "auto" = 2c) the
@@ -691,8 +701,8 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
         fit = json.loads((server / f"restart-{i}" / "result.json").read_text())
         assert fit["seed"] == ref.seeds_[i] and fit["flower"]["job_id"].endswith(f"-restart-{i}")
         assert "clustering" not in fit  # only the kept fit is refined
-    assert (model.refine_iter_, model.refine_start_, model.graph_iter_) == \
-        (ref.refine_iter_, ref.refine_start_, ref.graph_iter_) and ref.graph_iter_[0] > 0
+    assert (model.refine_iter_, model.refine_start_, model.graph_iter_, model.graph_chosen_) == \
+        (ref.refine_iter_, ref.refine_start_, ref.graph_iter_, ref.graph_chosen_) and ref.graph_iter_[0] > 0
     assert np.array_equal(model.result_.V, ref.result_.V)
     assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
     assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None
