@@ -56,6 +56,7 @@ import numpy as np
 
 from fedsonmf.estimators.graph import GraphSearch, graph_refine
 from fedsonmf.estimators.restarts import medoid_restart
+from fedsonmf.protocol.params import default
 
 __all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "GRAPH_CHOICES", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
            "spectral_partition", "block_partition", "spectral_refine", "medoid_choice", "graph_stage"]
@@ -222,11 +223,11 @@ def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
     summed adjusted Rand index to the other two (:func:`~fedsonmf.estimators.restarts.medoid_restart`;
     ties: ``refined``, then ``start``). Returns ``(labels, name)``, name one of :data:`STAGE_PARTITIONS`.
 
-    Why (docs/clustering.md, "The stage's medoid"): ``start`` is the k-means refinement's partition
+    Why (docs/clustering.md, "The graph stage's medoid"): ``start`` is the k-means refinement's partition
     (the factorisation and the pooled features), ``candidate`` the spectral partition of the summed
     graph before any local search (the graph alone), and ``refined`` the local search of the cut
     between them. When the search ends further from both than they are from each other it has
-    followed the graph's noise -- on a single weak text view, 4-7 points of ACC -- and the medoid
+    followed the graph's noise -- on a single weak text view (tr45), 4 points of ACC -- and the medoid
     is the partition the other two agree with most. With three partitions the medoid is the one
     opposite the least similar pair, so ``refined`` stays unless that pair includes it.
     """
@@ -238,7 +239,8 @@ def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
 
 def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_clusters: int, *, steps: int,
                 seed: int | None, refine: Callable | None = None, both: Callable | None = None,
-                max_iter: int = 300, n_init: int = 10, progress: dict | None = None, choice: str = "medoid"):
+                max_iter: int = 300, n_init: int = 10, progress: dict | None = None,
+                choice: str = default("refine_graph_choice")):
     """The whole graph stage from the k-means refinement's partition ``start``: the graph refinement
     (:func:`~fedsonmf.estimators.graph.graph_refine`), then its spectral step (:func:`spectral_refine`;
     ``steps`` < 1: none) -- the same partitions, with fewer round trips when ``both`` is given.
