@@ -7,7 +7,26 @@ import scipy.sparse as sp
 
 from fedsonmf.core.ustep import round_st
 
-__all__ = ["random_basis", "svd_basis", "kmeans_basis", "init_basis", "client_rng", "server_rng"]
+__all__ = ["INIT_U", "CLUSTERING_INIT_U", "resolve_init_u", "random_basis", "svd_basis", "kmeans_basis", "init_basis",
+           "client_rng", "server_rng"]
+
+#: the values of ``init_u``
+INIT_U = ("auto", "random", "svd", "kmeans")
+#: what ``init_u="auto"`` means in a clustering fit (FedMultiViewClustering, a Flower clustering run).
+#: Measured with the clustering defaults (docs/clustering.md, "The bases' start"): against random
+#: supports, 27 sets (3 seeds) -0.25 ACC points on average (the 5-view Reuters -6.1, the 4-view BBC
+#: +1.4), 3Sources 74.7 -> 77.8 over 10 seeds, and a default fit 1.1-2.8x faster (text most: fewer
+#: rounds before the partition settles, cheaper U-steps).  A factorisation keeps random supports: they reach a
+#: lower objective F than the singular vectors' on every real set measured.
+CLUSTERING_INIT_U = "svd"
+
+
+def resolve_init_u(init_u: str, *, clustering: bool) -> str:
+    """``init_u`` with "auto" resolved: :data:`CLUSTERING_INIT_U` in a clustering fit, else "random"
+    (other values unchanged)."""
+    if init_u != "auto":
+        return init_u
+    return CLUSTERING_INIT_U if clustering else "random"
 
 
 def client_rng(seed: int, client: int) -> np.random.Generator:
@@ -85,6 +104,9 @@ def kmeans_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def init_basis(X, r: int, method: str, rng: np.random.Generator) -> np.ndarray:
+    """Client p's initial basis U_p^{1,0} (d_p, r) in S_+ by ``method`` (:data:`INIT_U`; "auto" is a
+    factorisation's: random), drawn from ``rng``."""
+    method = resolve_init_u(method, clustering=False)
     if method == "random":
         return random_basis(X.shape[0], r, rng)
     if method == "svd":

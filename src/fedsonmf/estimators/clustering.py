@@ -75,6 +75,7 @@ from fedsonmf._validation import (
     view_feature_names,
     views_checked,
 )
+from fedsonmf.core.init import resolve_init_u
 from fedsonmf.core.masks import held_columns
 from fedsonmf.core.server import total
 from fedsonmf.estimators.clustering_steps import (
@@ -136,7 +137,8 @@ def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = defaul
 
     The federation computes it on the server from V-bar^1
     (:func:`fedsonmf.protocol.config.resolve_mu`); this recomputes V-bar^1 exactly
-    as the clients' seeded setup builds it.
+    as the clients' seeded setup builds it.  ``init_u="auto"`` is a factorisation's (random
+    supports); a clustering fit's is ``"svd"`` (:func:`fedsonmf.core.init.resolve_init_u`).
     """
     from fedsonmf.core._linalg import sqnorm, ut_x
     from fedsonmf.core.init import client_rng, init_basis, server_rng
@@ -265,7 +267,9 @@ default="auto"
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
         As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table; ``verbose`` an
         int level).  ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
-        ``checkpoint_dir/restart-<i>``.
+        ``checkpoint_dir/restart-<i>``.  ``init_u="auto"`` (the default) starts the clustering fits
+        from each view's leading singular vectors (``"svd"``; a factorisation's "auto" is random
+        supports; docs/clustering.md, "The bases' start").
 
     Attributes
     ----------
@@ -435,6 +439,7 @@ default="auto"
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
         params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
         params["random_state"] = seed
+        params["init_u"] = resolve_init_u(self.init_u, clustering=True)  # "auto": the clustering start (svd)
         if self.checkpoint_dir is not None and self._n_init() > 1:
             params["checkpoint_dir"] = Path(self.checkpoint_dir) / f"restart-{restart}"
         return FedSONMF(r, **params)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedsonmf._validation import check_bool, check_choice, check_int, check_real
+from fedsonmf.core.init import INIT_U
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.protocol.params import default
@@ -84,10 +85,13 @@ class FedConfig:
         Proximal weight of the U-subproblem (7).
     correction : bool
         Drift correction on/off (off gives the "no correction" ablation).
-    init_u : {"random", "svd", "kmeans"}
+    init_u : {"auto", "random", "svd", "kmeans"}
         Initial bases (§6): random balanced supports, the nonnegative
         rounding of the leading singular vectors of X_p, or supports from a
-        spherical k-means of X_p's features (computed by each client alone).
+        spherical k-means of X_p's features (computed by each client alone);
+        "auto" is "random" here (a factorisation) and "svd" in a clustering
+        fit, which resolves it before building its configuration
+        (:func:`fedsonmf.core.init.resolve_init_u`).
     init_v : {"projection", "random"}
         Initial pre-proximal V-bar^1: mean_p max(U_p^T X_p, 0) (one extra
         upload of an r x n matrix per client before round 1) or Uniform[0,1]
@@ -213,7 +217,7 @@ class FedConfig:
             set_("alpha", check_real("alpha", alpha, min=0.0, min_inclusive=False))
         set_("rho1", check_real("rho1", self.rho1, min=0.0))
         set_("correction", check_bool("correction", self.correction))
-        set_("init_u", check_choice("init_u", self.init_u, ("random", "svd", "kmeans")))
+        set_("init_u", check_choice("init_u", self.init_u, INIT_U))
         set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
         set_("diagnostics", check_bool("diagnostics", self.diagnostics))
         set_("secure_aggregation", check_bool("secure_aggregation", self.secure_aggregation))

@@ -49,7 +49,8 @@ _TABLE = [
     Param("eta_g", 1.5, "Global (server) step multiplier."),
     Param("rho1", 0.0, "Proximal weight of the U-subproblem (7), relative to nothing: 0 is scale-free."),
     Param("correction", True, "Drift correction (off: the 'no correction' ablation)."),
-    Param("init_u", "random", "Initial bases: 'random', 'svd' or 'kmeans'."),
+    Param("init_u", "auto", "Initial bases: 'auto' = 'svd' in a clustering fit and 'random' in a factorisation "
+                            "(fedsonmf.core.init.resolve_init_u), 'random', 'svd' or 'kmeans'."),
     Param("init_v", "projection", "Initial V-bar: 'projection' (mean_p max(U_p^T X_p, 0)) or 'random'."),
     Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U); never "
                                "under differential privacy."),

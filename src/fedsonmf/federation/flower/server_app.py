@@ -42,6 +42,7 @@ from flwr.supercore.run import RunNotRunningException
 
 from fedsonmf._io import private_dir, save_npy_atomic, write_json_atomic
 from fedsonmf.algorithms import get_algorithm
+from fedsonmf.core.init import resolve_init_u
 from fedsonmf.exceptions import CheckpointError, FederationError, ParameterError, ProtocolError, RunStopped
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
@@ -328,6 +329,8 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     startup_timeout = float(rc.get("startup-timeout", 0.0) or 0.0) or node_timeout
     participation = participation_from_run_config(rc)
     copts = fclust.clustering_options(rc)
+    if copts:  # init-u "auto" starts a clustering run's fits as the estimator's: from the singular vectors
+        cfg = cfg.replace(init_u=resolve_init_u(cfg.init_u, clustering=True))
     ckpt_dir = _inside(out / "checkpoint", out)
     recorder = None
     if bool(rc.get("record-wire", False)):
