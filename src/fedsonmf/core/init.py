@@ -17,7 +17,7 @@ INIT_U = ("auto", "random", "svd", "kmeans")
 #: supports, 27 sets (3 seeds) -0.25 ACC points on average (the 5-view Reuters -6.1, the 4-view BBC
 #: +1.4), 3Sources 74.7 -> 77.8 over 10 seeds, and a default fit 1.1-2.8x faster (text most: fewer
 #: rounds before the partition settles, cheaper U-steps).  A factorisation keeps random supports: they reach a
-#: lower objective F than the singular vectors' on every real set measured.
+#: lower objective F than the singular vectors' on the three real sets measured.
 CLUSTERING_INIT_U = "svd"
 
 
