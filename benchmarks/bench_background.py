@@ -24,10 +24,10 @@ from threadpoolctl import threadpool_limits
 from fedsonmf._validation import check_views
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators.clustering import FedMultiViewClustering, _check_view_structure, kmeans_on_embedding
-from fedsonmf.estimators.clustering_rules import resolve_rank
 from fedsonmf.federation.inprocess import InProcessTransport
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.metrics import clustering_scores
+from fedsonmf.pipeline.rank_rule import resolve_rank
 from fedsonmf.protocol.config import FedConfig
 
 DATASETS = {"BBCSport": ("BBCSport", "zskong", "BBCSport.mat"), "MSRC-v1": ("MSRC-v1", "youweiliang", "MSRC_v1.mat")}

@@ -14,7 +14,7 @@ before/instead of k-means), so a server rule costs no refit:
 zero-padded, as the "auto" rank rule does for factor 2.
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bench_clustering_study.py \\
-        --variant default='{}' --variant stdl2='{"preprocess": "auto-std-l2"}' \\
+        --variant default='{}' --variant l2='{"preprocess": "l2"}' \\
         --only MSRC-v1 --only Handwritten --seeds 3 --json study.json
 
 ``docs/clustering.md`` lists the variants measured and what they gave.
@@ -39,9 +39,9 @@ from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data 
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators import clustering as _clustering  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
-from fedsonmf.estimators.rank_rule import resolve_rank  # noqa: E402
 from fedsonmf.experiments.references import multiview_spectral, row_normalize_view  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
+from fedsonmf.pipeline.rank_rule import resolve_rank  # noqa: E402
 
 
 def _km(E, c, seed):

@@ -49,9 +49,9 @@ from fedsonmf._validation import check_views
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.datasets import default_data_dir, load_mat, make_synthetic
 from fedsonmf.estimators.clustering import FedMultiViewClustering, _check_view_structure
-from fedsonmf.estimators.clustering_rules import resolve_rank
 from fedsonmf.federation.inprocess import InProcessTransport
 from fedsonmf.federation.loop import ClientRuntime, run_federation
+from fedsonmf.pipeline.rank_rule import resolve_rank
 from fedsonmf.preprocessing import normalize_views
 from fedsonmf.protocol.config import FedConfig
 

@@ -39,3 +39,18 @@ def test_layers_are_folders():
     flat = sorted(p.name for p in pkg.glob("*.py"))
     assert flat == ["__init__.py", "_io.py", "_provenance.py", "_validation.py", "exceptions.py", "metrics.py",
                     "model_selection.py", "preprocessing.py"], flat
+
+
+def test_no_module_is_imported_by_a_name_held_in_a_string():
+    """Every import is one the layer contracts can see: no ``importlib.import_module``/``__import__`` in the
+    package, except the gate's loader of the operator's ``--app module:attr`` (Flower's own app reference,
+    given on the gate's command line, never by a run config or a FAB) and the package root's lazy public
+    names (PEP 562: a fixed table of downward imports, so that a Flower process imports only what it uses)."""
+    package = ROOT / "src" / "fedsonmf"
+    allowed = {package / "federation" / "flower" / "gate.py", package / "__init__.py"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if ("import_module(" in line or "__import__(" in line) and path not in allowed:
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)

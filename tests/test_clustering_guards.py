@@ -9,9 +9,9 @@ import pytest
 import scipy.sparse as sp
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering
-from fedsonmf.estimators.clustering_steps import prepare_view
-from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view
 from fedsonmf.exceptions import DataWarning
+from fedsonmf.pipeline.steps import prepare_view
+from fedsonmf.pipeline.view_rule import apply_view_preprocessing, preprocess_view
 
 FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
 
@@ -46,9 +46,9 @@ def test_constant_view_in_a_fit_warns_and_fits():
 def test_near_constant_features_are_zeroed_with_a_warning():
     X = dense()
     X[:, 2] = 1e-10 * np.random.default_rng(3).random(X.shape[0])  # a spread at rounding level of the others
-    Y, info = preprocess_view(X, "auto-std")
-    assert info["standardized"]
-    assert np.all(Y[:, 2] == 0) and np.allclose(Y[:, [0, 1, 3]].std(axis=0), 1.0)
+    Y, info = preprocess_view(X, "auto")
+    assert info["standardized"] and info["resample_l2"]
+    assert np.all(Y[:, 2] == 0) and np.allclose(np.linalg.norm(Y, axis=1), 1.0)
     assert any("near-constant" in w for w in info["warnings"])
     np.testing.assert_allclose(apply_view_preprocessing(X, info), Y)
 
@@ -79,18 +79,6 @@ def test_the_empty_rows_warning_says_what_measured_better_for_the_kind_of_view()
     T = sp.csr_matrix(sp.diags((np.arange(40) >= 12).astype(float)) @ T)  # a text-like view, 30 % empty rows
     _, info = preprocess_view(T, "auto")
     assert not info["centered"] and "zero rows measured" in info["warnings"][0]
-
-
-def test_split_rule_makes_a_signed_view_nonnegative():
-    rng = np.random.default_rng(1)
-    X = rng.standard_normal((30, 5))  # signed, centred: not dense, but negative
-    Y, info = preprocess_view(X, "auto-std-split")
-    assert info["split"] and not info["centered"] and Y.shape == (30, 10) and Y.min() >= 0
-    np.testing.assert_allclose(apply_view_preprocessing(X, info), Y)
-    Y2, info2 = preprocess_view(dense(), "auto-std-split")  # dense: centred, scaled, then split
-    assert info2["centered"] and info2["standardized"] and info2["split"] and Y2.min() >= 0
-    Y3, info3 = preprocess_view(np.maximum(X, 0), "auto-std-split")  # nonnegative, not dense: not split
-    assert not info3["split"] and Y3.shape == (30, 5)
 
 
 def test_warnings_point_at_the_users_line():

@@ -70,8 +70,7 @@ def test_flower_entry_points_take_the_table_and_the_deployment_defaults():
         "kmeans_max_iter": default("kmeans_max_iter"), "early_stop": default("early_stop"),
         "refine": default("refine"), "refine_starts": default("refine_starts"),
         "refine_seeded_starts": default("refine_seeded_starts"),
-        "refine_spectral_steps": default("refine_spectral_steps"),
-        "refine_graph_choice": default("refine_graph_choice"), "n_init": default("n_init")}
+        "refine_spectral_steps": default("refine_spectral_steps"), "n_init": default("n_init")}
 
 
 #: run-config key of the Flower app -> the parameter it carries
@@ -82,7 +81,7 @@ RUN_CONFIG_PARAMS = {
     "preprocess": "preprocess", "normalize-views": "normalize_views", "normalize-embedding": "normalize_embedding",
     "kmeans-n-init": "kmeans_n_init", "kmeans-max-iter": "kmeans_max_iter", "early-stop": "early_stop",
     "refine": "refine", "refine-starts": "refine_starts", "refine-seeded-starts": "refine_seeded_starts",
-    "refine-spectral-steps": "refine_spectral_steps", "refine-graph-choice": "refine_graph_choice",
+    "refine-spectral-steps": "refine_spectral_steps",
     "n-init": "n_init",
 }
 

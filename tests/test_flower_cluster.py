@@ -39,7 +39,7 @@ from fedsonmf.federation.flower.audit import audit_wire  # noqa: E402
 from fedsonmf.federation.flower.client_app import make_client_app  # noqa: E402
 from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
 from fedsonmf.federation.flower.server_app import server_main  # noqa: E402
-from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE  # noqa: E402
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS  # noqa: E402
 from fedsonmf.federation.flower.transport import BatchingGrid  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 from fedsonmf.protocol.config import FedConfig  # noqa: E402
@@ -146,7 +146,7 @@ def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None,
         if mask_paths[p] is not None:
             nc["mask-path"] = str(mask_paths[p])
         nodes[nid] = nc
-    grid = FakeGrid(make_client_app(clustering=STEPS_MODULE, before_handle=before_handle), nodes)
+    grid = FakeGrid(make_client_app(before_handle=before_handle), nodes)
     grid.reply_hook = reply_hook
     rc = dict(RUN_CONFIG_DEFAULTS)
     rc.update({"num-clients": len(views), "num-rounds": ROUNDS, "seed": SEED, "tol": 0.0,
@@ -155,8 +155,7 @@ def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None,
                "record-wire": True, "n-clusters": C, "n-init": "1"})
     rc.update(rc_extra)
     with threadpool_limits(1):
-        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc),
-                    clustering=STEPS_MODULE)
+        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     return grid, rc
 
 
@@ -337,8 +336,7 @@ def test_a_run_of_several_fits_keeps_the_estimators_medoid_and_predicts_with_its
     assert jobs == {f"job-c-restart-{ref.best_restart_}"}
     rc2 = {**rc, "mode": "predict", "model-dir": str(out), "out-dir": str(tmp_path / "predict")}
     with threadpool_limits(1):
-        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
-                    clustering=STEPS_MODULE)
+        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2))
         want = ref.predict(new)
     assert np.array_equal(read_labels_csv(tmp_path / "predict" / "labels.csv"), want)
     # the fits ran at once (the status counts each one's rounds); with partial participation (node
@@ -456,8 +454,7 @@ def test_flower_predict_equals_the_estimator(tmp_path):
     model = rc["out-dir"]
     rc2 = {**rc, "mode": "predict", "model-dir": model, "out-dir": str(tmp_path / "predict")}
     with threadpool_limits(1):
-        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
-                    clustering=STEPS_MODULE)
+        server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2))
         want_E, want = ref.transform(new), ref.predict(new)
     out = tmp_path / "predict"
     assert np.array_equal(np.load(out / "V.npy").T, want_E)
@@ -489,8 +486,7 @@ def test_flower_predict_aligns_new_samples_by_their_ids_and_refuses_other_sample
     def predict(out):
         rc2 = {**rc, "mode": "predict", "model-dir": rc["out-dir"], "out-dir": str(tmp_path / out)}
         with threadpool_limits(1):
-            server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
-                        clustering=STEPS_MODULE)
+            server_main(grid, Context(run_id=2, node_id=0, node_config={}, state=RecordDict(), run_config=rc2))
 
     predict("predict")
     with threadpool_limits(1):
@@ -521,8 +517,7 @@ def test_a_node_refuses_to_send_new_samples_in_the_clear_after_a_secure_fit(tmp_
     server_app.Message = downgraded
     try:
         with pytest.raises(Exception, match="masked only"), threadpool_limits(1):
-            server_main(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=rc2),
-                        clustering=STEPS_MODULE)
+            server_main(grid, Context(run_id=3, node_id=0, node_config={}, state=RecordDict(), run_config=rc2))
     finally:
         server_app.Message = real
     assert not (tmp_path / "predict" / "V.npy").exists()
@@ -543,7 +538,7 @@ def test_flower_stops_where_the_estimator_stops_with_the_default_stopping_rules(
     assert np.array_equal(read_labels_csv(Path(rc["out-dir"]) / "labels.csv"), ref.labels_)
 
 
-@pytest.mark.parametrize("rule,want", [("paper", C), ("auto-cap", 4), ("5", 4)])
+@pytest.mark.parametrize("rule,want", [("paper", C), ("5", 4)])
 def test_rank_rules_are_settled_at_the_handshake(tmp_path, rule, want):
     views, _ = blobs()
     _, rc = _fake_run(tmp_path, views, **{"rank-rule": rule, "num-rounds": 1})
@@ -565,28 +560,6 @@ def test_status_file_reports_progress(tmp_path):
     kinds = [w["kind"] for w in wire if w["kind"] in ("refine", "graph", "spectral")]
     assert kinds and st["exchanges"] == len(kinds) and st["stage"] == kinds[-1]
     assert st["seconds_per_exchange"] >= 0 and st["n_rounds"] == ROUNDS
-
-
-def test_a_clustering_run_needs_the_steps(tmp_path):
-    views, _ = blobs()
-    paths = write_views(views, tmp_path / "views")
-    nodes = {11 + p: {"partition-id": p, "data-path": str(paths[p]), "state-dir": str(tmp_path / f"n{p}")}
-             for p in range(3)}
-    rc = {**RUN_CONFIG_DEFAULTS, "num-clients": 3, "out-dir": str(tmp_path / "s"), "n-clusters": C,
-          "node-timeout": 2.0, "poll-interval": 0.001}
-    with pytest.raises(Exception, match="without the clustering steps"):
-        server_main(FakeGrid(make_client_app(), nodes),
-                    Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
-    assert json.loads((tmp_path / "s" / "status.json").read_text())["status"] == "failed"
-
-
-def test_an_unknown_end_of_the_graph_stage_is_refused_before_any_round(tmp_path):
-    """The run config's refine-graph-choice is checked when the ServerApp starts, not after the fits."""
-    views, _ = blobs()
-    with pytest.raises(Exception, match="refine-graph-choice"):
-        _fake_run(tmp_path, views, **{"refine-graph-choice": "lowest"})
-    status = json.loads((tmp_path / "server" / "status.json").read_text())
-    assert status["status"] == "failed" and status["rounds_done"] == 0
 
 
 @pytest.mark.parametrize("rule", ["auto", "paper"])
@@ -843,20 +816,6 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
     assert res.extra["clustering"]["n_components"] == 2 * c
 
 
-def test_the_setup_reply_does_not_tell_whether_a_widening_rule_triggered(tmp_path):
-    """preprocess="auto-split" doubles a view's width when its mean-share statistic triggers; the
-    setup reply's d says max(d_p, r) (known to the server anyway), not the prepared width."""
-
-    views, _ = blobs()
-    ref = reference(views, rounds=2, preprocess="auto-split")
-    assert [i["split"] for i in ref.preprocessing_] == [False, True, True]  # the dense views trigger
-    grid, rc = _fake_run(tmp_path, views, **{"num-rounds": 2, "preprocess": "auto-split"})
-    assert np.array_equal(np.load(Path(rc["out-dir"]) / "V.npy"), ref.result_.V)
-    setup = [codec.decode(r.content)[0] for r in grid.log
-             if str(r.content[codec.META]["kind"]) == codec.SETUP_AT_HELLO]
-    assert sorted(int(m.scalars["d"]) for m in setup) == sorted(max(X.shape[1], 2 * C) for X in views)
-
-
 def test_a_node_refusing_small_clusters_gets_no_seeding_labels_and_the_run_completes(tmp_path):
     """A node's ``refine-min-cluster-size`` (here 2) refuses the seeded starts' labels, which put
     drawn samples alone in a cluster: the server drops those starts and goes on, and the result
@@ -1028,9 +987,9 @@ def test_a_node_answers_a_block_of_partitions_within_its_limits():
     its distances side by side (n, S c) and S scores -- each the reply to that partition alone --, checks
     every row (range, its min-cluster-size policy) and refuses more rows than refine_batch_rows allows;
     the graph exchange takes one partition only."""
-    from fedsonmf.estimators import clustering_steps as steps
     from fedsonmf.exceptions import ProtocolError
     from fedsonmf.federation.flower.clustering import _request_labels, node_refine
+    from fedsonmf.pipeline.refine import batch_rows
     from fedsonmf.protocol.messages import Message
 
     rng = np.random.default_rng(0)
@@ -1038,10 +997,10 @@ def test_a_node_answers_a_block_of_partitions_within_its_limits():
     rows = rng.integers(0, 3, size=(4, 12))
     rows[:, :3] = [0, 1, 2]  # no empty cluster, nor a singleton below
     rows[:, 3:6] = [0, 1, 2]
-    block = node_refine(Message("refine", 1, {"labels": rows}, {"n_clusters": 3}), X, None, 0, steps, secure=False)
+    block = node_refine(Message("refine", 1, {"labels": rows}, {"n_clusters": 3}), X, None, 0, secure=False)
     assert block.arrays["D"].shape == (12, 4 * 3) and block.arrays["score"].shape == (4,)
     for k in range(4):
-        one = node_refine(Message("refine", 1, {"labels": rows[k]}, {"n_clusters": 3}), X, None, 0, steps, secure=False)
+        one = node_refine(Message("refine", 1, {"labels": rows[k]}, {"n_clusters": 3}), X, None, 0, secure=False)
         assert np.array_equal(block.arrays["D"][:, 3 * k:3 * k + 3], one.arrays["D"])
         assert block.arrays["score"][k] == one.arrays["score"][0] > 0
     msg = Message("refine", 1, {"labels": rows}, {"n_clusters": 3})
@@ -1054,14 +1013,14 @@ def test_a_node_answers_a_block_of_partitions_within_its_limits():
     single[2, 0] = 1  # one row of the block with a cluster of one sample
     with pytest.raises(ProtocolError, match="a cluster of 1 sample"):
         _request_labels(Message("refine", 1, {"labels": single}, {"n_clusters": 3}), 12, 0, "refine", 2,
-                        block=steps.refine_batch_rows)
+                        block=batch_rows)
     bad = rows.copy()
     bad[1, 0] = 3
     with pytest.raises(ProtocolError, match="outside 0..2"):
         _request_labels(Message("refine", 1, {"labels": bad}, {"n_clusters": 3}), 12, 0, "refine", 1,
-                        block=steps.refine_batch_rows)
+                        block=batch_rows)
     with pytest.raises(ProtocolError, match="labels of shape"):  # a block for another n
-        _request_labels(msg, 13, 0, "refine", 1, block=steps.refine_batch_rows)
+        _request_labels(msg, 13, 0, "refine", 1, block=batch_rows)
     for c in (0, 13, 10**9):  # a reply of n x c numbers: no more clusters than samples (the node's memory)
         with pytest.raises(ProtocolError, match=f"request for {c} clusters of a view of 12 samples"):
             _request_labels(Message("graph", 1, {"labels": rows[0]}, {"n_clusters": c}), 12, 0, "graph", 1)

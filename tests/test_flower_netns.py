@@ -518,7 +518,7 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
                       (["--clusters", "2"], "give the number of views"),
                       (["--clients", "2", "--rank", "auto"], "a rank rule needs --clusters"),
                       (["--clients", "2", "--clusters", "2", "--rank", "two"],
-                       "must be auto, auto-cap, paper or a positive number"),
+                       "must be auto, paper or a positive number"),
                       (["--clients", "2", "--clusters", "2", "--labels", str(tmp_path / "no.txt")], "does not exist")):
         with pytest.raises(SystemExit) as exit_:
             main([*base, "--out", str(tmp_path / "other"), *args])

@@ -1,4 +1,4 @@
-"""The federated graph refinement (fedsonmf.estimators.graph): each client's neighbour counts from
+"""The federated graph refinement (fedsonmf.pipeline.graph): each client's neighbour counts from
 its own k-NN graph, summed by the server, are weighted kernel k-means for the normalized cut of
 the summed graph."""
 
@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.estimators.graph import (
+from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.metrics import clustering_scores
+from fedsonmf.pipeline.graph import (
     MAX_NEIGHBORS,
     client_graph,
     client_links,
@@ -22,9 +24,7 @@ from fedsonmf.estimators.graph import (
     graph_refine,
     normalized_cut,
 )
-from fedsonmf.estimators.refine import refine_stages
-from fedsonmf.exceptions import ParameterError, ProtocolError
-from fedsonmf.metrics import clustering_scores
+from fedsonmf.pipeline.refine import refine_stages
 from test_refine import _views  # the same planted dense, signed views
 
 
@@ -168,32 +168,30 @@ def test_the_estimator_refines_on_the_graphs_by_default():
 
 def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit(tmp_path):
     pytest.importorskip("flwr")
-    from fedsonmf.estimators import clustering_steps
     from fedsonmf.federation.flower import clustering as fclust
     from fedsonmf.protocol.messages import Message
 
     X = np.random.default_rng(0).random((12, 3))
     msg = Message("graph", 1, {"labels": np.repeat([0, 1], 6)}, {"n_clusters": 2})
     with pytest.raises(ProtocolError, match="masked only"):
-        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=True)
+        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, secure=True)
     assert not (tmp_path / "graph-0.npz").exists()  # refused before anything is computed
-    plain = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
+    plain = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, secure=False)
     assert set(plain.arrays) == {"L"}
     assert np.allclose(plain.arrays["L"], client_links(client_graph(X), msg.arrays["labels"], 2))
     assert stat.S_IMODE(os.stat(tmp_path / "graph-0.npz").st_mode) == 0o600
     reads = []
-    again = fclust.node_graph(msg, lambda: reads.append(1) or X, tmp_path, None, 0, clustering_steps, secure=False)
+    again = fclust.node_graph(msg, lambda: reads.append(1) or X, tmp_path, None, 0, secure=False)
     assert reads == [] and np.array_equal(again.arrays["L"], plain.arrays["L"])  # the kept graph: no re-read
     with pytest.raises(ProtocolError, match="graph labels"):
         fclust.node_graph(Message("graph", 2, {"labels": np.zeros(5, dtype=np.int64)}, {"n_clusters": 2}),
-                          lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
+                          lambda: X, tmp_path, None, 0, secure=False)
     for bad in (np.full(12, 2), np.full(12, -1)):  # a label outside the clusters: named, not a scipy traceback
         with pytest.raises(ProtocolError, match="outside 0..1"):
             fclust.node_graph(Message("graph", 3, {"labels": bad}, {"n_clusters": 2}), lambda: X, tmp_path, None, 0,
-                              clustering_steps, secure=False)
+                              secure=False)
         with pytest.raises(ProtocolError, match="outside 0..1"):
-            fclust.node_refine(Message("refine", 3, {"labels": bad}, {"n_clusters": 2}), X, None, 0,
-                               clustering_steps, secure=False)
+            fclust.node_refine(Message("refine", 3, {"labels": bad}, {"n_clusters": 2}), X, None, 0, secure=False)
 
 
 def test_tied_neighbours_share_the_weight_and_no_edge_is_the_searchs_pick():
@@ -219,7 +217,7 @@ def test_tied_neighbours_share_the_weight_and_no_edge_is_the_searchs_pick():
 
 
 def test_a_sample_tied_with_crowds_keeps_only_its_strictly_nearer_neighbours():
-    from fedsonmf.estimators.graph import MAX_TIE_GROUP
+    from fedsonmf.pipeline.graph import MAX_TIE_GROUP
 
     n, k = 100, 10
     assert client_graph(np.ones((n, 3)), n_neighbors=k).nnz == 0  # a constant view: one tie of n - 1

@@ -23,7 +23,7 @@ def test_auto_means_random_supports_in_a_factorisation_and_singular_vectors_in_a
     assert default("init_u") == "auto" and "auto" in INIT_U
     assert resolve_init_u("auto", clustering=False) == "random"
     assert resolve_init_u("auto", clustering=True) == CLUSTERING_INIT_U == "svd"
-    for value in ("random", "svd", "kmeans"):  # an explicit choice is kept everywhere
+    for value in ("random", "svd"):  # an explicit choice is kept everywhere
         assert resolve_init_u(value, clustering=True) == resolve_init_u(value, clustering=False) == value
     assert FedConfig().init_u == "auto"  # kept as given: the clustering layer resolves it for its fits
     with pytest.raises(ValueError, match="init_u"):

@@ -67,7 +67,7 @@ def configs(draw):
         mu=draw(st.sampled_from([0.0, 0.1, 1.0])),
         rho1=draw(st.sampled_from([0.0, 1.0])),
         correction=draw(st.booleans()),
-        init_u=draw(st.sampled_from(["random", "svd", "kmeans"])),
+        init_u=draw(st.sampled_from(["random", "svd"])),
         init_v=draw(st.sampled_from(["projection", "random"])),
         diagnostics=draw(st.booleans()),
         max_rounds=draw(st.integers(1, 4)),

@@ -1,4 +1,4 @@
-"""The federated k-means refinement (fedsonmf.estimators.refine): each client's distances from its
+"""The federated k-means refinement (fedsonmf.pipeline.refine): each client's distances from its
 own row-normalised view, summed by the server, are k-means on the pooled views."""
 
 import numpy as np
@@ -10,7 +10,9 @@ from sklearn.cluster import KMeans
 from sklearn.preprocessing import normalize
 
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.estimators.refine import (
+from fedsonmf.exceptions import ParameterError, PartitionRefused, ProtocolError
+from fedsonmf.metrics import clustering_scores
+from fedsonmf.pipeline.refine import (
     assign,
     client_distances,
     client_refine,
@@ -25,8 +27,6 @@ from fedsonmf.estimators.refine import (
     scores_partitions,
     seeded_starts,
 )
-from fedsonmf.exceptions import ParameterError, PartitionRefused, ProtocolError
-from fedsonmf.metrics import clustering_scores
 
 
 def _views(seed=0, n_per=15, c=3):
@@ -213,7 +213,7 @@ def test_starts_side_by_side_reach_what_each_reaches_alone(seed, c, n_starts, sm
     alone = [refine_partition(s, exchange) for s in starts]
     with pytest.MonkeyPatch.context() as mp:
         if small_blocks:
-            mp.setattr("fedsonmf.estimators.refine.BATCH_VALUES", 1)
+            mp.setattr("fedsonmf.pipeline.refine.BATCH_VALUES", 1)
         together, calls = refine_side_by_side(starts, exchange, c)
     for (la, ia, sa), (lt, it, st_) in zip(alone, together):
         assert np.array_equal(la, lt) and ia == it and sa == st_
@@ -319,15 +319,14 @@ def test_the_estimator_refines_by_default_and_not_with_none():
 
 def test_a_node_refuses_to_send_distances_in_the_clear_after_a_secure_fit():
     pytest.importorskip("flwr")
-    from fedsonmf.estimators import clustering_steps
     from fedsonmf.federation.flower import clustering as fclust
     from fedsonmf.protocol.messages import Message
 
     X = np.random.default_rng(0).random((6, 3))
     msg = Message("refine", 1, {"labels": np.zeros(6, dtype=np.int64)}, {"n_clusters": 2})
     with pytest.raises(ProtocolError, match="masked only"):
-        fclust.node_refine(msg, X, None, 0, clustering_steps, secure=True)
-    plain = fclust.node_refine(msg, X, None, 0, clustering_steps, secure=False)
+        fclust.node_refine(msg, X, None, 0, secure=True)
+    plain = fclust.node_refine(msg, X, None, 0, secure=False)
     assert set(plain.arrays) == {"D", "score"} and plain.arrays["D"].shape == (6, 2)
     assert plain.arrays["score"].shape == (1,) and plain.arrays["score"][0] > 0  # a dense view scores
 
@@ -336,7 +335,7 @@ def test_the_starts_already_refining_ride_on_the_seedings_exchanges(monkeypatch)
     """While the seeding asks its distances, the starts from V refine in the same exchanges (their
     rows beside the seeding's): fewer exchanges, the same partition kept as with the seeding's
     exchanges carrying nothing else."""
-    from fedsonmf.estimators import refine as R
+    from fedsonmf.pipeline import refine as R
 
     views, y = _views(seed=3)
     exchange = _pooled_exchange(views, 3)

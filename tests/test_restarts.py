@@ -1,5 +1,5 @@
-"""How the restarts of a clustering fit are combined (fedsonmf.estimators.restarts): the medoid
-(default), the lowest objective, or the consensus; label-free, from what the server has."""
+"""How the restarts of a clustering fit are combined (fedsonmf.pipeline.restarts): the medoid of their
+partitions, label-free, from what the server has."""
 
 import numpy as np
 import pytest
@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.estimators.restarts import best_restart, final_objective, medoid_restart
 from fedsonmf.exceptions import ParameterError
+from fedsonmf.pipeline.restarts import final_objective, medoid_restart
 from fedsonmf.protocol.history import History
 
 
@@ -47,9 +47,7 @@ def test_a_lone_bad_restart_is_never_the_medoid_and_two_tie_on_the_objective():
         medoid_restart([])
 
 
-def test_the_objective_rule_needs_every_objective():
-    assert best_restart([_Res(3.0), _Res(1.0), _Res(2.0)]) == 1
-    assert best_restart([_Res(3.0), _Res(float("nan"))]) is None
+def test_a_fit_without_rows_has_no_objective():
     assert np.isnan(final_objective(type("R", (), {"history": History()})()))
 
 
@@ -59,21 +57,17 @@ def _views(seed=0):
     return [rng.normal(size=(3, d))[y] * 2 + rng.normal(size=(45, d)) for d in (8, 6)], y
 
 
-def test_the_estimator_keeps_one_real_fit_under_every_rule():
+def test_the_estimator_keeps_one_real_fit():
     views, _ = _views()
-    for rule in ("medoid", "objective", "consensus"):
-        m = FedMultiViewClustering(3, random_state=0, max_rounds=15, restart_rule=rule).fit(views)
-        assert m.n_init_ == 5 and len(m.seeds_) == 5
-        if rule == "consensus":
-            assert m.best_restart_ is None and len(m.refine_iter_) == 5
-        else:
-            assert m.best_restart_ in range(5) and m.seed_ == m.seeds_[m.best_restart_]
-            assert len(m.refine_iter_) == 1  # only the kept fit is refined
-            seed = m.seeds_[m.best_restart_]
-            alone = FedMultiViewClustering(3, random_state=seed, max_rounds=15, n_init=1).fit(views)
-            assert np.array_equal(alone.result_.V, m.result_.V)  # the kept restart is that seed's fit
-            assert np.array_equal(alone.labels_, m.labels_)
-            assert np.array_equal(alone.predict(views), m.predict(views))  # and its bases and centres
+    m = FedMultiViewClustering(3, random_state=0, max_rounds=15).fit(views)
+    assert m.n_init_ == 5 and len(m.seeds_) == 5
+    assert m.best_restart_ in range(5) and m.seed_ == m.seeds_[m.best_restart_]
+    assert len(m.refine_iter_) == 1  # only the kept fit is refined
+    seed = m.seeds_[m.best_restart_]
+    alone = FedMultiViewClustering(3, random_state=seed, max_rounds=15, n_init=1).fit(views)
+    assert np.array_equal(alone.result_.V, m.result_.V)  # the kept restart is that seed's fit
+    assert np.array_equal(alone.labels_, m.labels_)
+    assert np.array_equal(alone.predict(views), m.predict(views))  # and its bases and centres
 
 
 def test_n_init_auto_is_one_fit_without_an_objective_and_checks_its_input():
@@ -84,8 +78,6 @@ def test_n_init_auto_is_one_fit_without_an_objective_and_checks_its_input():
     for bad in (0, "three", 1.5):
         with pytest.raises(ParameterError, match="n_init"):
             FedMultiViewClustering(3, n_init=bad).fit(views)
-    with pytest.raises(ParameterError, match="restart_rule"):
-        FedMultiViewClustering(3, restart_rule="best").fit(views)
 
 
 def test_restarts_in_threads_give_the_same_fit_as_one_after_the_other():

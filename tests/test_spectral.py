@@ -1,4 +1,4 @@
-"""The graph refinement's spectral step (fedsonmf.estimators.spectral): a few steps of orthogonal
+"""The graph refinement's spectral step (fedsonmf.pipeline.spectral): a few steps of orthogonal
 iteration on the summed graph, from the clients' products with the server's blocks, and k-means on
 the block (the start's centroids or k-means++ replicates, the lower objective) give a second
 start; it is kept only when it lowers the cut clearly and does not raise the dense views' score."""
@@ -12,8 +12,10 @@ from sklearn.metrics import adjusted_rand_score
 
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
-from fedsonmf.estimators.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
-from fedsonmf.estimators.spectral import (
+from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.metrics import clustering_scores
+from fedsonmf.pipeline.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
+from fedsonmf.pipeline.spectral import (
     SPECTRAL_MARGIN,
     STAGE_PARTITIONS,
     graph_stage,
@@ -22,8 +24,6 @@ from fedsonmf.estimators.spectral import (
     spectral_refine,
     spectral_steps,
 )
-from fedsonmf.exceptions import ParameterError, ProtocolError
-from fedsonmf.metrics import clustering_scores
 from test_refine import _views  # the same planted dense, signed views
 
 
@@ -174,7 +174,6 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
         km = FedMultiViewClustering(3, refine="kmeans", **kw).fit(views)
         off = FedMultiViewClustering(3, refine_spectral_steps=0, **kw).fit(views)
         on = FedMultiViewClustering(3, **kw).fit(views)
-        by_cut = FedMultiViewClustering(3, refine_graph_choice="cut", **kw).fit(views)
         secure = FedMultiViewClustering(3, secure_aggregation=True, **kw).fit(views)
     assert off.spectral_kept_ == [False] and len(on.spectral_kept_) == 1
     refine = on._refine_exchange(views, None, secure=False)
@@ -183,8 +182,6 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     steps = spectral_steps(views[0].shape[0], 3, 20)
     want, info = spectral_refine(km.labels_, exchange(km.labels_), off.labels_, cut, exchange, products, 3,
                                  steps=steps, seed=on.seeds_[0], refine=refine)
-    assert np.array_equal(by_cut.labels_, want) and by_cut.spectral_kept_ == [info["kept"]]
-    assert by_cut.graph_chosen_ == ["refined"]
     # the default ends with the medoid of the start, the cut rule's partition and the spectral candidate
     candidate = spectral_partition(km.labels_, exchange(km.labels_), products, 3, steps, seed=on.seeds_[0])
     medoid, chosen = medoid_choice(km.labels_, want, candidate)
@@ -195,8 +192,6 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition
     with pytest.raises(ParameterError, match="refine_spectral_steps"):
         FedMultiViewClustering(3, refine_spectral_steps=-1).fit(views)
-    with pytest.raises(ParameterError, match="refine_graph_choice"):
-        FedMultiViewClustering(3, refine_graph_choice="lowest").fit(views)
 
 
 @settings(max_examples=60, deadline=None)
@@ -224,7 +219,6 @@ def test_the_medoid_choice_returns_the_partition_the_other_two_agree_with_most(s
 
 def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything_else(tmp_path):
     pytest.importorskip("flwr")
-    from fedsonmf.estimators import clustering_steps
     from fedsonmf.federation.flower import clustering as fclust
     from fedsonmf.protocol.messages import Message
 
@@ -232,36 +226,33 @@ def test_a_node_answers_a_bounded_block_from_its_kept_graph_and_refuses_anything
     M = np.random.default_rng(1).uniform(-1, 1, size=(12, 2))
     msg = Message("spectral", 1, {"M": M}, {})
     with pytest.raises(ProtocolError, match="masked only"):
-        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=True)
-    reply = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, clustering_steps, secure=False)
+        fclust.node_graph(msg, lambda: X, tmp_path, None, 0, secure=True)
+    reply = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, secure=False)
     assert reply.kind == "spectral" and set(reply.arrays) == {"L"}
     assert np.allclose(reply.arrays["L"], client_products(client_graph(X), M))
     for bad, what in ((M * 2, "exceed 1"), (np.full((12, 2), np.nan), "not finite"), (M[:5], "shape"),
                       (np.zeros((12, 0)), "shape")):
         with pytest.raises(ProtocolError, match=what):
-            fclust.node_graph(Message("spectral", 2, {"M": bad}, {}), lambda: X, tmp_path, None, 0,
-                              clustering_steps, secure=False)
+            fclust.node_graph(Message("spectral", 2, {"M": bad}, {}), lambda: X, tmp_path, None, 0, secure=False)
     # n = 12, blocks of 2 columns: at most 12 // 4 = 3 steps, the first a graph exchange -> 2 blocks per job
-    fclust.node_graph(Message("spectral", 3, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+    fclust.node_graph(Message("spectral", 3, {"M": M}, {}), lambda: X, tmp_path, None, 0,
                       secure=False)
     with pytest.raises(ProtocolError, match="4 answered of the 4 this job may ask"):
-        fclust.node_graph(Message("spectral", 4, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+        fclust.node_graph(Message("spectral", 4, {"M": M}, {}), lambda: X, tmp_path, None, 0,
                           secure=False)
     # narrower blocks do not buy many more columns: never n / 2 of them in all
-    fclust.node_graph(Message("spectral", 5, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+    fclust.node_graph(Message("spectral", 5, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0,
                       secure=False)
     with pytest.raises(ProtocolError, match="5 answered of the 5"):
-        fclust.node_graph(Message("spectral", 6, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0,
-                          clustering_steps, secure=False)
+        fclust.node_graph(Message("spectral", 6, {"M": M[:, :1]}, {}), lambda: X, tmp_path, None, 0, secure=False)
     with pytest.raises(ProtocolError, match="0 answered of the 0"):  # the run config turned the step off
-        fclust.node_graph(Message("spectral", 1, {"M": M}, {}), lambda: X, tmp_path / "other", None, 0,
-                          clustering_steps, secure=False, max_steps=0)
+        fclust.node_graph(Message("spectral", 1, {"M": M}, {}), lambda: X, tmp_path / "other", None, 0, secure=False,
+                          max_steps=0)
     assert not (tmp_path / "other" / "spectral-0.json").exists()
 
 
 def test_a_node_answers_a_block_that_rides_on_a_graph_request_side_by_side_and_under_the_same_cap(tmp_path):
     pytest.importorskip("flwr")
-    from fedsonmf.estimators import clustering_steps
     from fedsonmf.federation.flower import clustering as fclust
     from fedsonmf.protocol.messages import Message
 
@@ -272,7 +263,7 @@ def test_a_node_answers_a_block_that_rides_on_a_graph_request_side_by_side_and_u
 
     def ask(r, block, folder=tmp_path, **kw):
         msg = Message("graph", r, {"labels": labels, "M": block}, {"n_clusters": 3})
-        return fclust.node_graph(msg, lambda: X, folder, None, 0, clustering_steps, secure=False, **kw)
+        return fclust.node_graph(msg, lambda: X, folder, None, 0, secure=False, **kw)
 
     reply = ask(1, M)
     assert reply.kind == "graph" and set(reply.arrays) == {"L"} and reply.arrays["L"].shape == (12, 5)
@@ -283,25 +274,25 @@ def test_a_node_answers_a_block_that_rides_on_a_graph_request_side_by_side_and_u
     with pytest.raises(ProtocolError, match="4 answered of the 4"):  # a block on a graph request counts too
         ask(4, M)
     with pytest.raises(ProtocolError, match="4 answered of the 4"):  # and so does a spectral one
-        fclust.node_graph(Message("spectral", 5, {"M": M}, {}), lambda: X, tmp_path, None, 0, clustering_steps,
+        fclust.node_graph(Message("spectral", 5, {"M": M}, {}), lambda: X, tmp_path, None, 0,
                           secure=False)
     plain = fclust.node_graph(Message("graph", 6, {"labels": labels}, {"n_clusters": 3}), lambda: X, tmp_path, None,
-                              0, clustering_steps, secure=False)  # labels alone are still answered
+                              0, secure=False)  # labels alone are still answered
     assert np.allclose(plain.arrays["L"], client_links(A, labels, 3))
     with pytest.raises(ProtocolError, match="0 answered of the 0"):  # the run config turned the step off
         ask(1, M, folder=tmp_path / "off", max_steps=0)
 
 
-def _sequential(start, exchange, products, c, steps, seed, refine=None, choice="medoid"):
-    """The graph stage as two searches one after the other (graph_refine, then spectral_refine), then,
-    under ``choice="medoid"``, the medoid of the start, that result and the spectral candidate when the
+def _sequential(start, exchange, products, c, steps, seed, refine=None):
+    """The graph stage as two searches one after the other (graph_refine, then spectral_refine), then
+    the medoid of the start, that result and the spectral candidate when the
     clients answered the candidate (a finite cut)."""
     first = []
     refined, iterations, cut = graph_refine(start, exchange, c, first=first)
     labels, info = spectral_refine(start, first[0], refined, cut, exchange, products, c, steps=steps, seed=seed,
                                    refine=refine)
     info["chosen"] = "refined"
-    if choice == "medoid" and info["cut"] is not None and np.isfinite(info["cut"]):
+    if info["cut"] is not None and np.isfinite(info["cut"]):
         candidate = spectral_partition(np.asarray(start), first[0], products, c, steps, seed=seed)
         labels, info["chosen"] = medoid_choice(start, labels, candidate)
     return labels, iterations, info
@@ -356,12 +347,6 @@ def test_the_stage_shares_its_exchanges_and_reaches_the_partitions_of_the_two_se
     # without the combined exchange: the same partition, every request on its own round trip
     alone, stage_alone = graph_stage(start, exchange, products, c, steps=steps, seed=seed, refine=refine)
     assert np.array_equal(alone, want) and stage_alone["exchanges"] == iterations + info["exchanges"]
-    # the cut rule alone: the same exchanges, the partition the two searches keep
-    cut_only, stage_cut = graph_stage(start, exchange, products, c, steps=steps, seed=seed, refine=refine,
-                                      choice="cut")
-    want_cut, _, _ = _sequential(start, exchange, products, c, steps, seed, refine, choice="cut")
-    assert np.array_equal(cut_only, want_cut) and stage_cut["exchanges"] == stage_alone["exchanges"]
-    assert stage_cut["chosen"] == "refined"
 
 
 @settings(max_examples=20, deadline=None)
@@ -420,18 +405,18 @@ def test_a_node_lost_mid_stage_on_flower_leaves_the_lowest_cut_the_graph_refinem
     at its third call: labels.csv holds the best partition the graph refinement had met, and
     result.json says why the stage stopped."""
     pytest.importorskip("flwr")
-    from fedsonmf.estimators import clustering_steps
     from fedsonmf.exceptions import FederationError
     from fedsonmf.federation.flower import clustering as fclust
+    from fedsonmf.pipeline.steps import cluster_embedding
 
     y, graphs = _planted(seed=3, c=3, n_per=15, p_in=0.3, p_out=0.1)
     exchange, products = _exchanges(graphs, 3)
     both = _combined(graphs, 3, fail_at=3, error=FederationError("node 2 lost"))
     V = np.abs(np.random.default_rng(0).standard_normal((6, y.size)))  # an embedding with no cluster structure
     opts = fclust.clustering_options({"n-clusters": 3})
-    summary = fclust.write_clustering_outputs(tmp_path, V, opts, 0, clustering_steps, None, exchange, products, both)
+    summary = fclust.write_clustering_outputs(tmp_path, V, opts, 0, None, exchange, products, both)
     assert summary["refine_error"] == "FederationError: node 2 lost" and both.calls == 3
-    start, _, _ = clustering_steps.cluster_embedding(V, 3, seed=0, normalize_embedding=True, kmeans_n_init=10,
+    start, _, _ = cluster_embedding(V, 3, seed=0, normalize_embedding=True, kmeans_n_init=10,
                                                      kmeans_max_iter=300)
     met, iterations, _ = graph_refine(start, exchange, 3, max_iter=3)  # the start's exchange and two combined
     assert iterations == 3

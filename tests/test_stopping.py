@@ -6,8 +6,8 @@ import pytest
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.sonmf import AUTO_BLAS_WORK, _blas_limit
-from fedsonmf.estimators.stopping import LabelStability
 from fedsonmf.exceptions import ParameterError
+from fedsonmf.pipeline.stopping import LabelStability
 
 
 def _views():

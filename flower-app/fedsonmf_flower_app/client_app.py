@@ -1,4 +1,4 @@
-"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app, with the clustering steps."""
+"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app."""
 import fedsonmf.federation.flower.client_app as _impl
 
-app = _impl.make_client_app(clustering="fedsonmf.estimators.clustering_steps")
+app = _impl.app

@@ -337,15 +337,15 @@ def _aligned_over_union(views: list[Path], out: Path):
 
 
 #: the --rank of a clustering command
-RANK_HELP = "Rank rule: auto (2 x clusters, narrow views padded), auto-cap, paper (= clusters) or a number (capped " \
+RANK_HELP = "Rank rule: auto (2 x clusters, narrow views padded), paper (= clusters) or a number (capped " \
             "at the narrowest view)."
 
 
 def _rank_rule(rank: str):
-    """A clustering command's ``--rank``: ``auto``, ``auto-cap``, ``paper`` or a positive integer."""
+    """A clustering command's ``--rank``: ``auto``, ``paper`` or a positive integer."""
     rule = int(rank) if rank.isdigit() else rank
-    if rule not in ("auto", "auto-cap", "paper") and not (isinstance(rule, int) and rule >= 1):
-        raise typer.BadParameter(f"must be auto, auto-cap, paper or a positive number, got {rank!r}",
+    if rule not in ("auto", "paper") and not (isinstance(rule, int) and rule >= 1):
+        raise typer.BadParameter(f"must be auto, paper or a positive number, got {rank!r}",
                                  param_hint="--rank")
     return rule
 

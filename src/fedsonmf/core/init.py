@@ -7,11 +7,11 @@ import scipy.sparse as sp
 
 from fedsonmf.core.ustep import round_st
 
-__all__ = ["INIT_U", "CLUSTERING_INIT_U", "resolve_init_u", "random_basis", "svd_basis", "kmeans_basis", "init_basis",
+__all__ = ["INIT_U", "CLUSTERING_INIT_U", "resolve_init_u", "random_basis", "svd_basis", "init_basis",
            "client_rng", "server_rng"]
 
 #: the values of ``init_u``
-INIT_U = ("auto", "random", "svd", "kmeans")
+INIT_U = ("auto", "random", "svd")
 #: what ``init_u="auto"`` means in a clustering fit (FedMultiViewClustering, a Flower clustering run).
 #: Measured with the clustering defaults (docs/clustering.md, "The bases' start"): against random
 #: supports, 27 sets (3 seeds) -0.25 ACC points on average (the 5-view Reuters -6.1, the 4-view BBC
@@ -75,34 +75,6 @@ def svd_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
     return U if ok else random_basis(d, r, rng)
 
 
-def kmeans_basis(X, r: int, rng: np.random.Generator) -> np.ndarray:
-    """Supports from spherical k-means of the features (rows of X, d x n).
-
-    ONMF with U^T U = I, U >= 0 is a clustering of the *features*: U_{.j} is
-    supported on one group of features.  We cluster the l2-normalised rows of
-    X_p into r groups (scikit-learn KMeans, seeded, sparse rows stay sparse)
-    and weight each feature by its cosine with its group's centroid; columns
-    are normalised.  Falls back to :func:`random_basis` if a group is empty.
-    """
-    from sklearn.cluster import KMeans
-    from sklearn.preprocessing import normalize
-
-    d = X.shape[0]
-    R = normalize(sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X), norm="l2", axis=1)
-    km = KMeans(n_clusters=r, n_init=3, random_state=int(rng.integers(2**31 - 1))).fit(R)
-    a = km.labels_
-    if np.unique(a).size < r:
-        return random_basis(d, r, rng)
-    C = normalize(km.cluster_centers_, norm="l2", axis=1)
-    w = np.asarray(R @ C.T)[np.arange(d), a] if not sp.issparse(R) else np.asarray(R @ C.T)[np.arange(d), a]
-    U = np.zeros((d, r))
-    U[np.arange(d), a] = np.maximum(w, 0.0)
-    norms = np.linalg.norm(U, axis=0)
-    if np.any(norms <= 1e-12):
-        return random_basis(d, r, rng)
-    return U / norms
-
-
 def init_basis(X, r: int, method: str, rng: np.random.Generator) -> np.ndarray:
     """Client p's initial basis U_p^{1,0} (d_p, r) in S_+ by ``method`` (:data:`INIT_U`; "auto" is a
     factorisation's: random), drawn from ``rng``."""
@@ -111,6 +83,4 @@ def init_basis(X, r: int, method: str, rng: np.random.Generator) -> np.ndarray:
         return random_basis(X.shape[0], r, rng)
     if method == "svd":
         return svd_basis(X, r, rng)
-    if method == "kmeans":
-        return kmeans_basis(X, r, rng)
     raise ValueError(f"unknown init_u {method!r}")

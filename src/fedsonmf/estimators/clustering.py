@@ -15,7 +15,7 @@ feature exclusive to one component, it steals them from the others.
   background (k-means still makes c clusters); a view narrower than r is padded
   with zero features (its client cannot explain the extra components) with a
   warning naming it -- no data set that k-means can cluster is refused.
-  ``"auto-cap"`` caps r at the narrowest view instead, ``"paper"`` is r = c.
+  ``"paper"`` is r = c.
 * ``preprocess="auto"``, by each client on its own view: every sample scaled to
   unit l2 norm (documents differ mostly by length); then, only when the mean
   sample holds more than half of the view's energy (dense image features, a
@@ -31,11 +31,10 @@ feature exclusive to one component, it steals them from the others.
   before k-means (its direction over the components, not its length).
 * ``n_init="auto"``: five federated fits with different seeds, and the fit whose
   partition (k-means of its V) the others agree with most is kept and refined
-  (``restart_rule="medoid"``): the factorisation has seed-dependent local minima,
+  (the medoid): the factorisation has seed-dependent local minima,
   some of which cluster far worse, and a bad one rarely has company
   (docs/clustering.md; one fit when no objective is reported, e.g. under
-  differential privacy).  ``"objective"`` keeps the fit of lowest F, ``"consensus"``
-  combines the partitions by co-association.
+  differential privacy).
 
 :meth:`FedMultiViewClustering.paper` gives the literal protocol of the paper
 (r = c, no preprocessing besides the Frobenius scaling, k-means on raw V^T).
@@ -78,25 +77,11 @@ from fedsonmf._validation import (
 from fedsonmf.core.init import resolve_init_u
 from fedsonmf.core.masks import held_columns
 from fedsonmf.core.server import total
-from fedsonmf.estimators.clustering_steps import (
-    apply_view,
-    assign_to_centers,
-    cluster_embedding,
-    embedding_centers,
-    graph_products,
-    graph_reply,
-    graph_stage,
-    graph_view,
-    kmeans_on_embedding,
-    normalize_rows,
-    prepare_view,
-    refine_starts,
-    spectral_steps,
-    stop_rule,
-)
-from fedsonmf.estimators.consensus import consensus_labels
-from fedsonmf.estimators.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.estimators.refine import (
+from fedsonmf.estimators.sonmf import FedSONMF, _blas_limit
+from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
+from fedsonmf.pipeline.graph import client_graph, client_links, client_products
+from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
+from fedsonmf.pipeline.refine import (
     REFINE_RULES,
     client_refine,
     refine_best,
@@ -105,12 +90,20 @@ from fedsonmf.estimators.refine import (
     score_weight,
     seeded_starts,
 )
-from fedsonmf.estimators.restarts import RESTART_RULES, choose_restart, resolve_n_init, restart_seeds
-from fedsonmf.estimators.sonmf import FedSONMF, _blas_limit
-from fedsonmf.estimators.spectral import GRAPH_CHOICES
-from fedsonmf.estimators.stopping import STOPPING_RULES
-from fedsonmf.estimators.view_rule import PREPROCESS_RULES
-from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
+from fedsonmf.pipeline.restarts import medoid_restart, resolve_n_init, restart_seeds
+from fedsonmf.pipeline.row_norms import normalize_rows
+from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
+from fedsonmf.pipeline.steps import (
+    apply_view,
+    assign_to_centers,
+    embedding_centers,
+    kmeans_on_embedding,
+    prepare_view,
+    refine_starts,
+    stop_rule,
+)
+from fedsonmf.pipeline.stopping import STOPPING_RULES
+from fedsonmf.pipeline.view_rule import PREPROCESS_RULES
 from fedsonmf.protocol.params import (
     FED_PARAMS,
     RUN_PARAMS,
@@ -167,14 +160,13 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
     ----------
     n_clusters : int, default=8
         Number of clusters c.
-    n_components : {"auto", "auto-cap", "paper"} or int, default="auto"
-        Rank r: 2c with narrow views zero-padded; 2c capped at the narrowest view;
-        c (capped); or the given number (capped) -- see
-        :func:`~fedsonmf.estimators.rank_rule.resolve_rank`.
-    preprocess : {"auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none"}, \
-default="auto"
+    n_components : {"auto", "paper"} or int, default="auto"
+        Rank r: 2c with narrow views zero-padded; c (capped at the narrowest view); or the
+        given number (capped) -- see
+        :func:`~fedsonmf.pipeline.rank_rule.resolve_rank`.
+    preprocess : {"auto", "l2", "none"}, default="auto"
         Each client's transform of its own view
-        (:func:`~fedsonmf.estimators.view_rule.preprocess_view`).
+        (:func:`~fedsonmf.pipeline.view_rule.preprocess_view`).
     normalize_embedding : bool, default=True
         Row-normalise V^T before k-means.
     normalize_views : bool, default=True
@@ -184,29 +176,25 @@ default="auto"
         reported to choose by (``diagnostics=False``, or differential privacy: there every
         fit would also spend budget).  ``n_init_`` is the number used.  With ``n_jobs`` > 1 (or
         -1), up to ``n_jobs`` of the in-process fits run at once in threads, each with its
-        clients in turn: the same partitions, sooner (docs/speed.md).
-    restart_rule : {"medoid", "objective", "consensus"}, default="medoid"
-        How the fits are combined.  ``"medoid"``: the fit whose partition (k-means of its V)
-        has the highest summed adjusted Rand index to the others is kept (``best_restart_``;
-        ties, always with two fits, go to the lower final objective), then refined.
-        ``"objective"``: the fit of lowest final objective F (the clients' summed losses the
-        server receives anyway, plus mu ||V||_{2,1}) is kept and refined; when a fit reports
-        no objective (``diagnostics=False``) it falls back to ``"consensus"``: the
-        co-association consensus of the refined partitions (n x n memory).
+        clients in turn: the same partitions, sooner (docs/speed.md).  The fit whose partition
+        (k-means of its V) has the highest summed adjusted Rand index to the others -- the
+        medoid -- is kept (``best_restart_``; ties, always with two fits, go to the lower final
+        objective) and refined.  Under differential privacy only one fit (every fit would spend
+        the budget again).
     kmeans_n_init, kmeans_max_iter : int, default=10, 300
         k-means replicates and iterations on each embedding.
     early_stop : {"labels", "none"}, default="labels"
         ``"labels"``: besides ``tol``, stop when the server's warm-started k-means on V
         gives the same assignment five rounds in a row
-        (:class:`~fedsonmf.estimators.stopping.LabelStability`, label-free; in-process
+        (:class:`~fedsonmf.pipeline.stopping.LabelStability`, label-free; in-process
         engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
     refine : {"auto", "kmeans+graph", "kmeans", "graph", "none"}, default="auto"
         The last steps, each one exchange per iteration with the clients, who learn the partition.
         ``"kmeans"``: refine the kept fit's partition by federated k-means on the views with every
-        sample scaled to unit norm, started from it (:mod:`fedsonmf.estimators.refine`: each
+        sample scaled to unit norm, started from it (:mod:`fedsonmf.pipeline.refine`: each
         client sends only its n x c distance matrix, masked under secure aggregation).
         ``"graph"``: refine it by weighted kernel k-means for the normalized cut of the sum of the
-        clients' k-NN graphs of their own views (:mod:`fedsonmf.estimators.graph`: each client
+        clients' k-NN graphs of their own views (:mod:`fedsonmf.pipeline.graph`: each client
         sends only its n x c neighbour counts per cluster, masked).  ``"kmeans+graph"``: both, in
         that order.  ``"none"``: the partition of k-means on V.  ``"auto"``: ``"kmeans+graph"``,
         or ``"none"`` under differential privacy (the refinements read the exact views; an explicit
@@ -221,25 +209,18 @@ default="auto"
     refine_seeded_starts : int, default=3
         More starts, once the first start has scored (a dense view takes part): partitions seeded
         by greedy k-means++ on the pooled row-normalised views, federated through the
-        refinement's own exchange (:func:`~fedsonmf.estimators.refine.seeded_starts`; about c
+        refinement's own exchange (:func:`~fedsonmf.pipeline.refine.seeded_starts`; about c
         exchanges for all of them, side by side, which reveal to the server the summed distances
         of every sample to c (2 + ln c) drawn samples per start).  ``0``: none.  Their indices in
         ``refine_start_`` follow the ``refine_starts`` ones.
     refine_spectral_steps : int, default=20
-        The graph refinement's spectral step (:mod:`fedsonmf.estimators.spectral`): a second start
+        The graph refinement's spectral step (:mod:`fedsonmf.pipeline.spectral`): a second start
         for it from this many steps of orthogonal iteration on the summed graph, from the graph
         refinement's start (at most ``n // (2 c)`` steps, one exchange each: the server learns
         the summed graph on a subspace of at most half the samples' dimension), k-means on the
         block (from the start's centroids and ``kmeans_n_init`` replicates); its result is kept
         only if its normalized cut is 1 % lower and the dense views' summed k-means score is not
         higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
-    refine_graph_choice : {"medoid", "cut"}, default="medoid"
-        How the graph stage ends (:func:`~fedsonmf.estimators.spectral.medoid_choice`).
-        ``"medoid"``: of the three partitions the clients have answered -- the stage's start (the
-        k-means refinement's partition), its result by the cut rule and the raw spectral
-        candidate -- the one with the highest summed adjusted Rand index to the other two, so a
-        local search of the cut that ended far from both is not kept (computed by the server from
-        labels; no exchange).  ``"cut"``: the result by the cut rule.  ``graph_chosen_`` says which.
     engine : {"inprocess", "flower"}, default="inprocess"
         ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
         SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
@@ -252,16 +233,12 @@ default="auto"
         ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
         deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
         (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
-        same V bit for bit).  With ``n_init > 1`` and the medoid rule one deployment runs every
-        fit (its ServerApp keeps the medoid and refines it, ``run-config`` key ``n-init``); the
-        other rules and differential privacy run one deployment per restart (the medoid of
-        differentially private fits: without the refinement, the kept one again with it).
+        same V bit for bit).  One deployment runs every fit: its ServerApp runs the ``n_init``
+        fits side by side, keeps the medoid and refines it (``run-config`` key ``n-init``).
     flower_run_dir : path or None, default=None
         ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
         deployment: node state, logs, the server's out-dir with ``labels.csv`` and each fit in
-        ``restart-<i>/``; with one deployment per restart -- other rules, DP -- ``run-restart-<i>/``
-        each, ``run-restart-<i>-refined/`` the kept one); None = a new temporary folder.  The
-        deployment kept is ``flower_run_dir_``.
+        ``restart-<i>/``); None = a new temporary folder.  The deployment is ``flower_run_dir_``.
     mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
     dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
     max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
@@ -275,8 +252,7 @@ default="auto"
     ----------
     labels_ : ndarray of shape (n_samples,)
     embedding_ : ndarray of shape (n_samples, n_components_)
-        V^T of the fit kept (``best_restart_``; the first under consensus), as learned (not
-        row-normalised).
+        V^T of the fit kept (``best_restart_``), as learned (not row-normalised).
     cluster_centers_ : ndarray of shape (n_clusters, n_components_)
         Centres of ``labels_`` in the (normalised) embedding of the fit kept; ``predict`` uses them.
     factorization_ : FedSONMF
@@ -292,28 +268,26 @@ default="auto"
     mu_, seed_, result_, history_, n_rounds_, kmeans_
         Of the fit kept.
     privacy_ : dict or None
-        With DP, the (epsilon, delta) of the whole fit: one restart's report, with
-        ``n_init > 1`` composed over the restarts (each sees the same views).
+        With DP, the (epsilon, delta) of the fit.
     seeds_ : list of int
         The seed of every restart.
     effective_rank_ : int
         Nonzero rows of V.
     n_init_ : int
         The number of fits run (``n_init`` resolved).
-    best_restart_ : int or None
-        The index of the fit kept (the medoid, or the lowest final objective); None when the
-        partitions were combined by consensus.
+    best_restart_ : int
+        The index of the fit kept (the medoid).
     refine_iter_, refine_start_ : list of int
         With a k-means stage, per refined fit: the refinement's exchanges (all its starts, side by side)
         and the index of the start whose refined partition was kept (0: the fit's partition).
     graph_iter_ : list of int
         With a graph stage, per refined fit: its exchanges (round trips; the spectral step's included,
-        its products sharing the graph refinement's exchanges: :func:`~fedsonmf.estimators.spectral.graph_stage`).
+        its products sharing the graph refinement's exchanges: :func:`~fedsonmf.pipeline.spectral.graph_stage`).
     spectral_kept_ : list of bool
         With a graph stage, per refined fit: whether the spectral step's partition was kept.
     graph_chosen_ : list of str
         With a graph stage, per refined fit: the partition it returned, ``"refined"`` (the cut rule's),
-        ``"start"`` or ``"spectral"`` (``refine_graph_choice="medoid"``).
+        ``"start"`` or ``"spectral"`` (the medoid of the three).
     n_iter_ : int
         Rounds of the (first) fit (``n_rounds_``).
     n_features_in_ : list of int
@@ -328,12 +302,11 @@ default="auto"
         *,
         n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
         normalize_views=default("normalize_views"), n_init=default("n_init"),
-        restart_rule=default("restart_rule"),
         kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
         early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
         refine_seeded_starts=default("refine_seeded_starts"),
         refine_spectral_steps=default("refine_spectral_steps"),
-        refine_graph_choice=default("refine_graph_choice"), engine=default("engine"),
+        engine=default("engine"),
         flower_run_dir=default("flower_run_dir"), mu=default("mu"),
         mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
         rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
@@ -351,7 +324,6 @@ default="auto"
         self.normalize_embedding = normalize_embedding
         self.normalize_views = normalize_views
         self.n_init = n_init
-        self.restart_rule = restart_rule
         self.kmeans_n_init = kmeans_n_init
         self.kmeans_max_iter = kmeans_max_iter
         self.early_stop = early_stop
@@ -359,7 +331,6 @@ default="auto"
         self.refine_starts = refine_starts
         self.refine_seeded_starts = refine_seeded_starts
         self.refine_spectral_steps = refine_spectral_steps
-        self.refine_graph_choice = refine_graph_choice
         self.engine = engine
         self.flower_run_dir = flower_run_dir
         self.mu = mu
@@ -404,8 +375,6 @@ default="auto"
             check_int(name, getattr(self, name), min=1, desc="a positive integer")
         check_int("refine_seeded_starts", self.refine_seeded_starts, min=0, desc="a nonnegative integer")
         check_int("refine_spectral_steps", self.refine_spectral_steps, min=0, desc="a nonnegative integer")
-        check_choice("restart_rule", self.restart_rule, RESTART_RULES)
-        check_choice("refine_graph_choice", self.refine_graph_choice, GRAPH_CHOICES)
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
         r = self.n_components
@@ -414,10 +383,9 @@ default="auto"
         check_choice("preprocess", self.preprocess, PREPROCESS_RULES)
         check_bool("normalize_embedding", self.normalize_embedding)
         check_bool("normalize_views", self.normalize_views)
-        if self.dp_epsilon is not None and self._n_init() > 1:
-            raise ParameterError(f"dp_epsilon={self.dp_epsilon!r} is the budget of one federated fit; n_init="
-                                 f"{self.n_init} fits would spend it {self.n_init} times (use n_init=1, or "
-                                 "dp_noise_multiplier: privacy_ then reports the composed epsilon)")
+        if self._dp() and self._n_init() > 1:
+            raise ParameterError(f"n_init={self.n_init!r} under differential privacy: every fit would spend the "
+                                 "privacy budget again on the same views; use n_init=1 (what 'auto' gives under DP)")
         check_choice("early_stop", self.early_stop, STOPPING_RULES)
         check_choice("refine", self.refine, REFINE_RULES)
         if self._dp() and refine_stages(self.refine, dp=True):
@@ -448,7 +416,7 @@ default="auto"
         """Each client's own preprocessing, padding and scaling of its view (nothing is sent).
 
         With ``masks`` a client's statistics come from the samples it holds only.
-        The steps are :mod:`~fedsonmf.estimators.clustering_steps`' (the Flower nodes run the same).
+        The steps are :mod:`~fedsonmf.pipeline.steps`' (the Flower nodes run the same).
         """
         out, scales = [], []
         for p, X in enumerate(Xs):
@@ -578,12 +546,10 @@ default="auto"
             done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
         partitions = [labels for labels, _ in done]
         fits = [fit for _, fit in done]
-        # the restarts, chosen from what the server has before any refinement exchange: the medoid of
-        # the fits' partitions (k-means of each V) or the lowest objective; only the kept fit is
-        # refined.  Consensus refines them all and combines them.
-        results = [res for _, res, _ in fits]
-        best = choose_restart(self.restart_rule, partitions, results)
-        refined = range(len(fits)) if best is None else [best]
+        # the medoid of the fits' partitions (k-means of each V), chosen from what the server has before
+        # any refinement exchange; only the kept fit is refined
+        best = medoid_restart(partitions, [res for _, res, _ in fits])
+        refined = [best]
         self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
         self.graph_chosen_ = []
         stages = refine_stages(self.refine, dp=self._dp())
@@ -604,19 +570,17 @@ default="auto"
             for i in refined:
                 partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
                                                   refine=refine, both=both, max_iter=self.kmeans_max_iter,
-                                                  n_init=self.kmeans_n_init, seed=seeds[i],
-                                                  choice=self.refine_graph_choice)
+                                                  n_init=self.kmeans_n_init, seed=seeds[i])
                 self.graph_iter_.append(info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
                 self.graph_chosen_.append(str(info["chosen"]))
         self.best_restart_ = best
-        model, res, km = fits[best or 0]  # the fit whose V, bases and centres the model keeps
-        if best is not None and not stages:  # the kept fit's own k-means
-            labels, centers = partitions[best], km.cluster_centers_
-        else:  # a refined or a consensus partition: its centres in the kept fit's embedding
-            labels = partitions[best] if best is not None else consensus_labels(partitions, self.n_clusters)
-            centers = embedding_centers(res.V, labels, self.n_clusters,
-                                        normalize_embedding=self.normalize_embedding)
+        model, res, km = fits[best]  # the fit whose V, bases and centres the model keeps
+        labels = partitions[best]
+        if not stages:  # the kept fit's own k-means
+            centers = km.cluster_centers_
+        else:  # a refined partition: its centres in the kept fit's embedding
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -629,7 +593,7 @@ default="auto"
         self.cluster_centers_ = np.asarray(centers, dtype=np.float64)
         self.labels_ = np.asarray(labels)
         self.effective_rank_ = int(np.count_nonzero(np.linalg.norm(res.V, axis=1) > 0))
-        self.privacy_ = _composed_privacy([m.privacy_ for m, _, _ in fits])
+        self.privacy_ = model.privacy_
         return self
 
     def _seeded(self, n_samples: int, seed: int):
@@ -658,17 +622,18 @@ default="auto"
         neighbour counts A_p Z / n, its products A_p M / n with a block of the server's, and the two
         side by side in one exchange, from its own k-NN graph (built once, on the client), summed as
         the server sums them."""
-        graphs = [graph_view(X, held=h, n_clusters=self.n_clusters) for X, h in zip(views, _held_samples(views, masks))]
+        held = _held_samples(views, masks)
+        graphs = [client_graph(X, held=h, n_clusters=self.n_clusters) for X, h in zip(views, held)]
 
         def exchange(labels):  # summed at the Flower exchange's public scale (exponent 0)
-            return _server_sum([graph_reply(A, labels, self.n_clusters) for A in graphs], secure, exp=0)
+            return _server_sum([client_links(A, labels, self.n_clusters) for A in graphs], secure, exp=0)
 
         def products(M):  # entries of M at most 1: the same public scale
-            return _server_sum([graph_products(A, M) for A in graphs], secure, exp=0)
+            return _server_sum([client_products(A, M) for A in graphs], secure, exp=0)
 
         def both(labels, M):  # one round trip for the two: each client replies [A_p Z | A_p M] / n
             c = self.n_clusters
-            L = _server_sum([np.hstack([graph_reply(A, labels, c), graph_products(A, M)]) for A in graphs], secure,
+            L = _server_sum([np.hstack([client_links(A, labels, c), client_products(A, M)]) for A in graphs], secure,
                             exp=0)
             return L[:, :c], L[:, c:]
 
@@ -701,65 +666,18 @@ default="auto"
                    "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
                    "refine": self.refine, "refine_starts": self.refine_starts,
                    "refine_seeded_starts": self.refine_seeded_starts,
-                   "refine_spectral_steps": self.refine_spectral_steps,
-                   "refine_graph_choice": self.refine_graph_choice}
+                   "refine_spectral_steps": self.refine_spectral_steps, "n_init": len(models)}
         stages = refine_stages(self.refine, dp=self._dp())
-
-        def deploy(i: int, opts: dict, name: str):
-            cfg, run, _ = models[i]._validate()
-            run_dir = base / name
-            res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
-                             tol=run["tol"], seed=seeds[i], n_clusters=self.n_clusters, clustering=opts,
-                             mask_paths=mask_paths)
-            return res, run_dir
-
-        if self.restart_rule == "medoid" and not self._dp():
-            # one deployment: its ServerApp runs the n_init fits from the same seeds (restart_seeds),
-            # keeps the medoid and refines it, as in process (each restart its own job on the nodes)
-            res, run_dir = deploy(0, {**options, "n_init": len(models)}, "run")
-            self.best_restart_ = int(res.extra["clustering"].get("restarts", {}).get("best_restart", 0))
-            return self._keep_flower_fit(res, run_dir, res.extra["labels"], res.extra["cluster_centers"], [res],
-                                         stages, paths, seeds)
-        # the other rules (and DP, whose fits each spend budget): one deployment per restart.  The medoid
-        # is chosen from the unrefined partitions and only its fit is refined (as in process):
-        # each restart runs without the refinement exchanges, then the kept one runs again with them --
-        # the same seed gives the same V bit for bit, so one more fit's rounds instead of n_init - 1 more
-        # refinements, each several times a fit's exchanges on Flower (docs/flower.md)
-        options["n_init"] = 1
-        defer = len(models) > 1 and bool(stages) and self.restart_rule == "medoid"
-        partitions: list = []
-        fits: list = []
-        for i in range(len(models)):
-            res, run_dir = deploy(i, {**options, "refine": "none"} if defer else options,
-                                  "run" if len(models) == 1 else f"run-restart-{i}")
-            partitions.append(res.extra["labels"])
-            fits.append((res, run_dir))
-        # as in-process: chosen from the runs' partitions before refinement (the k-means of each V,
-        # as its ServerApp computed it) or their objectives; the kept run's labels are refined (by
-        # its ServerApp); consensus combines the refined ones
-        results = [res for res, _ in fits]
-        unrefined = partitions  # only the medoid reads the partitions, and it needs the unrefined ones
-        if self.restart_rule == "medoid" and len(fits) > 1:
-            unrefined = [cluster_embedding(res.V, self.n_clusters, seed=s, normalize_embedding=self.normalize_embedding,
-                                           kmeans_n_init=self.kmeans_n_init, kmeans_max_iter=self.kmeans_max_iter)[0]
-                         for (res, _), s in zip(fits, seeds)]
-        best = choose_restart(self.restart_rule, unrefined, results)
-        if defer and best is not None:  # the kept fit again, now with its refinement (the medoid: always one)
-            fits[best] = deploy(best, options, f"run-restart-{best}-refined")
-            partitions[best] = fits[best][0].extra["labels"]
-            if not np.array_equal(fits[best][0].V, results[best].V):  # not expected: a run is deterministic
-                warn(f"restart {best} gave another V when run again for its refinement "
-                     f"({fits[best][1]}); its refined partition is kept", RuntimeWarning)
-        self.best_restart_ = best
-        res, run_dir = fits[best or 0]
-        if best is None:  # consensus (choose_restart keeps a lone fit)
-            labels = consensus_labels(partitions, self.n_clusters)
-            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
-        else:
-            labels, centers = partitions[best or 0], res.extra["cluster_centers"]
-        # the kept run's refinement, as its ServerApp reported it (consensus: every run's)
-        kept = [fits[best][0]] if best is not None else [f for f, _ in fits]
-        return self._keep_flower_fit(res, run_dir, labels, centers, kept, stages, paths, seeds)
+        cfg, run, _ = models[0]._validate()
+        # one deployment: its ServerApp runs the n_init fits from the same seeds (restart_seeds), keeps the
+        # medoid and refines it, as in process (each restart its own job on the nodes)
+        run_dir = base / "run"
+        res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
+                         tol=run["tol"], seed=seeds[0], n_clusters=self.n_clusters, clustering=options,
+                         mask_paths=mask_paths)
+        self.best_restart_ = int(res.extra["clustering"].get("restarts", {}).get("best_restart", 0))
+        return self._keep_flower_fit(res, run_dir, res.extra["labels"], res.extra["cluster_centers"], [res],
+                                     stages, paths, seeds)
 
     def _keep_flower_fit(self, res, run_dir, labels, centers, kept, stages, paths, seeds) -> FedMultiViewClustering:
         """The fitted attributes of ``engine="flower"`` from the kept run ``res`` (its folder ``run_dir``),
@@ -801,9 +719,6 @@ default="auto"
                 old.unlink()
             new.append(write_views([X], folder)[0])
         out = predict_flower(self.flower_view_paths_, new, run_dir=self.flower_run_dir_)
-        if self.best_restart_ is None and self.n_init_ > 1:  # the consensus centres live here, not in the ServerApp
-            return assign_to_centers(out.V.T, self.cluster_centers_,
-                                     normalize_embedding=self.normalize_embedding), out.V
         return out.labels, out.V
 
     def fit_predict(self, Xs, y=None, *, callback=None, masks=None) -> np.ndarray:
@@ -899,24 +814,6 @@ def _cancellable(stop, cancel):
         return None if stop is None else stop(round_, V, row)
 
     return rule
-
-
-def _composed_privacy(reports: list) -> dict | None:
-    """The (epsilon, delta) of several DP fits on the same views (restarts): their releases compose."""
-    if not reports or reports[0] is None:
-        return None
-    if len(reports) == 1:
-        return reports[0]
-    import math
-
-    from fedsonmf.protocol.privacy import epsilon
-
-    rep = dict(reports[0])
-    k = sum(r["releases_per_client"] for r in reports)
-    z, m, d = rep["noise_multiplier"], rep["n_clients"], rep["delta"]
-    rep.update(releases_per_client=k, restarts=len(reports), epsilon=epsilon(z, k, d),
-               epsilon_secagg=epsilon(z * math.sqrt(m), k, d), epsilon_all_views=epsilon(z / math.sqrt(m), k, d))
-    return rep
 
 
 def _explain_empty_after_preprocessing(exc: InputError, X, p: int, preprocess: str) -> None:

@@ -85,7 +85,7 @@ class FedConfig:
         Proximal weight of the U-subproblem (7).
     correction : bool
         Drift correction on/off (off gives the "no correction" ablation).
-    init_u : {"auto", "random", "svd", "kmeans"}
+    init_u : {"auto", "random", "svd"}
         Initial bases (§6): random balanced supports, the nonnegative
         rounding of the leading singular vectors of X_p, or supports from a
         spherical k-means of X_p's features (computed by each client alone);

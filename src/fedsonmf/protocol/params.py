@@ -50,7 +50,7 @@ _TABLE = [
     Param("rho1", 0.0, "Proximal weight of the U-subproblem (7), relative to nothing: 0 is scale-free."),
     Param("correction", True, "Drift correction (off: the 'no correction' ablation)."),
     Param("init_u", "auto", "Initial bases: 'auto' = 'svd' in a clustering fit and 'random' in a factorisation "
-                            "(fedsonmf.core.init.resolve_init_u), 'random', 'svd' or 'kmeans'."),
+                            "(fedsonmf.core.init.resolve_init_u), 'random' or 'svd'."),
     Param("init_v", "projection", "Initial V-bar: 'projection' (mean_p max(U_p^T X_p, 0)) or 'random'."),
     Param("diagnostics", True, "Clients also send monitoring values (objective, residuals R_V, R_U); never "
                                "under differential privacy."),
@@ -83,20 +83,13 @@ _TABLE = [
     Param("n_clusters", 8, "Number of clusters c."),
     Param("preprocess", "auto", "Each client's transform of its view: 'auto' (samples to unit norm; a dense "
                                 "view -- its mean sample holds over half its energy -- is also centred, scaled to "
-                                "unit variance and its samples scaled to unit norm again), 'auto-std' (the same "
-                                "without the second normalisation), 'auto-std-split', 'auto-center', 'auto-split', "
-                                "'l2', 'none' (docs/clustering.md)."),
+                                "unit variance and its samples scaled to unit norm again), 'l2' (samples to unit "
+                                "norm only) or 'none' (docs/clustering.md)."),
     Param("normalize_embedding", True, "Scale each sample's row of V^T to unit norm before k-means."),
     Param("normalize_views", True, "Divide each view by its Frobenius norm first (the paper's preprocessing)."),
     Param("n_init", "auto", "Federated fits with different seeds: 'auto' = 5 (1 when no objective is reported: "
                             "diagnostics off or differential privacy, where every fit also spends budget), or an "
-                            "int; combined by restart_rule."),
-    Param("restart_rule", "medoid", "How the n_init fits are combined: 'medoid' = keep the fit whose partition "
-                                    "(k-means of its V) the others agree with most (summed adjusted Rand "
-                                    "index), then refine it; "
-                                    "'objective' = keep the fit of lowest final objective F, then refine it; "
-                                    "'consensus' = the co-association consensus of the refined partitions "
-                                    "(docs/clustering.md)."),
+                            "int; the fit whose partition the others agree with most (the medoid) is kept."),
     Param("kmeans_n_init", 10, "k-means replicates on each embedding."),
     Param("kmeans_max_iter", 300, "k-means iterations."),
     Param("early_stop", "labels", "Clustering's label-free stopping rule besides tol: 'labels' = stop when the "
@@ -121,11 +114,6 @@ _TABLE = [
                                        "of orthogonal iteration on the summed graph (at most n // (2c); one "
                                        "exchange each), kept only if it lowers the normalized cut by 1 % and the "
                                        "dense views' k-means score does not rise; 0 = none (docs/clustering.md)."),
-    Param("refine_graph_choice", "medoid", "How the graph stage ends: 'medoid' = of its start (the k-means "
-                                           "refinement's partition), its result and the raw spectral candidate, "
-                                           "the one agreeing most with the other two (adjusted Rand index; no "
-                                           "exchange); 'cut' = its result by the cut rule alone "
-                                           "(docs/clustering.md)."),
     Param("engine", "inprocess", "Where the federation runs: 'inprocess' (this process) or 'flower' (a loopback "
                                  "Flower deployment: SuperLink + one SuperNode per view, separate processes)."),
     Param("flower_run_dir", None, "engine='flower': the run folder (one client folder per view, node state, logs, "
@@ -146,11 +134,9 @@ DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "d
 RUN_PARAMS = ("max_rounds", "tol", "algorithm", "random_state", "n_jobs", "blas_threads", "checkpoint_dir",
               "verbose")
 #: the clustering estimator's own parameters
-CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "restart_rule",
-                  "kmeans_n_init",
+CLUSTER_PARAMS = ("n_clusters", "preprocess", "normalize_embedding", "normalize_views", "n_init", "kmeans_n_init",
                   "kmeans_max_iter", "early_stop", "refine", "refine_starts", "refine_seeded_starts",
-                  "refine_spectral_steps", "refine_graph_choice", "engine",
-                  "flower_run_dir")
+                  "refine_spectral_steps", "engine", "flower_run_dir")
 
 #: the setting of the paper's synthetic study (docs/algorithm.md §8, §11): the generator's data have a
 #: known scale, so mu and rho1 are given as numbers there (the synthetic figures use them); alpha = 0.01

@@ -249,7 +249,7 @@ def _predict_path(context: Context) -> Path:
     return Path(path)
 
 
-def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, mask, steps_module: str | None):
+def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, mask):
     """Setup of a clustering run: prepare this node's view (kept node-local); its path.
 
     With an availability mask the preprocessing's statistics come from the samples the node
@@ -257,7 +257,7 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
     cfg = ckpt.config_from_dict(json.loads(str(fed_msg.scalars["config"])))
     X = _raw_view(context, p)
     path = fclust.prepare_node_view(X, sdir, p, dict(fed_msg.scalars), cfg.n_components,
-                                    fclust.load_steps(steps_module), held=held_columns(mask, X.shape[0], client=p))
+                                    held=held_columns(mask, X.shape[0], client=p))
     return path, max(int(X.shape[1]), cfg.n_components)
 
 
@@ -270,8 +270,7 @@ def _save(context: Context, sdir: Path, p: int, job_id: str, runtime: ClientRunt
     context.state[STATE_KEY] = ConfigRecord({"job-id": job_id, "partition-id": p, "round": int(runtime.state.round)})
 
 
-def make_client_app(before_handle: Callable[[Message, Context, str], None] | None = None,
-                    clustering: str | None = None) -> ClientApp:
+def make_client_app(before_handle: Callable[[Message, Context, str], None] | None = None) -> ClientApp:
     """A fresh ClientApp that answers with :class:`fedsonmf.federation.ClientRuntime`.
 
     Parameters
@@ -279,10 +278,6 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
     before_handle : callable or None, default=None
         ``before_handle(msg, context, job_id)`` before every train message (a hook for
         fault-injection tests; None in normal use).
-    clustering : str or None, default=None
-        The name of the clustering steps module (the shipped app gives
-        ``fedsonmf.estimators.clustering_steps``); imported only when a clustering setup or
-        a predict message arrives, so that a plain round's process stays lean.
 
     Returns
     -------
@@ -295,7 +290,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         view_path, facts_path = Path(_data_path(context)), sdir.parent / f"view-facts-{p}.json"
         public_d = None
         if fclust.SETUP_KEY in fed_msg.scalars:  # a clustering run: the node prepares its own view
-            view_path, public_d = _clustering_setup(fed_msg, context, sdir, p, mask, clustering)
+            view_path, public_d = _clustering_setup(fed_msg, context, sdir, p, mask)
             facts_path = sdir / f"view-facts-{p}.json"
         else:
             fclust.drop_prepared_view(sdir, p)  # a plain factorisation under this job id: the raw view
@@ -308,9 +303,8 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         reply = runtime.handle(fed_msg)
         _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, facts["fingerprint"])
         if public_d is not None:
-            # the reply's d is the prepared width, which would tell the server whether a rule that
-            # widens the view (preprocess="auto-split") triggered on this node's statistic; it says
-            # max(d_p, r) instead, what the server knows anyway (d_p from the hello, r its own)
+            # the reply's d is the prepared width (max(d_p, r) after padding); it says max(d_p, r),
+            # what the server knows anyway (d_p from the hello, r its own), whatever a rule did to the view
             reply = dataclasses.replace(reply, scalars={**reply.scalars, "d": public_d})
         return reply
 
@@ -372,17 +366,16 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
             # masked when this node's fit was (its own record) or its policy asks: a server cannot
             # downgrade these uploads to the clear
             secure = fit_secure or nodeconfig.requires_secure_aggregation(context)
-            steps = fclust.load_steps(clustering)
             if fed_msg.kind == "refine":  # distances from the raw view
-                reply = fclust.node_refine(fed_msg, _raw_view(context, p), state, p, steps, secure=secure,
+                reply = fclust.node_refine(fed_msg, _raw_view(context, p), state, p, secure=secure,
                                            min_size=nodeconfig.min_cluster_size(context), mask=mask)
             elif fed_msg.kind in ("graph", "spectral"):  # products with the view's k-NN graph (read once, to build it)
                 max_steps = context.run_config.get("refine-spectral-steps")
-                reply = fclust.node_graph(fed_msg, lambda: _raw_view(context, p), sdir, state, p, steps,
+                reply = fclust.node_graph(fed_msg, lambda: _raw_view(context, p), sdir, state, p,
                                           secure=secure, max_steps=None if max_steps is None else int(max_steps),
                                           min_size=nodeconfig.min_cluster_size(context), mask=mask)
             else:  # predict: the fitted bases fixed (no state change)
-                reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
+                reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
                     reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
                 else:
@@ -437,8 +430,6 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
     return client
 
 
-# the installed app (what the gate's executors run, and the shim app imports): the clustering steps
-# are named, not imported -- they load only when a clustering run or a predict run arrives
-from fedsonmf.federation.flower.template import STEPS_MODULE  # noqa: E402
+# the installed app (what the gate's executors run, and the shim app imports)
 
-app = make_client_app(clustering=STEPS_MODULE)
+app = make_client_app()

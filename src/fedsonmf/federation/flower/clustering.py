@@ -2,14 +2,12 @@
 
 The pipeline is :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`'s, step for
 step; the steps themselves (preprocessing rule, padding, Frobenius scaling, rank rule,
-k-means) are the functions of a *steps module* (``fedsonmf.estimators.clustering_steps``)
-that the shipped app names (:mod:`.template`, the composition root) -- this layer never
-imports or names it, it loads the module the app was built with (:func:`load_steps`).
+k-means, the refinements) are the pure functions of :mod:`fedsonmf.pipeline`, imported here.
 
 Fit run (run config ``n-clusters = c > 0``):
 
 1. handshake: every node reports its view's (raw) width d_p; the server resolves
-   r = ``choose_rank(c, [d_p], rank-rule)`` (:func:`resolve_rank_at_handshake`);
+   r = ``resolve_rank(c, [d_p], rank-rule)`` (:func:`resolve_rank_at_handshake`);
 2. setup: the message carries r (in the config) and the clustering options
    (scalar ``clustering``, :func:`setup_scalars`); each node applies
    ``prepare_view`` to ITS OWN view (:func:`prepare_node_view`) and keeps the prepared
@@ -34,7 +32,6 @@ view file's own ids, where a reader provides them, stay on its node).
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import re
 from collections.abc import Callable
@@ -49,23 +46,20 @@ from fedsonmf.core.server import total
 from fedsonmf.exceptions import FederationError, PartitionRefused, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
+from fedsonmf.pipeline.graph import client_graph, client_links, client_products
+from fedsonmf.pipeline.rank_rule import resolve_rank
+from fedsonmf.pipeline.refine import batch_rows, client_refine, refine_best, refine_view, score_weight, seeded_starts
+from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
+from fedsonmf.pipeline.steps import apply_view, cluster_embedding, embedding_centers, prepare_view, refine_starts
 from fedsonmf.protocol.messages import Message
 from fedsonmf.protocol.params import default
 
-__all__ = ["load_steps", "drop_prepared_view", "clustering_options", "setup_scalars", "resolve_rank_at_handshake",
+__all__ = ["drop_prepared_view", "clustering_options", "setup_scalars", "resolve_rank_at_handshake",
            "prepare_node_view", "prepared_view_path", "node_embed", "write_clustering_outputs", "write_labels_csv",
            "read_labels_csv"]
 
 #: the setup-message scalar that carries the clustering options (JSON)
 SETUP_KEY = "clustering"
-
-
-def load_steps(name: str | None):
-    """The steps module ``name`` (given by the app's code, never by a run config)."""
-    if not name:
-        raise ProtocolError("this Flower app was built without the clustering steps "
-                            "(make_server_app/make_client_app(clustering=...)); use the shipped app")
-    return importlib.import_module(name)
 
 
 # ----------------------------------------------------------------------------- options (server)
@@ -90,7 +84,6 @@ def clustering_options(rc) -> dict | None:
         "refine_starts": int(rc.get("refine-starts", default("refine_starts"))),
         "refine_seeded_starts": int(rc.get("refine-seeded-starts", default("refine_seeded_starts"))),
         "refine_spectral_steps": int(rc.get("refine-spectral-steps", default("refine_spectral_steps"))),
-        "refine_graph_choice": str(rc.get("refine-graph-choice", default("refine_graph_choice"))),
         # the number of fits ("auto" or a count; resolved by the steps' resolve_n_init), the medoid kept
         "n_init": str(rc.get("n-init", default("n_init"))),
     }
@@ -101,7 +94,7 @@ def setup_scalars(opts: dict) -> dict:
     return {SETUP_KEY: json.dumps({"preprocess": opts["preprocess"], "normalize_views": opts["normalize_views"]})}
 
 
-def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int, steps) -> tuple[int, str | None]:
+def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int) -> tuple[int, str | None]:
     """r from c and the widths d_p the nodes reported at the handshake (``choose_rank``)."""
     widths, ns = [], set()
     for p in range(n_views):
@@ -113,7 +106,7 @@ def resolve_rank_at_handshake(opts: dict, view_info: dict, n_views: int, steps) 
     c = opts["n_clusters"]
     if ns and c > min(ns):
         raise FederationError(f"n_clusters={c} is larger than the number of samples ({min(ns)})", round=0)
-    return steps.choose_rank(c, widths, opts["rank_rule"])
+    return resolve_rank(c, widths, opts["rank_rule"])
 
 
 # ----------------------------------------------------------------------------- node
@@ -144,7 +137,7 @@ def _info_path(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"preprocessing-{int(p)}.npz"
 
 
-def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, steps, held=None) -> Path:
+def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, held=None) -> Path:
     """Apply the clustering preprocessing to this node's raw view ``X`` (n, d_p) and keep it here
     (``held``: the sample ids of an incomplete view, whose statistics alone decide the transform).
 
@@ -159,7 +152,7 @@ def prepare_node_view(X, sdir: Path, p: int, scalars: dict, n_components: int, s
         rule, scale_views = str(opts["preprocess"]), bool(opts["normalize_views"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"setup message with a malformed {SETUP_KEY!r} scalar: {exc}") from None
-    Y, info = steps.prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views,
+    Y, info = prepare_view(X, preprocess=rule, n_components=n_components, normalize_views=scale_views,
                                  held=held, view=p)
     sdir = Path(sdir)
     sdir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -184,7 +177,7 @@ def _load_info(sdir: Path, p: int) -> dict:
     return {**meta, **arrays}
 
 
-def node_embed(X_new, sdir: Path, p: int, steps, state) -> Message:
+def node_embed(X_new, sdir: Path, p: int, state) -> Message:
     """The node's half of ``predict``: its new samples ``X_new`` (n_new, d_p) through its saved
     transform, then ``U_p^T X_p^new`` (r x n_new) with the fitted (final) basis U_p of ``state``
     (:func:`fitted_state`)."""
@@ -193,7 +186,7 @@ def node_embed(X_new, sdir: Path, p: int, steps, state) -> Message:
 
     info = _load_info(sdir, p)
     r = int(info["n_components"])
-    Y = steps.apply_view(X_new, info, n_components=r, normalize_views=bool(info["normalize_views"]))
+    Y = apply_view(X_new, info, n_components=r, normalize_views=bool(info["normalize_views"]))
     (Xi,) = check_views([Y])
     U = np.ascontiguousarray(state.arrays["U"], dtype=np.float64)  # as FedSONMF._bases
     if U.shape[0] != Xi.shape[0]:
@@ -284,7 +277,7 @@ def read_labels_csv(path) -> np.ndarray:
     return np.array([k for _, k in pairs], dtype=np.int64)
 
 
-def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, steps, refine=None,
+def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, refine=None,
                              graph=None, spectral=None, both=None, policy: NodePolicy | None = None) -> dict:
     """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
 
@@ -296,17 +289,17 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     sum_p A_p M / n`` (optional, with ``graph``): the products of one spectral exchange
     (:func:`spectral_exchange`), for the graph refinement's spectral step; ``both(labels, M) -> (L, P)``
     (optional, with ``spectral``): the two in one exchange (:func:`graph_exchange`), so the
-    step's products travel with the graph refinement's labels (``steps.graph_stage``).  A node lost
-    during any of them keeps the partition reached before it (in the graph stage: the lowest cut the
-    graph refinement had met).  ``policy`` (:class:`NodePolicy`, shared by the exchanges): what the
-    server learnt of the nodes' ``refine-min-cluster-size``; a partition below it is not sent, so a
-    refused seeding drops the seeded starts, a start stops at the last partition answered and the
-    graph refinement at its lowest cut met (``refine_notes`` counts them); only a refinement whose
-    every start is refused at once ends at the fit's partition (``refine_error``).  Returns the
-    clustering summary for result.json.
+    step's products travel with the graph refinement's labels
+    (:func:`~fedsonmf.pipeline.spectral.graph_stage`).  A node lost during any of them keeps the
+    partition reached before it (in the graph stage: the lowest cut the graph refinement had met).
+    ``policy`` (:class:`NodePolicy`, shared by the exchanges): what the server learnt of the nodes'
+    ``refine-min-cluster-size``; a partition below it is not sent, so a refused seeding drops the seeded
+    starts, a start stops at the last partition answered and the graph refinement at its lowest cut met
+    (``refine_notes`` counts them); only a refinement whose every start is refused at once ends at the
+    fit's partition (``refine_error``). Returns the clustering summary for result.json.
     """
     policy = NodePolicy(opts["n_clusters"]) if policy is None else policy
-    labels, centers, km = steps.cluster_embedding(
+    labels, centers, km = cluster_embedding(
         V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
     iters, index, graph_iters, error, refined, kept, chosen = 0, None, 0, None, False, False, ""
@@ -314,10 +307,10 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
     progress: dict = {}  # the graph stage's best partition so far
     try:
         if refine is not None:
-            starts = steps.refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
+            starts = refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
                                          normalize_embedding=opts["normalize_embedding"],
                                          kmeans_max_iter=opts["kmeans_max_iter"])
-            seeding = functools.partial(steps.refine_seeded, n_samples=int(V.shape[1]),
+            seeding = functools.partial(seeded_starts, n_samples=int(V.shape[1]),
                                         n_clusters=opts["n_clusters"], n_starts=opts["refine_seeded_starts"], seed=seed)
 
             seeding_refused = [0]  # the seeding's own partitions among those refused
@@ -335,7 +328,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
                                  f"{policy.floor})")
                     return []
 
-            labels, iters, index = steps.refine_best(starts, refine, seeded=seeded)
+            labels, iters, index = refine_best(starts, refine, seeded=seeded)
             refined = True
             stopped = policy.refused - seeding_refused[0]
             if stopped:
@@ -343,12 +336,12 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
                              f"refine-min-cluster-size = {policy.floor}: each start stopped at the last "
                              f"partition answered")
         if graph is not None:
-            n_steps = (steps.spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
+            n_steps = (spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
                        if spectral is not None else 0)
             before = policy.refused
-            labels, info = steps.graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
+            labels, info = graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
                                              both=both, max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"],
-                                             seed=seed, progress=progress, choice=opts["refine_graph_choice"])
+                                             seed=seed, progress=progress)
             graph_iters, kept, refined = int(info["exchanges"]), bool(info["kept"]), True
             chosen = str(info["chosen"])
             if policy.refused > before:
@@ -360,7 +353,7 @@ def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, st
         if "labels" in progress:  # the lowest cut the graph refinement had met before it
             labels, refined = progress["labels"], True
     if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
-        centers = steps.embedding_centers(V, labels, opts["n_clusters"],
+        centers = embedding_centers(V, labels, opts["n_clusters"],
                                           normalize_embedding=opts["normalize_embedding"])
     write_labels_csv(out / "labels.csv", labels)
     save_npy_atomic(out / "centers.npy", centers)
@@ -448,8 +441,8 @@ class NodePolicy:
     minimum when it refuses, and the server learns it from that first refusal (for the node the
     error names, else for every node) and sends the request again without the partitions below it.
     Either way it then never sends them: their replies are NaN, the refinements' mark of a refused
-    partition (:mod:`fedsonmf.estimators.refine`: a start stops at the last partition answered, the
-    seeding is dropped; :mod:`fedsonmf.estimators.graph`: the search ends at the lowest cut met).  So
+    partition (:mod:`fedsonmf.pipeline.refine`: a start stops at the last partition answered, the
+    seeding is dropped; :mod:`fedsonmf.pipeline.graph`: the search ends at the lowest cut met).  So
     one partition with a small cluster no longer ends a refinement, and an honest server asks no node
     twice (an announcing node never) for what it refuses.  Each node's minimum is checked against the
     samples that node holds (``held``, per node its sample ids, None: all -- an incomplete view's node
@@ -549,7 +542,7 @@ def graph_exchange(transport, m: int, n_clusters: int, secure: bool, *, policy: 
     * ``both(labels, M) -> (sum_p A_p Z / n, sum_p A_p M / n)``: the message carries a spectral block
       ``M`` (n, w) (entries at most 1) beside the labels, and each node replies the two side by side,
       (n, c + w), one masked sum -- so the spectral step's products travel with the graph
-      refinement's labels (``steps.graph_stage``).
+      refinement's labels (:func:`~fedsonmf.pipeline.spectral.graph_stage`).
 
     The two share one count of graph messages (every message's kind and round stay unique).  Labels
     below the nodes' ``refine-min-cluster-size`` (``policy``, :class:`NodePolicy`) are not sent: their
@@ -651,7 +644,7 @@ def _graph_path(sdir: Path, p: int) -> Path:
     return Path(sdir) / f"graph-{int(p)}.npz"
 
 
-def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, steps, *,
+def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p: int, *,
                secure: bool, max_steps: int | None = None, min_size: int = 1, mask=None) -> Message:
     """A node's half of a graph exchange: its neighbour counts ``A_p Z / n`` from the k-NN graph of
     its own raw view (``read_view()``: (n, d_p)), built at the first exchange of the job and kept in
@@ -691,14 +684,14 @@ def node_graph(msg: Message, read_view: Callable[[], Any], sdir: Path, state, p:
         _count_spectral_columns(sdir, p, int(n), block.shape[1], _spectral_max(max_steps))
     if A is None:  # built at the first request: a graph one names c, a spectral block is (n, c)
         clusters = int(block.shape[1]) if spectral and block is not None else c
-        A = steps.graph_view(X, held=held, n_clusters=clusters)
+        A = client_graph(X, held=held, n_clusters=clusters)
         _atomic_write(path, lambda fh: sp.save_npz(fh, sp.csr_matrix(A), compressed=False))
     if spectral:
-        L = steps.graph_products(A, block)
+        L = client_products(A, block)
     else:  # a graph request; with a block: the two replies side by side, (n, c + w)
-        L = steps.graph_reply(A, labels, c)
+        L = client_links(A, labels, c)
         if block is not None:
-            L = np.hstack([L, steps.graph_products(A, block)])
+            L = np.hstack([L, client_products(A, block)])
     reply = Message(msg.kind, msg.round, {"L": L})
     if secagg.SECAGG_KEY in msg.scalars:
         _, reply = secagg.client_mask(state, reply, msg, GRAPH_SPEC)
@@ -724,7 +717,7 @@ def _count_spectral_columns(sdir: Path, p: int, n: int, width: int, max_steps: i
     _atomic_write(path, lambda fh: fh.write(json.dumps({"columns": answered + width}).encode()))
 
 
-def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size: int = 1, mask=None) -> Message:
+def node_refine(msg: Message, X, state, p: int, *, secure: bool, min_size: int = 1, mask=None) -> Message:
     """A node's half of a refinement exchange: its distances D_p from its own raw view ``X``
     (n, d_p) and its score (its k-means objective as a share of its spread when its view is dense,
     else 0: decided from its own view), masked with the pair keys of the fit's ``state`` when the
@@ -735,9 +728,9 @@ def node_refine(msg: Message, X, state, p: int, steps, *, secure: bool, min_size
     from fedsonmf.federation import secagg
 
     held = held_columns(mask, X.shape[0], client=p)
-    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=steps.refine_batch_rows, held=held)
-    Y = steps.refine_view(X, held=held)
-    D, score = steps.refine_reply(Y, labels, c, held=held, scores=steps.refine_scores(Y, held=held))
+    labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=batch_rows, held=held)
+    Y = refine_view(X, held=held)
+    D, score = client_refine(Y, labels, c, held=held, scores=score_weight(Y, held=held))
     if labels.ndim == 2:  # a block: the distances side by side, (n, S c), the scores (S,)
         D = np.ascontiguousarray(np.transpose(D, (1, 0, 2)).reshape(X.shape[0], -1))
     reply = Message("refine", msg.round, {"D": D, "score": score})

@@ -45,6 +45,7 @@ from fedsonmf.federation.flower.deployment import (  # noqa: F401 - re-exported:
     superlink_exit_report,
 )
 from fedsonmf.federation.flower.viewfiles import check_inputs, write_masks, write_views  # noqa: F401 - re-exported
+from fedsonmf.pipeline.rank_rule import RANK_RULES
 from fedsonmf.protocol.history import FitResult, History, json_default
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
@@ -86,8 +87,7 @@ CLUSTERING_DEFAULTS = {"rank": dd.RANK_RULE, "preprocess": default("preprocess")
                        "early_stop": default("early_stop"), "refine": default("refine"),
                        "refine_starts": default("refine_starts"),
                        "refine_seeded_starts": default("refine_seeded_starts"),
-                       "refine_spectral_steps": default("refine_spectral_steps"),
-                       "refine_graph_choice": default("refine_graph_choice"), "n_init": default("n_init")}
+                       "refine_spectral_steps": default("refine_spectral_steps"), "n_init": default("n_init")}
 
 
 def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
@@ -99,9 +99,8 @@ def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
     if unknown:
         raise ParameterError(f"unknown clustering options {unknown}; known: {sorted(CLUSTERING_DEFAULTS)}")
     rank = opts["rank"]
-    if not (rank in ("auto", "auto-cap", "paper") or (isinstance(rank, int) and not isinstance(rank, bool)
-                                                         and rank >= 1)):
-        raise ParameterError(f"clustering rank must be 'auto', 'auto-cap', 'paper' or a positive integer, got {rank!r}")
+    if not (rank in RANK_RULES or (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1)):
+        raise ParameterError(f"clustering rank must be one of {RANK_RULES} or a positive integer, got {rank!r}")
     n_init = check_auto_or_count("clustering n_init", opts["n_init"])  # a count, also as text
     return {"n-clusters": int(n_clusters), "rank-rule": str(rank), "preprocess": str(opts["preprocess"]),
             "normalize-views": bool(opts["normalize_views"]), "normalize-embedding": bool(opts["normalize_embedding"]),
@@ -109,8 +108,7 @@ def clustering_run_config(n_clusters: int, clustering: dict | None) -> dict:
             "early-stop": str(opts["early_stop"]), "refine": str(opts["refine"]),
             "refine-starts": int(opts["refine_starts"]),
             "refine-seeded-starts": int(opts["refine_seeded_starts"]),
-            "refine-spectral-steps": int(opts["refine_spectral_steps"]),
-            "refine-graph-choice": str(opts["refine_graph_choice"]), "n-init": str(n_init)}
+            "refine-spectral-steps": int(opts["refine_spectral_steps"]), "n-init": str(n_init)}
 
 
 def _update_result_json(out_dir: Path, extra: dict) -> None:
@@ -198,7 +196,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         (``sample_id,cluster``) and ``centers.npy``.
     clustering : dict or None, default=None
         Options of a clustering run, keys of :data:`CLUSTERING_DEFAULTS`
-        (``rank``: "auto", "auto-cap", "paper" or an int; ``preprocess``,
+        (``rank``: "auto", "paper" or an int; ``preprocess``,
         ``normalize_views``, ``normalize_embedding``, ``kmeans_n_init``,
         ``kmeans_max_iter``, ``early_stop``, ``refine``); missing keys take the estimator's defaults.
     labels : array-like of shape (n_samples,) or None, default=None

@@ -48,7 +48,7 @@ from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.flower.security import read_pins, read_retired
-from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
+from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS
 from fedsonmf.federation.flower.transport import (
     BatchingGrid,
     FlowerTransport,
@@ -58,6 +58,9 @@ from fedsonmf.federation.flower.transport import (
     handshake,
 )
 from fedsonmf.federation.loop import run_federation
+from fedsonmf.pipeline.refine import refine_stages
+from fedsonmf.pipeline.restarts import final_objective, medoid_restart, resolve_n_init, restart_seeds
+from fedsonmf.pipeline.steps import assign_to_centers, cluster_embedding, stop_rule
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.messages import Message
@@ -295,7 +298,7 @@ def _setup_spec(cfg: FedConfig, copts: dict | None, algorithm: str, seed: int) -
     return {**spec, **(fclust.setup_scalars(copts) if copts else {})}
 
 
-def server_main(grid: Grid, context: Context, clustering: str | None = None) -> None:
+def server_main(grid: Grid, context: Context) -> None:
     """The ServerApp's main: a fit (or a predict run) over the grid, reported in ``status.json``.
 
     Parameters
@@ -305,9 +308,6 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     context : flwr.app.Context
         Its context; the run config holds the keys of :data:`.template.RUN_CONFIG_DEFAULTS`
         (``out-dir`` required).
-    clustering : str or None, default=None
-        The clustering steps module's name (given by the app, :func:`make_server_app`);
-        needed by clustering and predict runs only.
     """
     rc = context.run_config
     out_text = str(rc.get("out-dir", "") or "")
@@ -315,7 +315,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         raise ValueError("run config 'out-dir' is empty: give an absolute directory on the SuperLink host")
     out = resolve_out_dir(out_text)
     if str(rc.get("mode", "fit") or "fit") == "predict":
-        return _predict_main(grid, context, out, clustering)
+        return _predict_main(grid, context, out)
     status_path = out / "status.json"
     cfg = config_from_run_config(rc)
     alg = get_algorithm(str(_rc(rc, "algorithm")))
@@ -343,27 +343,22 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
     last_state: dict = {"state": None}  # the server's state after the last round (who holds which sample)
     current = {"checkpoint": ckpt_dir}  # the checkpoint of the fit running (a restart's own)
     try:
-        steps = fclust.load_steps(clustering) if copts else None
         # the refinement stages, checked before any round (a run config's value is unchecked so far)
-        stages = steps.refine_stages(copts["refine"], dp=cfg.dp_enabled) if copts and steps is not None else ()
-        choice = copts.get("refine_graph_choice") if copts else None
-        if steps is not None and "graph" in stages and choice not in steps.GRAPH_CHOICES:
-            raise ProtocolError(f"run config 'refine-graph-choice' must be one of {steps.GRAPH_CHOICES}, "
-                                f"got {choice!r}")
+        stages = refine_stages(copts["refine"], dp=cfg.dp_enabled) if copts else ()
         resuming = bool(rc.get("resume", False))
         # a clustering run fits n_init times from the estimator's seeds and keeps the medoid fit (as the
         # in-process estimator does); restart i is job "<job>-restart-<i>" on the nodes, so the kept
         # fit's bases stay there for its refinement and for predict runs
         n_init, seeds = 1, [seed]
-        if copts and steps is not None:
+        if copts:
             try:
-                n_init = steps.resolve_n_init(copts["n_init"], dp=cfg.dp_enabled, diagnostics=cfg.diagnostics)
+                n_init = resolve_n_init(copts["n_init"], dp=cfg.dp_enabled, diagnostics=cfg.diagnostics)
             except ParameterError as exc:
                 raise ProtocolError(f"run config 'n-init': {exc}") from None
             if n_init > 1 and cfg.dp_enabled:
                 raise ProtocolError(f"run config 'n-init' = {n_init} under differential privacy: each fit would "
                                     "spend the run's budget again; use n-init = 1 (the default under DP)")
-            seeds = steps.restart_seeds(seed, n_init)
+            seeds = restart_seeds(seed, n_init)
         plan_path = out / "restarts.json"
         plan = json.loads(plan_path.read_text()) if n_init > 1 and resuming and plan_path.is_file() else None
         if n_init > 1 and resuming and plan is None:
@@ -404,7 +399,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                              retired=read_retired(pins_path) if pins_path else frozenset())
         setup_extra, rank_message = {}, None
         if copts:  # the rank rule, settled from c and the d_p the nodes reported
-            r, rank_message = fclust.resolve_rank_at_handshake(copts, view_info, m, steps)
+            r, rank_message = fclust.resolve_rank_at_handshake(copts, view_info, m)
             # rank-rule "auto" pads narrow views to r on their nodes: only the other rules need r <= d_p
             check_views_at_handshake(view_info, node_ids, 1 if copts["rank_rule"] == "auto" else r)
             cfg = cfg.replace(n_components=r)
@@ -452,9 +447,9 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                     last_state["state"] = state
                     status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
-            stop = (steps.stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
+            stop = (stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
                                     normalize_embedding=copts["normalize_embedding"])
-                    if copts and steps is not None and tol > 0 else None)
+                    if copts and tol > 0 else None)
             res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
                                  on_round_end=on_round_end, resume=resume, participation=participation,
                                  stop_rule=stop)
@@ -529,16 +524,16 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
                 fits[i] = f.result()
         best, restarts = 0, None
         if n_init > 1:
-            assert steps is not None and copts is not None
-            partitions = [steps.cluster_embedding(f.V, copts["n_clusters"], seed=s,
+            assert copts is not None
+            partitions = [cluster_embedding(f.V, copts["n_clusters"], seed=s,
                                                   normalize_embedding=copts["normalize_embedding"],
                                                   kmeans_n_init=copts["kmeans_n_init"],
                                                   kmeans_max_iter=copts["kmeans_max_iter"])[0]
                           for f, s in zip(fits, seeds)]
-            best = int(steps.choose_restart("medoid", partitions, fits))
+            best = int(medoid_restart(partitions, fits))
             restarts = {"n_init": n_init, "seeds": seeds, "best_restart": best,
                         "objectives": [F if np.isfinite(F) else None  # JSON: null when not reported
-                                       for F in map(steps.final_objective, fits)],
+                                       for F in map(final_objective, fits)],
                         "n_rounds": [int(f.n_rounds) for f in fits]}
             transport.job_id = job_ids[best]  # the refinement and later predict runs use the kept fit's bases
             last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
@@ -563,7 +558,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
             graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
                                                  policy=policy, products=spectral)
                            if "graph" in stages else (None, None))
-            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seeds[best], steps, refine,
+            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seeds[best], refine,
                                                                          graph, spectral, both, policy),
                                        "rank_message": rank_message,
                                        **({"restarts": restarts} if restarts else {})}
@@ -581,7 +576,7 @@ def server_main(grid: Grid, context: Context, clustering: str | None = None) -> 
         raise
 
 
-def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | None) -> None:
+def _predict_main(grid: Grid, context: Context, out: Path) -> None:
     """A ``predict`` run: one ``embed`` exchange with the fitted bases held fixed (:mod:`.clustering`).
 
     Reads the fit's ``result.json`` and ``centers.npy`` from ``model-dir``; writes
@@ -594,7 +589,6 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
                         max_rounds=0)
     t0 = time.perf_counter()
     try:
-        steps = fclust.load_steps(clustering)
         model = Path(str(rc.get("model-dir", "") or ""))
         if not (model / "result.json").is_file() or not (model / "centers.npy").is_file():
             raise ValueError(f"run config 'model-dir' = {str(model)!r} holds no fitted clustering "
@@ -629,7 +623,7 @@ def _predict_main(grid: Grid, context: Context, out: Path, clustering: str | Non
             V = _masked_embedding(transport, replies, m, mu)
         else:
             V = embed_new_samples([rep.arrays["UtX"] for rep in replies], mu)
-        labels = steps.assign_to_centers(V.T, centers, normalize_embedding=bool(opts["normalize_embedding"]))
+        labels = assign_to_centers(V.T, centers, normalize_embedding=bool(opts["normalize_embedding"]))
         save_npy_atomic(_inside(out / "V.npy", out), V)
         fclust.write_labels_csv(out / "labels.csv", labels)
         _write_json(out / "result.json", {"mode": "predict", "model_dir": str(model), "job_id": job_id,
@@ -659,28 +653,16 @@ def _masked_embedding(transport: FlowerTransport, key_replies: list[Message], m:
     return embed_new_samples([np.asarray(agg.sums["UtX"]) / m], mu)
 
 
-def make_server_app(clustering: str | None = None) -> ServerApp:
-    """A fresh ServerApp whose main is :func:`server_main`.
-
-    Parameters
-    ----------
-    clustering : str or None, default=None
-        The clustering steps module (the shipped app gives
-        ``fedsonmf.estimators.clustering_steps``).
-
-    Returns
-    -------
-    flwr.serverapp.ServerApp
-    """
+def make_server_app() -> ServerApp:
+    """A fresh ServerApp whose main is :func:`server_main`."""
     server = ServerApp()
 
     def main(grid: Grid, context: Context) -> None:
-        server_main(grid, context, clustering=clustering)
+        server_main(grid, context)
 
     server.main()(main)
     return server
 
 
-# the installed app (what the gate's executors run, and the shim app imports): the clustering steps
-# are named, not imported -- they load only when a clustering run or a predict run arrives
-app = make_server_app(clustering=STEPS_MODULE)
+# the installed app (what the gate's executors run, and the shim app imports)
+app = make_server_app()

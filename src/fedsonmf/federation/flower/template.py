@@ -3,8 +3,7 @@
 The FAB (Flower app bundle) that ``flwr run`` sends to the SuperLink holds only
 this shim; the real code is imported from the installed ``fedsonmf`` on every
 machine (docs/flower.md, "Flower behaviours").  ``flwr run`` checks statically that
-``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.make_server_app(...)``;
-the shim is also where the clustering steps are wired in (the composition root).
+``server_app.py``/``client_app.py`` *assign* ``app``, hence ``app = _impl.app``.
 
 One source of truth: this module.  :func:`write_app_dir` writes the folder (the
 launcher and the simulation driver write a fresh one per run); the repository's
@@ -26,7 +25,7 @@ from fedsonmf._io import private_dir, write_atomic
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
-__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE", "STEPS_MODULE"]
+__all__ = ["write_app_dir", "RUN_CONFIG_DEFAULTS", "PACKAGE"]
 
 PACKAGE = "fedsonmf_flower_app"
 
@@ -70,7 +69,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "mode": "fit",              # fit | predict (one exchange with the fitted bases fixed; new samples from each
                                 # node's own node-config predict-path)
     "n-clusters": 0,            # c > 0: cluster the samples (labels.csv); 0 = factorisation only
-    "rank-rule": dd.RANK_RULE,   # r from c and the d_p the nodes report: auto (2c, narrow views padded) | auto-cap |
+    "rank-rule": dd.RANK_RULE,   # r from c and the d_p the nodes report: auto (2c, narrow views padded) |
                                 # paper (c) | an integer (capped); replaces rank / config-json's n_components
     "preprocess": default("preprocess"),            # each node's rule for its own view
     "normalize-views": default("normalize_views"),  # each node divides its view by its Frobenius norm
@@ -82,24 +81,20 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "refine-starts": default("refine_starts"),  # starts of the refinement; only dense views score them
     "refine-seeded-starts": default("refine_seeded_starts"),  # k-means++ starts, once a dense view scores
     "refine-spectral-steps": default("refine_spectral_steps"),  # the graph stage's spectral start (<= n // 2c)
-    "refine-graph-choice": default("refine_graph_choice"),  # medoid: of the stage's start, result and candidate
     "n-init": str(default("n_init")),  # fits with different seeds (auto = 5, 1 under DP); the medoid's is kept
     "model-dir": "",            # predict: the fit's out-dir (on the SuperLink host)
 }
 
-#: the clustering steps the shipped app wires into the apps (the federation layer never imports them)
-STEPS_MODULE = "fedsonmf.estimators.clustering_steps"
-
-_SERVER = f'''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app, with the clustering steps."""
+_SERVER = '''"""Shim: the real ServerApp is fedsonmf.federation.flower.server_app."""
 import fedsonmf.federation.flower.server_app as _impl
 
-app = _impl.make_server_app(clustering="{STEPS_MODULE}")
+app = _impl.app
 '''
 
-_CLIENT = f'''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app, with the clustering steps."""
+_CLIENT = '''"""Shim: the real ClientApp is fedsonmf.federation.flower.client_app."""
 import fedsonmf.federation.flower.client_app as _impl
 
-app = _impl.make_client_app(clustering="{STEPS_MODULE}")
+app = _impl.app
 '''
 
 # the project's LICENSE, verbatim (tests/test_flower_app_folder.py checks it)

@@ -11,10 +11,7 @@ behind each step and the measurements that chose it are in ``docs/clustering.md`
   energy and outlying samples with a lot, and the fit, which maximises the energy of the shared
   projection, would follow the outliers (the same reason as for documents of different length).
 
-Other rules keep the earlier defaults and the variants that were measured (``docs/clustering.md``):
-``"auto-std"`` (the default before, no second normalisation), ``"auto-std-split"`` /
-``"auto-split"`` (a signed view split into ``[max(Y, 0), max(-Y, 0)]``: a little better on dense
-views, several times slower).
+``"l2"`` does the per-sample scaling alone, ``"none"`` nothing (the paper's protocol).
 
 Guards (each warns, naming the view, and does the sensible thing): a constant view (every
 sample the same after the per-sample scaling) is neither centred nor scaled; near-constant
@@ -27,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.estimators.row_norms import row_normalize
+from fedsonmf.pipeline.row_norms import row_normalize
 
 __all__ = ["PREPROCESS_RULES", "MEAN_SHARE_THRESHOLD", "mean_energy_share", "energy_and_mean", "preprocess_view",
            "apply_view_preprocessing", "view_warnings"]
@@ -39,19 +36,10 @@ NEAR_CONSTANT = 1e-6
 #: share of all-zero samples from which a view is flagged as probably incomplete
 EMPTY_ROWS_WARN = 0.1
 
-#: rule -> (per-sample l2, centre a dense view, unit variance after centring, samples to unit l2 norm
-#: again after centring, split a signed view)
-_STEPS = {
-    "none": (False, False, False, False, False),
-    "l2": (True, False, False, False, False),
-    "auto-center": (True, True, False, False, False),
-    "auto-std": (True, True, True, False, False),
-    "auto-std-l2": (True, True, True, True, False),
-    "auto-split": (True, True, False, False, True),
-    "auto-std-split": (True, True, True, False, True),
-}
-_STEPS["auto"] = _STEPS["auto-std-l2"]
-PREPROCESS_RULES = ("auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none")
+#: rule -> (per-sample l2, centre a dense view and scale it to unit variance and its samples to unit l2
+#: norm again)
+_STEPS = {"none": (False, False), "l2": (True, False), "auto": (True, True)}
+PREPROCESS_RULES = ("auto", "l2", "none")
 
 
 def mean_energy_share(X) -> float:
@@ -85,11 +73,6 @@ def _empty_share(X) -> float:
     return float(np.mean(~np.any(X != 0, axis=1))) if X.shape[0] else 0.0
 
 
-def _has_negative(Y) -> bool:
-    values = Y.data if sp.issparse(Y) else Y
-    return bool(values.size and values.min() < 0)
-
-
 def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRESHOLD):
     """Per-client preprocessing of ONE view, from statistics of that view only.
 
@@ -97,20 +80,13 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
     ----------
     X : {array-like, sparse matrix} of shape (n_samples, d)
         One client's view (negative entries allowed).
-    rule : {"auto", "auto-std-l2", "auto-std", "auto-center", "auto-std-split", "auto-split", "l2", "none"}, \
-default="auto"
+    rule : {"auto", "l2", "none"}, default="auto"
         * ``"none"``: returned as float, unchanged.
         * ``"l2"``: each sample scaled to unit l2 norm (all-zero samples stay zero).
-        * ``"auto-std"``: ``"l2"``; then, **only** if the mean sample holds more than
+        * ``"auto"``: ``"l2"``; then, **only** if the mean sample holds more than
           ``threshold`` of the view's energy (:func:`mean_energy_share`; a "dense" view),
           every feature is centred and scaled to unit standard deviation (constant and
-          near-constant features become 0).
-        * ``"auto-std-l2"`` = ``"auto"`` (the default): ``"auto-std"``, then a dense view's
-          samples are scaled to unit l2 norm again.
-        * ``"auto-center"``: as ``"auto-std"`` without the unit variance.
-        * ``"auto-std-split"`` / ``"auto-split"``: ``"auto-std"`` / ``"auto-center"``, then a
-          view with negative entries is split into ``[max(Y, 0), max(-Y, 0)]`` (nonnegative,
-          twice as wide; a signed view that is not dense is split too).
+          near-constant features become 0), and the samples are scaled to unit l2 norm again.
     threshold : float in [0, 1], default=0.5
         Not tuned: "more than half of the energy is the common part" is the point from which
         the rank-one background is the largest direction the view has.  Measured shares after
@@ -120,10 +96,10 @@ default="auto"
     Returns
     -------
     X_out : ndarray or sparse matrix
-        Shape (n_samples, d) (``2d`` when split).  Sparse input stays sparse unless it is
+        Shape (n_samples, d).  Sparse input stays sparse unless it is
         centred.  The overall scale is left to the Frobenius normalisation that follows.
     info : dict
-        ``{"rule", "sample_l2", "mean_share", "centered", "standardized", "split",
+        ``{"rule", "sample_l2", "mean_share", "centered", "standardized",
         "empty_share", "warnings", ...}``: what was done and the statistics that decided it
         (local to the client; never sent); ``warnings`` lists the guard messages (without the
         view's name: :func:`view_warnings` adds it).
@@ -136,10 +112,10 @@ default="auto"
         Y = sp.csr_matrix(X, dtype=np.float64, copy=True)
     else:
         Y = np.array(X, dtype=np.float64)
-    l2, center, standardize, renorm, split = _STEPS[rule]
+    l2, dense_rule = _STEPS[rule]
     empty = _empty_share(Y)
     info: dict = {"rule": rule, "sample_l2": False, "mean_share": None, "centered": False, "standardized": False,
-            "split": False, "empty_share": empty, "warnings": []}
+                  "empty_share": empty, "warnings": []}
     empty_warning = (f"{100 * empty:.0f} % of its samples are all-zero rows; if those samples are missing from "
                      "this view (not truly empty), the availability masks say so (fit(..., masks=...), "
                      "--missing mask)")
@@ -156,7 +132,7 @@ default="auto"
             "; for clustering a dense view like this one, masks measured 11-13 ACC points better than zero rows"
             if share > threshold else
             "; for clustering a sparse view like this one (text), zero rows measured 1-10 ACC points better"))
-    if center and share > threshold:
+    if dense_rule and share > threshold:
         if sp.issparse(Y):
             Y = Y.toarray()
         mean = Y.mean(axis=0)
@@ -170,33 +146,21 @@ default="auto"
         Y = Yc
         info["centered"] = True
         info["center"] = mean  # kept (never sent) so new samples get the same transform
-        if standardize:
-            live = sd[sd > 0]
-            floor = NEAR_CONSTANT * float(np.median(live))
-            near = int(np.count_nonzero((sd > 0) & (sd <= floor)))
-            if near:
-                info["warnings"].append(
-                    f"{near} near-constant feature(s) (spread below {NEAR_CONSTANT:g} of the view's median) are set "
-                    "to zero instead of being scaled to unit variance (that would amplify rounding noise)")
-            inv = np.divide(1.0, sd, out=np.zeros_like(sd), where=sd > floor)
-            Y = Y * inv[None, :]
-            info["standardized"] = True
-            info["inv_scale"] = inv
-        if renorm:  # every centred sample weighs the same again in the energy the fit maximises
-            Y = row_normalize(Y)
-            info["resample_l2"] = True
-    if split and _has_negative(Y):
-        Y = _split(Y)
-        info["split"] = True
+        live = sd[sd > 0]
+        floor = NEAR_CONSTANT * float(np.median(live))
+        near = int(np.count_nonzero((sd > 0) & (sd <= floor)))
+        if near:
+            info["warnings"].append(
+                f"{near} near-constant feature(s) (spread below {NEAR_CONSTANT:g} of the view's median) are set "
+                "to zero instead of being scaled to unit variance (that would amplify rounding noise)")
+        inv = np.divide(1.0, sd, out=np.zeros_like(sd), where=sd > floor)
+        Y = Y * inv[None, :]
+        info["standardized"] = True
+        info["inv_scale"] = inv
+        # every centred sample weighs the same again in the energy the fit maximises
+        Y = row_normalize(Y)
+        info["resample_l2"] = True
     return Y, info
-
-
-def _split(Y):
-    """``[max(Y, 0), max(-Y, 0)]``: a signed view as a nonnegative one of twice the width."""
-    if sp.issparse(Y):
-        Y = sp.csr_matrix(Y)
-        return sp.hstack([Y.maximum(0), (-Y).maximum(0)], format="csr")
-    return np.hstack([np.maximum(Y, 0.0), np.maximum(-Y, 0.0)])
 
 
 def apply_view_preprocessing(X, info: dict):
@@ -218,8 +182,6 @@ def apply_view_preprocessing(X, info: dict):
             Y = Y * info["inv_scale"][None, :]
         if info.get("resample_l2"):
             Y = row_normalize(Y)
-    if info.get("split"):
-        Y = _split(Y)
     return Y
 
 

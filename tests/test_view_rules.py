@@ -1,28 +1,22 @@
-"""Properties of the label-free clustering rules (fedsonmf.clustering_rules)."""
+"""Properties of the label-free rules of a client's view: the rank rule and the preprocessing rule."""
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from fedsonmf.estimators.clustering_rules import (
-    co_association,
-    consensus_labels,
-    mean_energy_share,
-    normalize_rows,
-    pad_view,
-    preprocess_view,
-    resolve_rank,
-)
+from fedsonmf.pipeline.rank_rule import pad_view, resolve_rank
+from fedsonmf.pipeline.row_norms import normalize_rows
+from fedsonmf.pipeline.view_rule import mean_energy_share, preprocess_view
 
 # ----------------------------------------------------------------------------- rank
 
 
 @pytest.mark.parametrize("c,widths", [(5, [3183, 3203]), (7, [24, 576]), (10, [216, 6, 64]), (3, [2, 2])])
 def test_capping_rules_never_exceed_narrowest_view(c, widths):
-    for rule in ("auto-cap", "paper", 4, 100):
+    for rule in ("paper", 4, 100):
         r, msg = resolve_rank(c, widths, rule)
         assert 1 <= r <= min(widths)
-        want = {"auto-cap": 2 * c, "paper": c}.get(rule, rule)
+        want = {"paper": c}.get(rule, rule)
         assert r == min(want, min(widths))
         assert (msg is None) == (want <= min(widths))
 
@@ -81,17 +75,12 @@ def test_auto_centres_dense_only_and_keeps_text_sparse():
     T, info_t = preprocess_view(_text_like(rng))
     assert sp.issparse(T) and not info_t["centered"] and info_t["sample_l2"]
     X = _image_like(rng)
-    Y_std, info_i = preprocess_view(X, "auto-std")
-    assert info_i["centered"] and info_i["standardized"]
-    np.testing.assert_allclose(Y_std.mean(axis=0), 0.0, atol=1e-12)
-    np.testing.assert_allclose(Y_std.std(axis=0), 1.0)
-    A, info_a = preprocess_view(X)  # the default: then every sample to unit norm again
+    A, info_a = preprocess_view(X)  # centred, unit variance, then every sample to unit norm again
     assert info_a["centered"] and info_a["standardized"] and info_a["resample_l2"]
     np.testing.assert_allclose(np.linalg.norm(A, axis=1), 1.0)
+    L = normalize_rows(X)
+    Y_std = (L - L.mean(axis=0)) / L.std(axis=0)
     np.testing.assert_allclose(A, normalize_rows(Y_std))
-    C, info_c = preprocess_view(_image_like(rng), "auto-center")
-    assert info_c["centered"] and not info_c["standardized"]
-    np.testing.assert_allclose(C.mean(axis=0), 0.0, atol=1e-12)
 
 
 def test_constant_features_of_a_dense_view_become_zero_not_nan():
@@ -103,7 +92,7 @@ def test_constant_features_of_a_dense_view_become_zero_not_nan():
     np.testing.assert_allclose(Y[:, 0], 0.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("rule", ["auto", "auto-std", "auto-center", "auto-split", "auto-std-split", "l2"])
+@pytest.mark.parametrize("rule", ["auto", "l2"])
 @pytest.mark.parametrize("kind", ["text", "image"])
 def test_preprocessing_is_scale_invariant(rule, kind):
     rng = np.random.default_rng(3)
@@ -148,43 +137,8 @@ def test_preprocessing_handles_zero_samples_and_negatives():
     np.testing.assert_allclose(Z.toarray(), preprocess_view(X, "l2")[0])
 
 
-def test_split_is_nonnegative_and_doubles_width():
-    rng = np.random.default_rng(5)
-    Y, info = preprocess_view(_image_like(rng), "auto-split")
-    assert Y.shape[1] == 60 and Y.min() >= 0 and info["centered"]
-
-
 def test_none_leaves_the_view_alone():
     X = np.arange(12.0).reshape(4, 3)
     Y, _info = preprocess_view(X, "none")
     np.testing.assert_array_equal(X, Y)
     assert Y is not X
-
-
-# ----------------------------------------------------------------------------- embedding
-
-
-# ----------------------------------------------------------------------------- consensus
-
-
-def test_consensus_of_identical_partitions_is_that_partition():
-    p = np.array([2, 2, 0, 0, 1, 1, 1, 2])
-    out = consensus_labels([p, p, p], 3, random_state=0)
-    # same partition, canonical names by first appearance
-    np.testing.assert_array_equal(out, [0, 0, 1, 1, 2, 2, 2, 0])
-
-
-def test_consensus_is_invariant_to_renaming_and_follows_the_majority():
-    base = np.repeat([0, 1, 2], 5)
-    renamed = np.array([2, 0, 1])[base]
-    noisy = base.copy()
-    noisy[0] = 1
-    out = consensus_labels([base, renamed, noisy], 3)
-    np.testing.assert_array_equal(out, np.repeat([0, 1, 2], 5))
-
-
-def test_co_association_properties():
-    A = co_association([np.array([0, 0, 1]), np.array([0, 1, 1])])
-    np.testing.assert_allclose(np.diag(A), 1.0)
-    np.testing.assert_allclose(A, A.T)
-    assert A[0, 1] == 0.5 and A[0, 2] == 0.0

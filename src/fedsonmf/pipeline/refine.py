@@ -74,7 +74,7 @@ in the choice, the seeding (whose partitions put drawn samples alone in a cluste
 refused the refinement raises it too. In process no partition is refused.
 
 The steps are pure functions over arrays, called by the in-process estimator and by the Flower
-apps alike (:mod:`fedsonmf.estimators.clustering_steps` exposes them to the nodes and server).
+apps alike (:mod:`fedsonmf.pipeline.steps` exposes them to the nodes and server).
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.estimators.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
 from fedsonmf.exceptions import ParameterError, PartitionRefused
+from fedsonmf.pipeline.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
 
 __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "scores_partitions", "score_weight",
            "client_distances", "client_score", "client_refine", "assign", "BATCH_VALUES", "batch_rows",
@@ -100,7 +100,7 @@ __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "
 MIN_SCORE_SPREAD = 1e-4
 
 #: FedMultiViewClustering's ``refine``: the stages run after the fit, in order -- "kmeans" (this
-#: module), "graph" (:mod:`fedsonmf.estimators.graph`), both, or "none"; "auto" (the default) is
+#: module), "graph" (:mod:`fedsonmf.pipeline.graph`), both, or "none"; "auto" (the default) is
 #: both, and none under differential privacy (the refinements read the exact views: no noise covers them)
 REFINE_RULES = ("auto", "kmeans+graph", "kmeans", "graph", "none")
 
@@ -188,7 +188,7 @@ def client_distances(Y, labels, n_clusters: int, held=None) -> np.ndarray:
 def scores_partitions(Y, held=None) -> bool:
     """Whether a client's refinement view ``Y`` (rows at unit norm, :func:`refine_view`) scores the
     candidate partitions: its mean sample holds more than half of its energy (a *dense* view,
-    the statistic of :func:`~fedsonmf.estimators.view_rule.preprocess_view`), over the held rows,
+    the statistic of :func:`~fedsonmf.pipeline.view_rule.preprocess_view`), over the held rows,
     and at least :data:`MIN_SCORE_SPREAD` of it lies off the mean sample (a nearly constant view's
     k-means objective differs between partitions only in digits no cluster decides)."""
     if held is not None:

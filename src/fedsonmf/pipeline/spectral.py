@@ -1,6 +1,6 @@
 """The spectral step of the graph refinement: a second candidate from a few steps of the summed graph.
 
-The graph refinement (:mod:`fedsonmf.estimators.graph`) is a local search for the normalized cut
+The graph refinement (:mod:`fedsonmf.pipeline.graph`) is a local search for the normalized cut
 of the summed k-NN graph A = sum_p A_p, started from the k-means-refined partition. Where the
 factorisation's partition lies far from the graph's clusters (citation graphs, an imbalanced
 biology set: docs/clustering.md, "The spectral step") the search stops at a local optimum well
@@ -13,7 +13,7 @@ start that has seen more of the graph than one sample's neighbours:
   the federated partition, so it moves the partition towards the graph's clusters without
   forgetting where it began. Each step is one exchange: the server sends the block
   M = D^-1/2 F_t / s (n, c; s scales its entries to at most 1, the fixed point's public bound),
-  each client returns ``A_p M / n`` (:func:`~fedsonmf.estimators.graph.client_products`, masked
+  each client returns ``A_p M / n`` (:func:`~fedsonmf.pipeline.graph.client_products`, masked
   under secure aggregation), the server rescales and orthonormalises the sum. The first step is the
   graph refinement's first exchange, of the start itself (``A Z`` is what a graph exchange
   returns). From there the graph refinement and the orthogonal iteration are independent, so
@@ -28,7 +28,7 @@ start that has seen more of the graph than one sample's neighbours:
   with the replicates; docs/clustering.md). Then the graph refinement from that partition.
 * **Kept only when it is clearly better by both pictures**: its normalized cut is at least
   ``SPECTRAL_MARGIN`` (1 %) below the graph refinement's partition's, and the summed k-means score
-  of the clients whose view is dense (:mod:`fedsonmf.estimators.refine`: each such view's objective
+  of the clients whose view is dense (:mod:`fedsonmf.pipeline.refine`: each such view's objective
   as a share of its spread, so every dense view has the same say) is not higher. Spectral
   partitions lower the cut on every data set measured, also where they are worse (the digit and
   image sets, by 5-13 points); there the dense views' k-means objective rises, and the margin keeps
@@ -44,7 +44,7 @@ learn, up to a c x c mixing, the other clients' summed graph on the same directi
 ``refine_spectral_steps=0`` sends none.
 
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
-(:mod:`fedsonmf.estimators.clustering_steps`).
+(:mod:`fedsonmf.pipeline.steps`).
 """
 
 from __future__ import annotations
@@ -54,20 +54,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedsonmf.estimators.graph import GraphSearch, graph_refine
-from fedsonmf.estimators.restarts import medoid_restart
-from fedsonmf.protocol.params import default
+from fedsonmf.pipeline.graph import GraphSearch, graph_refine
+from fedsonmf.pipeline.restarts import medoid_restart
 
-__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "GRAPH_CHOICES", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
+__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
            "spectral_partition", "block_partition", "spectral_refine", "medoid_choice", "graph_stage"]
 
 #: the relative drop of the normalized cut a spectral candidate must reach to be kept
 SPECTRAL_MARGIN = 0.01
 #: T c <= n / SUBSPACE_SHARE: the products never span more than half of the sample space
 SUBSPACE_SHARE = 2
-#: how the stage ends (``refine_graph_choice``): "medoid" = the medoid of its start, its result and the
-#: raw spectral candidate (:func:`medoid_choice`); "cut" = its result by the cut rule alone
-GRAPH_CHOICES = ("medoid", "cut")
 #: the names of the stage's three partitions, in the order :func:`medoid_choice` weighs them (ties: the first)
 STAGE_PARTITIONS = ("refined", "start", "spectral")
 
@@ -170,7 +166,7 @@ def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: C
 
     ``start``: the graph refinement's start (labels, (n,)) and ``first`` its links (the reply of
     the graph exchange sent ``start``); ``refined``, ``refined_cut``: the graph refinement's result
-    and that partition's normalized cut (:func:`~fedsonmf.estimators.graph.graph_refine`);
+    and that partition's normalized cut (:func:`~fedsonmf.pipeline.graph.graph_refine`);
     ``graph_exchange(labels) -> L``, ``products(M) -> sum_p A_p M / n``: the exchanges with the
     clients; ``refine(labels) -> (D, score)`` (optional): a k-means refinement exchange, whose summed
     scores (0 without dense views) of the candidate and ``refined``, sent side by side as a (2, n)
@@ -220,7 +216,7 @@ def _choose(candidate, refined, refined_cut: float, graph_exchange: Callable, re
 
 def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
     """The medoid of the graph stage's three partitions (labels, (n,) each): the one with the highest
-    summed adjusted Rand index to the other two (:func:`~fedsonmf.estimators.restarts.medoid_restart`;
+    summed adjusted Rand index to the other two (:func:`~fedsonmf.pipeline.restarts.medoid_restart`;
     ties: ``refined``, then ``start``). Returns ``(labels, name)``, name one of :data:`STAGE_PARTITIONS`.
 
     Why (docs/clustering.md, "The graph stage's medoid"): ``start`` is the k-means refinement's partition
@@ -239,10 +235,9 @@ def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
 
 def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_clusters: int, *, steps: int,
                 seed: int | None, refine: Callable | None = None, both: Callable | None = None,
-                max_iter: int = 300, n_init: int = 10, progress: dict | None = None,
-                choice: str = default("refine_graph_choice")):
+                max_iter: int = 300, n_init: int = 10, progress: dict | None = None):
     """The whole graph stage from the k-means refinement's partition ``start``: the graph refinement
-    (:func:`~fedsonmf.estimators.graph.graph_refine`), then its spectral step (:func:`spectral_refine`;
+    (:func:`~fedsonmf.pipeline.graph.graph_refine`), then its spectral step (:func:`spectral_refine`;
     ``steps`` < 1: none) -- the same partitions, with fewer round trips when ``both`` is given.
 
     ``both(labels, M) -> (L, P)`` (optional): one exchange carrying the graph refinement's labels and
@@ -253,19 +248,17 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     two instead of their sum, the candidate's own refinement and the score exchange after them.
     ``progress`` (optional dict): ``progress["labels"]`` is kept at the best partition the graph
     refinement has met, so a driver whose exchange fails mid-way keeps what was reached.
-    ``choice`` (:data:`GRAPH_CHOICES`; the estimator's ``refine_graph_choice``): "cut" returns the
-    partition the cut rule keeps; "medoid" then returns the medoid of the start, that partition and
-    the raw spectral candidate (:func:`medoid_choice`; no exchange: the clients answered all three).
+    The stage returns the medoid of the start, the partition the cut rule keeps and the raw spectral
+    candidate (:func:`medoid_choice`; no exchange: the clients answered all three), so a local
+    search of the cut that ended far from both is not kept.
     ``graph_exchange``, ``products``, ``refine``, ``seed``, ``max_iter``, ``n_init``: as in
     :func:`spectral_refine`. Returns ``(labels, info)`` with info ``{"graph_iterations", "exchanges",
     "steps", "cut", "kept", "chosen"}``: the graph refinement's own iterations, the stage's round trips,
     :func:`spectral_refine`'s fields, and which of :data:`STAGE_PARTITIONS` the stage returns.
-    Partitions a client refuses (NaN links, :mod:`fedsonmf.estimators.graph`): the graph refinement
+    Partitions a client refuses (NaN links, :mod:`fedsonmf.pipeline.graph`): the graph refinement
     ends at the lowest cut met, a refused candidate is neither kept nor chosen (its cut is infinite),
     and a refused start is returned as it is.
     """
-    if choice not in GRAPH_CHOICES:
-        raise ValueError(f"graph_stage: choice must be one of {GRAPH_CHOICES}, got {choice!r}")
     if products is None and int(steps) > 1:
         raise ValueError(f"graph_stage: {steps} spectral steps need a products exchange")
     start = np.asarray(start, dtype=np.int64)
@@ -303,7 +296,7 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
         candidate = block_partition(power, start, n_clusters, seed=seed, max_iter=max_iter, n_init=n_init)
         refined, info["cut"], info["kept"], more = _choose(candidate, refined, cut, graph_exchange, refine, n_clusters)
         exchanges += more
-        if choice == "medoid" and np.isfinite(info["cut"]):  # an infinite cut: the clients refused the candidate
+        if np.isfinite(info["cut"]):  # an infinite cut: the clients refused the candidate
             refined, info["chosen"] = medoid_choice(start, refined, candidate)
     info["exchanges"] = exchanges
     return refined, info

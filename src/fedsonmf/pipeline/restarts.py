@@ -1,24 +1,14 @@
-"""How the restarts of a federated clustering fit are combined (``n_init``, ``restart_rule``).
+"""The restarts of a federated clustering fit (``n_init``): how many, their seeds, the one kept.
 
 The factorisation is non-convex: from different seeds it reaches different local minima, and
 some of them cluster far worse than others (4-view BBC: 61.8 against 83.4 ACC, 3Sources: 56.2
-against 92.3). Three rules, measured over 12-24 seeds per data set and random triples of them
-(docs/clustering.md):
-
-* ``"medoid"`` (the default): keep the fit whose partition (k-means of its V) has the highest
-  summed adjusted Rand index to the others; only that fit is refined, so the restarts add no
-  refinement exchange. Good local minima resemble each
-  other and bad ones differ, so the medoid is rarely a bad one: 3Sources 74.2 -> 81.0 (one fit
-  -> five), 4-view BBC 76.1 -> 80.6, BBCSport 93.3 -> 96.0, MSRC-v1 85.7 -> 87.0. It needs
-  only the partitions (which the server has) and returns one real fit, whose V, bases and
-  centres stay consistent with the labels.
-* ``"objective"``: keep the fit of lowest final objective F, as k-means keeps its replicate of
-  lowest inertia. F ranks the fits well on BBCSport but is noise on 3Sources and the 4-view BBC
-  (three fits: 75.9 and 76.0 against the medoid's 77.6 and 79.0): the minima differ in the fourth
-  digit of F.
-* ``"consensus"``: the co-association consensus of the refined partitions (evidence
-  accumulation): about as good as the medoid, but an n x n matrix and a partition that no fit
-  produced.
+against 92.3).  The fit kept is the *medoid*: the fit whose partition (k-means of its V) has the
+highest summed adjusted Rand index to the others.  Good local minima resemble each other and bad
+ones differ, so the medoid is rarely a bad one (3Sources 74.2 -> 81.0 from one fit to five,
+4-view BBC 76.1 -> 80.6, BBCSport 93.3 -> 96.0, MSRC-v1 85.7 -> 87.0; docs/clustering.md).  It
+needs only the partitions, which the server has, and returns one real fit, whose V, bases and
+centres stay consistent with the labels; only that fit is refined, so the restarts add no
+refinement exchange.
 """
 
 from __future__ import annotations
@@ -27,11 +17,8 @@ import numpy as np
 
 from fedsonmf._validation import check_auto_or_count
 
-__all__ = ["RESTART_RULES", "AUTO_N_INIT", "resolve_n_init", "restart_seeds", "final_objective", "best_restart",
-           "medoid_restart", "choose_restart"]
+__all__ = ["AUTO_N_INIT", "resolve_n_init", "restart_seeds", "final_objective", "medoid_restart"]
 
-#: FedMultiViewClustering's ``restart_rule``
-RESTART_RULES = ("medoid", "objective", "consensus")
 #: the number of fits of ``n_init="auto"`` (measured, random draws of fits: 1 -> 3 -> 5 fits gave 3Sources
 #: 74.2 -> 77.0 -> 81.0, 4-view BBC 76.1 -> 78.4 -> 80.6, BBCSport 93.3 -> 95.6 -> 96.0; docs/clustering.md)
 AUTO_N_INIT = 5
@@ -59,15 +46,6 @@ def final_objective(result) -> float:
     return float(F[-1]) if F.size else float("nan")
 
 
-def best_restart(results) -> int | None:
-    """The index of the fit of lowest final objective (ties: the first), or None when any fit
-    reports none (``diagnostics=False``, differential privacy): then no fit can be chosen."""
-    F = np.array([final_objective(r) for r in results], dtype=np.float64)
-    if F.size == 0 or not np.all(np.isfinite(F)):
-        return None
-    return int(np.argmin(F))
-
-
 def medoid_restart(partitions, results=None) -> int:
     """The index of the medoid partition: the one with the highest summed adjusted Rand index
     to the others (the restart the others agree with most).  Ties -- always with two
@@ -84,15 +62,3 @@ def medoid_restart(partitions, results=None) -> int:
     top = np.flatnonzero(np.isclose(agree, agree.max(), rtol=0.0, atol=1e-12))
     return int(top[np.argmin(tie[top])])
 
-
-def choose_restart(rule: str, partitions, results) -> int | None:
-    """The fit to keep under ``rule`` (:data:`RESTART_RULES`) from the fits' partitions and
-    results; None for ``"consensus"`` (and for ``"objective"`` when a fit reports no objective):
-    then the partitions are combined.  One fit is always kept."""
-    if len(partitions) == 1:
-        return 0
-    if rule == "medoid":
-        return medoid_restart(partitions, results)
-    if rule == "objective":
-        return best_restart(results)
-    return None

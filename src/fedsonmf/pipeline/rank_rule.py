@@ -16,7 +16,7 @@ from fedsonmf._validation import is_int
 
 __all__ = ["RANK_RULES", "resolve_rank", "pad_view"]
 
-RANK_RULES = ("auto", "auto-cap", "paper")
+RANK_RULES = ("auto", "paper")
 
 
 def resolve_rank(n_clusters: int, view_widths, rule="auto"):
@@ -30,7 +30,7 @@ def resolve_rank(n_clusters: int, view_widths, rule="auto"):
         Number of features d_p of each view (each client knows its own; the
         server learns them at setup anyway, since U_p has d_p rows locally and
         r must be agreed on).
-    rule : {"auto", "auto-cap", "paper"} or int, default="auto"
+    rule : {"auto", "paper"} or int, default="auto"
         * ``"auto"``: r = 2c.  One component per cluster is not enough because
           the fit spends one component (or more) on the background shared by
           all samples; with r = c, c clusters get c - 1 directions.  2c leaves a
@@ -40,10 +40,9 @@ def resolve_rank(n_clusters: int, view_widths, rule="auto"):
           and lets a narrow client take part with the components it can
           explain; capping r at a 6-feature view would give fewer components
           than clusters.
-        * ``"auto-cap"``: r = min(2c, min_p d_p) -- no padding; a message says
-          r was capped.  Never below 1.
-        * ``"paper"``: r = c (the paper's protocol), capped like "auto-cap".
-        * int: that rank, capped like "auto-cap".
+        * ``"paper"``: r = c (the paper's protocol), capped at the narrowest view
+          (no padding; a message says r was capped).  Never below 1.
+        * int: that rank, capped likewise.
 
     Returns
     -------
@@ -71,9 +70,7 @@ def resolve_rank(n_clusters: int, view_widths, rule="auto"):
                        f"({[widths[p] for p in narrow]} features); those views are padded with zero "
                        f"features up to {r} (their clients cannot explain the extra components)")
         return r, None
-    if rule == "auto-cap":
-        want = 2 * n_clusters
-    elif rule == "paper":
+    if rule == "paper":
         want = n_clusters
     elif is_int(rule) and rule >= 1:
         want = int(rule)

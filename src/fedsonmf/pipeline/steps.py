@@ -2,16 +2,16 @@
 
 One code path for both engines: :class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`
 calls these functions in process, and the Flower apps call the same functions on each
-SuperNode and in the ServerApp (the shipped app wires this module into them by name,
-:mod:`fedsonmf.federation.flower.template`; the federation layer never imports it).
+SuperNode and in the ServerApp (:mod:`fedsonmf.federation.flower.clustering` imports this
+package, which sits below the federation layer).
 
 Client (each on its own view, statistics never leave it):
     :func:`prepare_view` -- the label-free preprocessing rule, zero padding to r, Frobenius scaling;
     :func:`apply_view` -- the same fitted transform on new samples of that view.
 Server (on what it holds anyway):
-    :func:`choose_rank` -- the rank rule from c and the views' widths d_p;
+    :func:`~fedsonmf.pipeline.rank_rule.resolve_rank` -- the rank rule from c and the views' widths d_p;
     :func:`cluster_embedding` -- k-means on V^T (row-normalised), seeded as the estimator seeds it;
-    :func:`resolve_n_init`, :func:`restart_seeds`, :func:`choose_restart` -- the restarts: how many
+    :mod:`~fedsonmf.pipeline.restarts` -- the restarts: how many
     fits, their seeds, and which fit is kept (the medoid of their partitions);
     :func:`assign_to_centers` -- new samples to the nearest fitted centre.
 """
@@ -21,36 +21,14 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-# the federated k-means refinement: a node's half (refine_view, refine_scores, refine_reply, and the
-# largest block of partitions it answers, refine_batch_rows) and the server's (refine_starts,
-# refine_partition, refine_best); the graph refinement after it: a node's half (graph_view,
-# graph_reply, graph_products) and the server's (spectral_steps, and graph_stage: the graph refinement
-# and its spectral step, their exchanges shared, ended by GRAPH_CHOICES' rule)
-from fedsonmf.estimators.graph import client_graph as graph_view
-from fedsonmf.estimators.graph import client_links as graph_reply
-from fedsonmf.estimators.graph import client_products as graph_products
-from fedsonmf.estimators.rank_rule import pad_view, resolve_rank
-from fedsonmf.estimators.refine import assign as refine_assign
-from fedsonmf.estimators.refine import batch_rows as refine_batch_rows
-from fedsonmf.estimators.refine import client_distances as refine_distances
-from fedsonmf.estimators.refine import client_refine as refine_reply
-from fedsonmf.estimators.refine import refine_best, refine_partition, refine_stages, refine_view
-from fedsonmf.estimators.refine import score_weight as refine_scores  # the weight of its score: 0 = none
-from fedsonmf.estimators.refine import seeded_starts as refine_seeded
-from fedsonmf.estimators.restarts import choose_restart, final_objective, resolve_n_init, restart_seeds
-from fedsonmf.estimators.row_norms import normalize_rows
-from fedsonmf.estimators.spectral import GRAPH_CHOICES, graph_stage, spectral_steps
-from fedsonmf.estimators.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.exceptions import DataWarning, InputError, warn
+from fedsonmf.pipeline.rank_rule import pad_view
+from fedsonmf.pipeline.row_norms import normalize_rows
+from fedsonmf.pipeline.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
-__all__ = ["prepare_view", "apply_view", "choose_rank", "cluster_embedding", "assign_to_centers", "stop_rule",
-           "embedding_centers", "refine_view", "refine_distances", "refine_scores", "refine_reply", "refine_assign",
-           "refine_batch_rows", "refine_partition",
-           "refine_best", "refine_starts", "refine_seeded", "refine_stages", "graph_view", "graph_reply",
-           "graph_products", "spectral_steps", "graph_stage", "GRAPH_CHOICES", "normalize_rows",
-           "kmeans_on_embedding", "resolve_n_init", "restart_seeds", "choose_restart",
-           "final_objective"]
+__all__ = ["prepare_view", "apply_view", "cluster_embedding", "assign_to_centers", "stop_rule",
+           "embedding_centers", "refine_starts", "kmeans_on_embedding"]
 
 
 def kmeans_on_embedding(
@@ -90,7 +68,7 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
     X : {ndarray, sparse matrix} of shape (n_samples, d_p)
         The client's raw view.
     preprocess : str
-        Rule of :func:`~fedsonmf.estimators.view_rule.preprocess_view`.
+        Rule of :func:`~fedsonmf.pipeline.view_rule.preprocess_view`.
     n_components : int
         The rank r: a narrower (preprocessed) view is padded with zero features to r.
     normalize_views : bool
@@ -139,11 +117,6 @@ def apply_view(X, info: dict, *, n_components: int, normalize_views: bool = True
 # ----------------------------------------------------------------------------- server
 
 
-def choose_rank(n_clusters: int, view_widths, rule="auto"):
-    """``(r, message)``: the rank rule (:func:`~fedsonmf.estimators.rank_rule.resolve_rank`)."""
-    return resolve_rank(n_clusters, view_widths, rule)
-
-
 def cluster_embedding(V, n_clusters: int, *, seed: int, normalize_embedding: bool = True, kmeans_n_init: int = 10,
                       kmeans_max_iter: int = 300):
     """k-means on the samples' rows of V^T, seeded with the run seed (as the estimator does).
@@ -189,12 +162,12 @@ def assign_to_centers(E, centers, *, normalize_embedding: bool = True) -> np.nda
 def stop_rule(early_stop: str, n_clusters: int, *, seed: int, normalize_embedding: bool = True):
     """The server's label-free stopping rule of a clustering fit (``early_stop``), or None.
 
-    ``"labels"``: :class:`fedsonmf.estimators.stopping.LabelStability` (the server's warm-started
+    ``"labels"``: :class:`fedsonmf.pipeline.stopping.LabelStability` (the server's warm-started
     k-means of V unchanged for a few rounds); ``"none"``: None (``tol`` alone).
     """
     if early_stop != "labels":
         return None
-    from fedsonmf.estimators.stopping import LabelStability  # imports this module: here, not at the top
+    from fedsonmf.pipeline.stopping import LabelStability  # imports this module: here, not at the top
 
     return LabelStability(n_clusters, normalize=normalize_embedding, random_state=seed)
 

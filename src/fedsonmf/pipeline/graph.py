@@ -1,6 +1,6 @@
 """Federated graph refinement: the partition refined on the views' neighbourhood graphs.
 
-After the k-means refinement (:mod:`fedsonmf.estimators.refine`) the partition is refined once
+After the k-means refinement (:mod:`fedsonmf.pipeline.refine`) the partition is refined once
 more, on a different picture of the samples: each client's k-nearest-neighbour graph of its own
 view. Multi-view spectral clustering, the strongest simple reference on image, biological and
 many-view data (docs/clustering.md), clusters the average of these graphs; its objective, the
@@ -46,11 +46,11 @@ the k-means refinement's summed distances (which reveal summed inner products of
 coarser (counts of a 0/1 graph). Off with ``refine="kmeans"`` or ``"none"``.
 
 A partition a client refuses (a node's ``refine-min-cluster-size`` policy; the module docstring of
-:mod:`fedsonmf.estimators.refine`) is answered with NaN links: the search ends there, at the
+:mod:`fedsonmf.pipeline.refine`) is answered with NaN links: the search ends there, at the
 partition of lowest cut met; a start refused at once is kept as it is, with an infinite cut.
 
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
-(:mod:`fedsonmf.estimators.clustering_steps`).
+(:mod:`fedsonmf.pipeline.steps`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.estimators.refine import refine_view
+from fedsonmf.pipeline.refine import refine_view
 
 __all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "client_products",
            "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
@@ -164,7 +164,7 @@ def client_links(A, labels, n_clusters: int) -> np.ndarray:
 
 
 def client_products(A, M) -> np.ndarray:
-    """A client's reply to a spectral exchange (:mod:`fedsonmf.estimators.spectral`): ``A_p M / n``
+    """A client's reply to a spectral exchange (:mod:`fedsonmf.pipeline.spectral`): ``A_p M / n``
     (n, c) for the server's block ``M`` (n, c), entries at most 1 in absolute value, so the reply's
     entries are too (``A_p`` has at most n - 1 unit edges per row) -- the public bound of the fixed
     point, as for :func:`client_links`, which is the same product with the partition's indicator."""
@@ -213,7 +213,7 @@ def graph_assign(L, labels, n_clusters: int) -> np.ndarray:
 class GraphSearch:
     """The state of :func:`graph_refine` between exchanges, so that a driver can send its labels in
     the same round trip as another request (the spectral step's products:
-    :func:`~fedsonmf.estimators.spectral.graph_stage`).
+    :func:`~fedsonmf.pipeline.spectral.graph_stage`).
 
     ``request()`` gives the labels of the next exchange (``None``: the search is over); ``feed(L)``
     takes that exchange's summed links (n, c); ``best``, ``best_cut``, ``iterations``: the partition
@@ -253,7 +253,7 @@ def graph_refine(labels, exchange: Callable, n_clusters: int, *, max_iter: int =
 
     ``exchange(labels) -> L``: the summed ``A_p Z / n`` of every client (n, c), one round trip.
     ``first`` (optional list): the reply to the first exchange, sent ``labels``, is appended to it
-    (the spectral step starts from it: :func:`~fedsonmf.estimators.spectral.spectral_refine`).
+    (the spectral step starts from it: :func:`~fedsonmf.pipeline.spectral.spectral_refine`).
     Returns ``(labels, iterations, cut)``; NaN links (a partition refused) end the search, and a start
     refused at once comes back with 0 iterations and an infinite cut.
     """
