@@ -107,8 +107,9 @@ def _frobenius_error(views, bases, V, masks=None) -> float:
     return float(np.sqrt(sum(out)))
 
 
-def _progress_callback(verbose: int, max_rounds: int, tol: float):
-    """The printer of ``verbose`` (1: a line every 10 rounds and the last; 2: every round)."""
+def _progress_callback(verbose: int, max_rounds: int, tol: float, prefix: str = ""):
+    """The printer of ``verbose`` (1: a line every 10 rounds and the last; 2: every round); every line
+    starts with ``prefix`` (a clustering fit names which of its fits the round belongs to)."""
     import sys
     import time
 
@@ -119,7 +120,7 @@ def _progress_callback(verbose: int, max_rounds: int, tol: float):
         if verbose < 2 and k % 10 and k != max_rounds:
             return
         elapsed = time.perf_counter() - start
-        msg = f"round {k:4d}/{max_rounds}"
+        msg = f"{prefix}round {k:4d}/{max_rounds}"
         if "R_rel" in row:
             msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
             if tol > 0:
