@@ -159,3 +159,41 @@ def test_fedsonmf_model_selection_and_clone_still_work():
     clone(_sonmf())
     search = MultiViewGridSearchCV(_sonmf(), {"tau": [2, 5]}, cv=2).fit(_views())
     assert search.best_params_["tau"] in (2, 5)
+
+
+# ------------------------------------------------------------------ the CLI's seeds
+
+
+def _cluster_cli(tmp_path, capsys, *extra):
+    from fedsonmf.cli.app import main
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "a.npy", rng.random((30, 6)))
+    np.save(tmp_path / "b.npy", rng.random((30, 5)))
+    np.savetxt(tmp_path / "y.csv", np.repeat(np.arange(3), 10), fmt="%d")
+    with pytest.raises(SystemExit) as exc:
+        main(["cluster", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), "--rounds", "5", "--n-init", "1",
+              *map(str, extra)])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0, err
+    return [line for line in err.splitlines() if line.startswith("fedsonmf cluster:")]
+
+
+def test_cli_cluster_says_how_many_seeds_and_why(tmp_path, capsys):
+    assert _cluster_cli(tmp_path, capsys, "--clusters", 3) == [
+        "fedsonmf cluster: 1 fit (seed 0): no labels, so no scores to average over seeds"]
+    assert _cluster_cli(tmp_path, capsys, "--labels", tmp_path / "y.csv", "--seeds", 2) == [
+        "fedsonmf cluster: 2 fits (seeds 0..1, as --seeds asks); the scores are the mean ± std over the seeds"]
+    assert _cluster_cli(tmp_path, capsys, "--labels", tmp_path / "y.csv", "--seeds", 2, "-q") == []
+
+
+def test_cli_cluster_default_seeds_rule_is_stated():
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+    from fedsonmf.cli.cluster import _seeds_line
+
+    assert _seeds_line(10, None, True) == ("fedsonmf cluster: 10 fits (seeds 0..9, the default with labels; "
+                                          "--seeds N to change); the scores are the mean ± std over the seeds")
+    help_text = " ".join(CliRunner().invoke(app, ["cluster", "--help"], env={"COLUMNS": "400"}).output.split())
+    assert "Default: 10 when the data has labels" in help_text and "1 without labels" in help_text
