@@ -16,7 +16,7 @@ from sklearn.pipeline import Pipeline
 
 from fedsonmf import FedSONMF
 from fedsonmf._validation import check_view_orientation
-from fedsonmf.datasets import load_mat
+from fedsonmf.datasets import MultiViewDataset, load_mat, make_synthetic
 from fedsonmf.datasets.mat import default_data_dir
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.exceptions import DataWarning, InputError
@@ -197,3 +197,22 @@ def test_cli_cluster_default_seeds_rule_is_stated():
                                           "--seeds N to change); the scores are the mean ± std over the seeds")
     help_text = " ".join(CliRunner().invoke(app, ["cluster", "--help"], env={"COLUMNS": "400"}).output.split())
     assert "Default: 10 when the data has labels" in help_text and "1 without labels" in help_text
+
+
+# ------------------------------------------------------------------ data sets print as one line
+
+
+def test_data_sets_print_as_one_line():
+    data = make_synthetic(n_clients=3, n_samples=40, n_features=10, rank=4)
+    text = repr(data)
+    assert "\n" not in text and len(text) < 200
+    assert text == "SyntheticData(3 views of 40x10 dense, n_samples=40, rank=4 (2 active rows of V*), no labels)"
+    views = [np.ones((4, 3)), sp.csr_array(np.eye(4, 5))]
+    mask = np.array([[True, True], [True, False], [True, True], [False, True]])
+    ds = MultiViewDataset(views=views, labels=np.array([0, 1, 1, 2]), view_names=["X{1}", "X{2}"], name="toy",
+                          mask=mask)
+    assert repr(ds) == ("MultiViewDataset('toy': 4 samples, 2 views [X{1} 4x3 dense, X{2} 4x5 sparse 20% nonzero], "
+                        "3 classes, incomplete, held per view 3/3)")
+    ds = MultiViewDataset(views=views[:1], labels=None, view_names=["a"], name="one")
+    assert repr(ds) == "MultiViewDataset('one': 4 samples, 1 views [a 4x3 dense], no labels, complete)"
+    assert str(ds) == repr(ds)
