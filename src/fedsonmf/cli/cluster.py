@@ -37,6 +37,16 @@ def _check_common(seeds: int, nmi_average: str, json_path) -> None:
     check_output_path(json_path, "--json")
 
 
+def _seeds_line(n_seeds: int, asked: int | None, labelled: bool) -> str:
+    """The line that says how many seeds ``fedsonmf cluster`` fits, and why (stderr, at the start)."""
+    which = "seed 0" if n_seeds == 1 else f"seeds 0..{n_seeds - 1}"
+    if not labelled:
+        return f"fedsonmf cluster: 1 fit ({which}): no labels, so no scores to average over seeds"
+    why = "as --seeds asks" if asked is not None else "the default with labels; --seeds N to change"
+    return (f"fedsonmf cluster: {n_seeds} fit{'s' if n_seeds > 1 else ''} ({which}, {why}); the scores are "
+            "the mean ± std over the seeds")
+
+
 class _Progress:
     """Two rich bars with ETA: seeds of the current method, and the current fit's way to its end
     (rounds, or R/R1 towards ``tol``: :func:`fedsonmf.cli.progress.round_fraction`)."""
@@ -286,8 +296,11 @@ def register(app, reproduce_app) -> None:
         rank: Optional[int] = typer.Option(None, "--rank", "-r", min=1,
                                            help="Rank r (default: the 'auto' rule, 2 x clusters)."),
         paper: bool = typer.Option(False, "--paper", help=PAPER_HELP),
-        seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds 0..seeds-1 (default: 10 with labels, "
-                                            "1 without)."),
+        seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds 0..seeds-1, one whole fit each. "
+                                            "Default: 10 when the data has labels (the .mat file's, or --labels): "
+                                            "the scores are the mean ± std over the seeds, and the run takes 10 "
+                                            "times one fit; 1 without labels (nothing to average). The count and "
+                                            "its reason are printed to stderr at the start (not with -q)."),
         labels_path: Optional[Path] = typer.Option(None, "--labels", help="View files: the labels to score "
                                                    "against (.csv/.tsv/.txt/.npy: one per row, or id,label pairs)."),
         labels_out: Optional[Path] = typer.Option(None, "--labels-out", "--assignments", help="Write the "
@@ -314,11 +327,11 @@ def register(app, reproduce_app) -> None:
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
         threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write every score and parameter here."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no seeds line."),
         params: Any = None,  # filled by @with_params from the table-backed options
     ):
         """Cluster the samples of a multi-view .mat file, or of one file per view (one client per view); with
-        labels, score them (ACC/NMI/purity over seeds)."""
+        labels, score them (ACC/NMI/purity): one fit without labels, 10 seeds with labels (--seeds)."""
         from rich.console import Console
         from threadpoolctl import threadpool_limits
 
@@ -339,6 +352,8 @@ def register(app, reproduce_app) -> None:
                 raise ParameterError("--seeds: without --labels there are no scores to average over seeds; one "
                                      "fit (seed 0) is run")
             n_seeds = 1
+        if not quiet:
+            typer.echo(_seeds_line(n_seeds, seeds, ds.labels is not None), err=True)
         if rank is not None:
             _check_rank(rank, ds)
         algorithm, rounds = params.pop("algorithm"), params["max_rounds"]

@@ -28,6 +28,14 @@ class SyntheticData:
     client_V: list
     active: np.ndarray
 
+    def __repr__(self) -> str:
+        """One line: the views' shapes, the rank and the active rows of V* (no array printed)."""
+        shapes = {tuple(X.shape) for X in self.views}
+        views = (f"{len(self.views)} views of {'x'.join(map(str, shapes.pop()))}" if len(shapes) == 1
+                 else f"{len(self.views)} views " + ", ".join("x".join(map(str, X.shape)) for X in self.views))
+        return (f"SyntheticData({views} dense, n_samples={self.V.shape[1]}, rank={self.V.shape[0]} "
+                f"({int(np.count_nonzero(self.active))} active rows of V*), no labels)")
+
 
 def make_synthetic(
     n_clients: int = 10,

@@ -61,12 +61,14 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import (
+    ViewsSplitGuard,
     as_view_list,
     check_bool,
     check_callback,
     check_choice,
     check_constant_views,
     check_feature_names,
+    check_fitted_widths,
     check_int,
     check_n_jobs,
     check_seed,
@@ -155,7 +157,7 @@ def auto_mu(Xs, n_components: int, *, eta_tilde: float, mu_scale: float = defaul
 # ----------------------------------------------------------------------------- estimator
 
 
-class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
+class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, BaseEstimator):
     """Federated multi-view clustering: :class:`~fedsonmf.FedSONMF` on the views, then k-means on V^T.
 
     Parameters
@@ -790,10 +792,9 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         refuse_list_split_by_sklearn(Xs)
         check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
         views = _check_view_structure(as_view_list(Xs))
+        check_fitted_widths(self.n_features_in_, [X.shape[1] for X in views])
         if self.engine == "flower":
             return self._predict_flower(views)[1].T
-        if len(views) != len(self.preprocessing_):
-            raise InputError(f"the model was fitted on {len(self.preprocessing_)} views; got {len(views)}")
         Xs, _ = self._client_views(views, fitted=True)
         with views_checked():  # the samples of every view were split together (or not at all): checked above
             return self.factorization_.transform(Xs)
@@ -814,7 +815,9 @@ class FedMultiViewClustering(TransformerMixin, ClusterMixin, BaseEstimator):
         """
         if self.engine == "flower":
             check_is_fitted(self, "labels_")
-            return self._predict_flower(_check_view_structure(as_view_list(Xs)))[0]
+            views = _check_view_structure(as_view_list(Xs))
+            check_fitted_widths(self.n_features_in_, [X.shape[1] for X in views])
+            return self._predict_flower(views)[0]
         return assign_to_centers(self.transform(Xs), self.cluster_centers_,
                                  normalize_embedding=self.normalize_embedding)
 

@@ -21,9 +21,11 @@ from threadpoolctl import threadpool_limits
 
 from fedsonmf._provenance import sha256_array
 from fedsonmf._validation import (
+    ViewsSplitGuard,
     as_view_list,
     check_callback,
     check_feature_names,
+    check_fitted_widths,
     check_int,
     check_n_jobs,
     check_real,
@@ -136,7 +138,7 @@ def _out_dtype(Xs) -> type:
     return np.float32 if all(getattr(X, "dtype", None) in (np.float32, np.float16) for X in Xs) else np.float64
 
 
-class FedSONMF(TransformerMixin, BaseEstimator):
+class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
     """Federated sparse orthogonal NMF of multi-view data.
 
     Each view is one client's private data; every client learns its own
@@ -380,12 +382,7 @@ class FedSONMF(TransformerMixin, BaseEstimator):
         refuse_list_split_by_sklearn(Xs)
         check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
         views = check_views(as_view_list(Xs), None)
-        widths = [X.shape[0] for X in views]
-        if widths != self.n_features_in_:
-            raise InputError(
-                f"the model was fitted on {len(self.n_features_in_)} views with {self.n_features_in_} features; "
-                f"got {len(widths)} views with {widths}"
-            )
+        check_fitted_widths(self.n_features_in_, [X.shape[0] for X in views])
         return views
 
     def transform(self, Xs) -> np.ndarray:
