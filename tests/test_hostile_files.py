@@ -253,3 +253,24 @@ def test_cli_refuses_a_hostile_view_in_one_line_with_exit_2(tmp_path, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(bad) in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_text_view_over_the_budget_is_refused_before_parsing(tmp_path, monkeypatch):
+    path = tmp_path / "v.csv"
+    np.savetxt(path, np.ones((200, 20)), delimiter=",")
+    monkeypatch.setenv(_limits.BUDGET_ENV, "64K")
+    refused_cheaply(lambda: read_view(path), str(path), "text view", "more than the budget of 64 KiB")
+
+
+def test_the_budget_is_half_the_available_memory_unless_set(monkeypatch):
+    avail = _limits.available_memory()
+    assert avail is None or avail > 0
+    monkeypatch.setattr(_limits, "available_memory", lambda: 10 << 30)
+    assert _limits.view_budget() == 5 << 30
+    monkeypatch.setattr(_limits, "available_memory", lambda: None)
+    assert _limits.view_budget() == 4 << 30
+    monkeypatch.setenv(_limits.BUDGET_ENV, "1.5G")
+    assert _limits.view_budget() == 3 << 29
+    monkeypatch.setenv(_limits.BUDGET_ENV, "lots")
+    with pytest.raises(InputError, match=_limits.BUDGET_ENV):
+        _limits.view_budget()
