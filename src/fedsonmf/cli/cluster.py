@@ -168,12 +168,13 @@ def _fit_assignments(ds, c: int, algorithm: str, params: dict, seed: int, on_rou
     import warnings
 
     from fedsonmf.estimators.clustering import FedMultiViewClustering
-    from fedsonmf.exceptions import DataWarning
+    from fedsonmf.exceptions import DataWarning, PrivacyWarning
 
     model = FedMultiViewClustering(c, random_state=seed, **{**params, "algorithm": algorithm})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # as run_dataset: capped runs report their rounds
         warnings.simplefilter("once", DataWarning)  # but what the data needs said, once
+        warnings.simplefilter("once", PrivacyWarning)  # and what the privacy settings do not give
         labels = model.fit_predict(ds.views, callback=on_round, masks=ds.masks if algorithm == "fedsonmf" else None)
     return labels, model
 
