@@ -274,3 +274,11 @@ def test_the_budget_is_half_the_available_memory_unless_set(monkeypatch):
     monkeypatch.setenv(_limits.BUDGET_ENV, "lots")
     with pytest.raises(InputError, match=_limits.BUDGET_ENV):
         _limits.view_budget()
+
+
+def test_mat_v4_matrix_declaring_10e10_values_is_refused(tmp_path):
+    path = tmp_path / "v4.mat"
+    path.write_bytes(struct.pack("<5i", 0, 100000, 100000, 0, 2) + b"X\0" + bytes(8))
+    refused_cheaply(lambda: read_view(path), str(path), "MAT v4 matrix 1 declaring 100000x100000", "forged header")
+    scipy.io.savemat(tmp_path / "ok4.mat", {"X": np.ones((30, 5)), "y": np.arange(30.0)}, format="4")
+    assert read_view(tmp_path / "ok4.mat", key="X")[0].shape == (30, 5)

@@ -66,6 +66,8 @@ def _read_variables(path: Path) -> dict:
         )
     if is_v5:
         _verify_mat5_elements(path, size)  # before scipy: its reader can crash on damaged data
+    else:
+        _verify_mat4_matrices(path, size)
     try:
         variables, n_raw = _read_mat5(path)
     except Exception as exc:  # scipy raises ValueError, IndexError, OSError, zlib.error, TypeError, ...
@@ -143,6 +145,39 @@ def _verify_mat5_elements(path: Path, size: int) -> None:
                                      "array it declares") from None
                 pos = end + (-nbytes % 8)
             _limits.check_budget(path, need[0], "its arrays")
+
+
+def _verify_mat4_matrices(path: Path, size: int) -> None:
+    """Read the headers of a MAT v4 file's matrices (type, rows, columns, imaginary flag, name) and
+    refuse, before scipy reads them, a matrix declaring more data than the file holds or more memory
+    in all than the view budget.  A file whose first header is not a v4 one is left to scipy."""
+    import struct
+
+    with open(path, "rb") as fh:
+        first = fh.read(20)
+        if len(first) < 20:
+            return
+        endian = next((e for e in "<>" if _mopt_ok(struct.unpack(e + "i", first[:4])[0])), None)
+        if endian is None:
+            return
+        pos, need, k = 0, 0, 0
+        while pos + 20 <= size:
+            k += 1
+            fh.seek(pos)
+            mopt, rows, cols, imagf, namlen = struct.unpack(endian + "5i", fh.read(20))
+            if not _mopt_ok(mopt) or min(rows, cols, namlen) < 0:
+                return  # scipy says what is wrong
+            count = rows * cols
+            data = count * (8, 4, 4, 2, 2, 1)[(mopt // 10) % 10] * (2 if imagf else 1)
+            _limits.check_holds(path, f"MAT v4 matrix {k} declaring {rows}x{cols}", pos + 20 + namlen + data, size)
+            need += count * 8 * (2 if imagf else 1)
+            _limits.check_budget(path, need, "its matrices")
+            pos += 20 + namlen + data
+
+
+def _mopt_ok(mopt: int) -> bool:
+    """A MAT v4 type word: machine 0-4, 0, precision 0-5, matrix type 0-2."""
+    return 0 <= mopt < 5000 and (mopt // 100) % 10 == 0 and (mopt // 10) % 10 <= 5 and mopt % 10 <= 2
 
 
 class _Short(Exception):
