@@ -282,3 +282,16 @@ def test_mat_v4_matrix_declaring_10e10_values_is_refused(tmp_path):
     refused_cheaply(lambda: read_view(path), str(path), "MAT v4 matrix 1 declaring 100000x100000", "forged header")
     scipy.io.savemat(tmp_path / "ok4.mat", {"X": np.ones((30, 5)), "y": np.arange(30.0)}, format="4")
     assert read_view(tmp_path / "ok4.mat", key="X")[0].shape == (30, 5)
+
+
+def test_a_deployment_mask_file_with_a_forged_header_is_refused(tmp_path):
+    from fedsonmf.federation.flower.viewfiles import check_inputs
+
+    views = []
+    for p in range(2):
+        views.append(tmp_path / f"v{p}.npy")
+        np.save(views[-1], np.random.default_rng(p).random((20, 5)))
+    mask = tmp_path / "mask.npy"
+    mask.write_bytes(npy_header((10**6, 10**6), "|b1") + bytes(64))
+    refused_cheaply(lambda: check_inputs(views, 2, mask_paths=[mask, None]), "mask file of view 0", str(mask),
+                    "forged header")
