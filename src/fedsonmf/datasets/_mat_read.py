@@ -288,8 +288,8 @@ def _sub(src, endian: str) -> tuple[int, int, bytes]:
     t, n, small = _tag(src, endian)
     if small is not None:
         return t, n, small
-    if n > 1 << 16:
-        raise _Short  # a header sub-element of more than 64 KiB: not a MAT file's
+    if n > 1 << 24:
+        raise _Short  # a header sub-element (flags, dimensions, names) of more than 16 MiB: not a MAT file's
     body = src.read(n)
     src.skip(-n % 8)
     return t, n, body
@@ -307,8 +307,13 @@ def _walk_matrix(src, endian: str, nbytes: int, path: Path, need: list, depth: i
     if depth > 64:
         raise InputError(f"{path}: MAT arrays nested more than 64 deep; refused")
     _, _, flags = _sub(src, endian)
+    if len(flags) < 4:
+        raise _Short
     cls = flags[0] if endian == "<" else flags[3]
     is_complex = bool(struct.unpack(endian + "I", flags[:4])[0] & 0x800)
+    if not 1 <= cls <= 15 or src.tell() + 16 > end:  # function handles, opaque objects: not views; skipped
+        src.skip(end - src.tell())
+        return
     t, n, dims_raw = _sub(src, endian)
     dims = struct.unpack(f"{endian}{n // 4}i", dims_raw[:n - n % 4]) if t == 5 else ()
     count = _limits.prod(max(d, 0) for d in dims)
@@ -335,6 +340,8 @@ def _walk_matrix(src, endian: str, nbytes: int, path: Path, need: list, depth: i
                 raise _Short
             _walk_matrix(src, endian, sub_n, path, need, depth + 1)
             src.skip(-sub_n % 8)
+    elif src.tell() + 8 > end:  # no data sub-element (an empty array)
+        pass
     elif cls == 5:  # sparse: row indices, column pointers, values
         rows, cols = (dims + (0, 0))[:2]
         t, ir_n, small = _tag(src, endian)
@@ -355,8 +362,9 @@ def _walk_matrix(src, endian: str, nbytes: int, path: Path, need: list, depth: i
                              "truncated file or a forged header; refused before reading")
         need[0] += count * (_CLASS_SIZE[cls] + 8) * (2 if is_complex else 1)
     rest = end - src.tell()
-    if rest > 0:
-        src.skip(rest)
+    if rest < 0:
+        raise _Short  # sub-elements running past their matrix element
+    src.skip(rest)
 
 
 def _is_hdf5_head(head: bytes) -> bool:
