@@ -15,7 +15,7 @@ __all__ = [
     "FedSONMFError", "InputError", "InputTypeError", "ParameterError", "CheckpointError", "ProtocolError",
     "FederationError", "PartitionRefused",
     "FlowerRunError", "RunStopped", "AuditError", "ConvergenceWarning", "DivergenceWarning",  # noqa: F822 (module __getattr__)
-    "DataWarning", "warn",
+    "DataWarning", "PrivacyWarning", "warn",
 ]
 
 
@@ -89,6 +89,12 @@ class DataWarning(UserWarning):
     padded up to the rank, a degenerate view (constant, near-constant features, mostly all-zero
     rows), a precision the solver cannot keep.  The command line shows these even where it hides
     the other warnings of repeated fits."""
+
+
+class PrivacyWarning(UserWarning):
+    """A run whose privacy protection is weaker than its settings suggest (e.g. secure aggregation
+    between two clients, which hides nothing between them); the message says what does protect.
+    The command line shows these even where it hides the other warnings of repeated fits."""
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -178,12 +178,13 @@ def _fit_assignments(ds, c: int, algorithm: str, params: dict, seed: int, on_rou
     import warnings
 
     from fedsonmf.estimators.clustering import FedMultiViewClustering
-    from fedsonmf.exceptions import DataWarning
+    from fedsonmf.exceptions import DataWarning, PrivacyWarning
 
     model = FedMultiViewClustering(c, random_state=seed, **{**params, "algorithm": algorithm})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # as run_dataset: capped runs report their rounds
         warnings.simplefilter("once", DataWarning)  # but what the data needs said, once
+        warnings.simplefilter("once", PrivacyWarning)  # and what the privacy settings do not give
         labels = model.fit_predict(ds.views, callback=on_round, masks=ds.masks if algorithm == "fedsonmf" else None)
     return labels, model
 
@@ -336,13 +337,14 @@ def register(app, reproduce_app) -> None:
         from threadpoolctl import threadpool_limits
 
         from fedsonmf.datasets.files import write_assignments
-        from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset, standing
 
         n_seeds = seeds if seeds is not None else 10
         _check_common(n_seeds, nmi_average, json_path)
         check_output_path(labels_out, "--labels-out")
         ds = _load(paths, views_key=views_key, labels_key=labels_key, missing=missing, labels_path=labels_path,
                    id_column=id_column, header=header, delimiter=delimiter)
+        # after the files are read: scikit-learn's import (about 1 s) is not paid for a refused file
+        from fedsonmf.experiments.table1 import CONTEXT_METHODS, run_dataset, standing
         if ds.labels is None:
             if clusters is None:
                 raise ParameterError("--clusters is needed when there are no labels (--labels)")

@@ -17,6 +17,7 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
+from fedsonmf.datasets import _limits
 from fedsonmf.exceptions import InputError, ParameterError
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -29,6 +30,8 @@ def _check_file(path) -> Path:
         raise ParameterError(f"path must be a str or path-like, got {path!r}") from None
     if not path.exists():
         raise InputError(f"{path}: file does not exist")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not a regular file: pass the file(s) inside it")
     if not path.is_file():
         raise InputError(f"{path}: not a regular file")
     return path
@@ -47,7 +50,7 @@ def _read_variables(path: Path) -> dict:
     if _is_hdf5_head(head):
         try:
             variables = _read_hdf5_mat(path)
-        except ImportError:
+        except (ImportError, InputError):
             raise
         except Exception as exc:  # h5py raises OSError/KeyError/ValueError... on damaged files
             raise InputError(
@@ -63,6 +66,8 @@ def _read_variables(path: Path) -> dict:
         )
     if is_v5:
         _verify_mat5_elements(path, size)  # before scipy: its reader can crash on damaged data
+    else:
+        _verify_mat4_matrices(path, size)
     try:
         variables, n_raw = _read_mat5(path)
     except Exception as exc:  # scipy raises ValueError, IndexError, OSError, zlib.error, TypeError, ...
@@ -83,11 +88,18 @@ def _verify_mat5_elements(path: Path, size: int) -> None:
     scipy's reader does not check the checksum and can read damaged compressed
     data into an invalid sparse matrix (a segmentation fault was observed on a
     flipped bit); a damaged file is refused here first.
+
+    The walk also reads every array's header (class, dimensions, nested cells and
+    structs) and refuses, before scipy allocates anything (:mod:`._limits`): an array
+    declaring more values than its element stores, a compressed element inflating
+    like a zip bomb, and arrays needing more memory in all than the view budget.
     """
     import mmap
     import struct
     import zlib
 
+    need = [0]  # bytes the arrays declared so far need once read
+    budget = _limits.view_budget()
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
         endian = {b"IM": "<", b"MI": ">"}.get(bytes(data[126:128]))
         if endian is None:
@@ -108,26 +120,251 @@ def _verify_mat5_elements(path: Path, size: int) -> None:
             if end > size:
                 raise InputError(f"{path}: truncated MAT file: element {k} needs {end} bytes, the file has {size}")
             if mtype == 15:
-                dec = zlib.decompressobj()
+                src = _Inflated(data[pos + 8:end], path, f"compressed element {k} at byte {pos}", budget)
                 try:
-                    head = dec.decompress(data[pos + 8:end], 8)
+                    head = src.read(8) if src.available(8) else b""
                     inner_type, inner_n = struct.unpack(endian + "II", head) if len(head) == 8 else (0, 0)
-                    total = len(head)
-                    while not dec.eof:
-                        chunk = dec.decompress(dec.unconsumed_tail, 1 << 24)
-                        if not chunk and not dec.unconsumed_tail:
-                            break
-                        total += len(chunk)
-                    total += len(dec.flush())
+                    if inner_type == 14:
+                        _walk_matrix(src, endian, inner_n, path, need, 0)
+                    src.drain()
+                    total = src.total
                 except zlib.error as exc:
                     raise InputError(f"{path}: corrupt MAT file: compressed element {k} at byte {pos} is damaged "
                                      f"(zlib: {exc})") from None
-                if not dec.eof or inner_type != 14 or total < 8 + inner_n:
+                except _Short:
+                    total = -1
+                if not src.dec.eof or inner_type != 14 or total < 8 + inner_n:
                     raise InputError(f"{path}: corrupt or truncated MAT file: compressed element {k} at byte {pos} "
                                      "does not hold a complete matrix")
                 pos = end
             else:
+                try:
+                    _walk_matrix(_Mapped(data, pos + 8, end), endian, nbytes, path, need, 0)
+                except _Short:
+                    raise InputError(f"{path}: corrupt MAT file: element {k} at byte {pos} is shorter than the "
+                                     "array it declares") from None
                 pos = end + (-nbytes % 8)
+            _limits.check_budget(path, need[0], "its arrays")
+
+
+def _verify_mat4_matrices(path: Path, size: int) -> None:
+    """Read the headers of a MAT v4 file's matrices (type, rows, columns, imaginary flag, name) and
+    refuse, before scipy reads them, a matrix declaring more data than the file holds or more memory
+    in all than the view budget.  A file whose first header is not a v4 one is left to scipy."""
+    import struct
+
+    with open(path, "rb") as fh:
+        first = fh.read(20)
+        if len(first) < 20:
+            return
+        endian = next((e for e in "<>" if _mopt_ok(struct.unpack(e + "i", first[:4])[0])), None)
+        if endian is None:
+            return
+        pos, need, k = 0, 0, 0
+        while pos + 20 <= size:
+            k += 1
+            fh.seek(pos)
+            mopt, rows, cols, imagf, namlen = struct.unpack(endian + "5i", fh.read(20))
+            if not _mopt_ok(mopt) or min(rows, cols, namlen) < 0:
+                return  # scipy says what is wrong
+            count = rows * cols
+            data = count * (8, 4, 4, 2, 2, 1)[(mopt // 10) % 10] * (2 if imagf else 1)
+            _limits.check_holds(path, f"MAT v4 matrix {k} declaring {rows}x{cols}", pos + 20 + namlen + data, size)
+            need += count * 8 * (2 if imagf else 1)
+            _limits.check_budget(path, need, "its matrices")
+            pos += 20 + namlen + data
+
+
+def _mopt_ok(mopt: int) -> bool:
+    """A MAT v4 type word: machine 0-4, 0, precision 0-5, matrix type 0-2."""
+    return 0 <= mopt < 5000 and (mopt // 100) % 10 == 0 and (mopt // 10) % 10 <= 5 and mopt % 10 <= 2
+
+
+class _Short(Exception):
+    """A data element ended before what its headers declare."""
+
+
+class _Mapped:
+    """Bytes ``[start, end)`` of a mapped file, read in order."""
+
+    def __init__(self, data, start: int, end: int):
+        self.data, self.pos, self.end = data, start, end
+
+    def available(self, n: int) -> bool:
+        return self.pos + n <= self.end
+
+    def read(self, n: int) -> bytes:
+        if self.pos + n > self.end:
+            raise _Short
+        out = bytes(self.data[self.pos:self.pos + n])
+        self.pos += n
+        return out
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > self.end:
+            raise _Short
+        self.pos += n
+
+    def tell(self) -> int:
+        return self.pos
+
+
+class _Inflated:
+    """A zlib stream read in order, at most 1 MiB inflated at a time; refused (InputError) once it
+    inflates like a zip bomb or beyond the view budget."""
+
+    def __init__(self, compressed: bytes, path: Path, what: str, budget: int):
+        import zlib
+
+        self.dec = zlib.decompressobj()
+        self.tail, self.buf, self.total, self.consumed = compressed, b"", 0, 0
+        self.path, self.what, self.budget, self.n_in = path, what, budget, len(compressed)
+
+    def _pull(self) -> bool:
+        if self.dec.eof or (not self.tail and self.dec.eof):
+            return False
+        chunk = self.dec.decompress(self.tail, 1 << 20)
+        self.tail = self.dec.unconsumed_tail
+        if not chunk and not self.tail:
+            chunk = self.dec.flush()
+            if not chunk:
+                return False
+        self.total += len(chunk)
+        _limits.check_inflation(self.path, self.what, self.total, self.n_in)
+        if self.total > self.budget:
+            _limits.check_budget(self.path, self.total, self.what)
+        self.buf += chunk
+        return True
+
+    def available(self, n: int) -> bool:
+        while len(self.buf) < n:
+            if not self._pull():
+                return False
+        return True
+
+    def read(self, n: int) -> bytes:
+        if not self.available(n):
+            raise _Short
+        out, self.buf = self.buf[:n], self.buf[n:]
+        self.consumed += n
+        return out
+
+    def skip(self, n: int) -> None:
+        while n > 0:
+            if not self.buf and not self._pull():
+                raise _Short
+            step = min(n, len(self.buf))
+            self.buf = self.buf[step:]
+            self.consumed += step
+            n -= step
+
+    def tell(self) -> int:
+        return self.consumed
+
+    def drain(self) -> None:
+        self.buf = b""
+        while self._pull():
+            self.buf = b""
+
+
+#: bytes per value of the MAT data types (miINT8 ... miUINT64) and of the array classes (mxCHAR ... mxUINT64)
+_TYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 2, 5: 4, 6: 4, 7: 4, 9: 8, 12: 8, 13: 8, 16: 1, 17: 2, 18: 4}
+_CLASS_SIZE = {4: 4, 6: 8, 7: 4, 8: 1, 9: 1, 10: 2, 11: 2, 12: 4, 13: 4, 14: 8, 15: 8}
+
+
+def _tag(src, endian: str) -> tuple[int, int, bytes | None]:
+    """A sub-element's type, byte count and (small element format) its data."""
+    import struct
+
+    raw = src.read(8)
+    t, n = struct.unpack(endian + "II", raw)
+    if t >> 16:
+        return t & 0xFFFF, t >> 16, raw[4:4 + (t >> 16)]
+    return t, n, None
+
+
+def _sub(src, endian: str) -> tuple[int, int, bytes]:
+    """A small sub-element (flags, dimensions, a name): its type, byte count and data."""
+    t, n, small = _tag(src, endian)
+    if small is not None:
+        return t, n, small
+    if n > 1 << 24:
+        raise _Short  # a header sub-element (flags, dimensions, names) of more than 16 MiB: not a MAT file's
+    body = src.read(n)
+    src.skip(-n % 8)
+    return t, n, body
+
+
+def _walk_matrix(src, endian: str, nbytes: int, path: Path, need: list, depth: int) -> None:
+    """Read the headers of one miMATRIX element of ``nbytes`` (``src`` after its tag), adding to
+    ``need[0]`` the memory its arrays take once read; InputError for a declaration the element
+    cannot hold."""
+    import struct
+
+    end = src.tell() + nbytes
+    if nbytes == 0:
+        return
+    if depth > 64:
+        raise InputError(f"{path}: MAT arrays nested more than 64 deep; refused")
+    _, _, flags = _sub(src, endian)
+    if len(flags) < 4:
+        raise _Short
+    cls = flags[0] if endian == "<" else flags[3]
+    is_complex = bool(struct.unpack(endian + "I", flags[:4])[0] & 0x800)
+    if not 1 <= cls <= 15 or src.tell() + 16 > end:  # function handles, opaque objects: not views; skipped
+        src.skip(end - src.tell())
+        return
+    t, n, dims_raw = _sub(src, endian)
+    dims = struct.unpack(f"{endian}{n // 4}i", dims_raw[:n - n % 4]) if t == 5 else ()
+    count = _limits.prod(max(d, 0) for d in dims)
+    _sub(src, endian)  # the name
+    left = end - src.tell()
+    shown = "x".join(map(str, dims))
+    if cls in (1, 2, 3):  # cell, struct, object: nested matrix elements of at least 8 bytes each
+        n_fields = 1
+        if cls in (2, 3):
+            if cls == 3:
+                _sub(src, endian)  # the class name
+            _, _, flen = _sub(src, endian)
+            length = struct.unpack(endian + "i", flen[:4])[0] if len(flen) >= 4 else 0
+            _, fn, _ = _sub(src, endian)
+            n_fields = fn // length if length > 0 else 0
+            left = end - src.tell()
+        elements = count * n_fields
+        _limits.check_holds(path, f"a {shown} cell or struct array ({elements} elements)", 8 * elements, left,
+                            where="its MAT element holds")
+        need[0] += 8 * elements
+        for _ in range(elements):
+            t, sub_n, _ = _tag(src, endian)
+            if t != 14:
+                raise _Short
+            _walk_matrix(src, endian, sub_n, path, need, depth + 1)
+            src.skip(-sub_n % 8)
+    elif src.tell() + 8 > end:  # no data sub-element (an empty array)
+        pass
+    elif cls == 5:  # sparse: row indices, column pointers, values
+        rows, cols = (dims + (0, 0))[:2]
+        t, ir_n, small = _tag(src, endian)
+        nnz = ir_n // 4
+        if small is None:
+            src.skip(ir_n + (-ir_n % 8))
+        t, jc_n, small = _tag(src, endian)
+        if small is None:
+            src.skip(jc_n + (-jc_n % 8))
+        _limits.check_holds(path, f"a {shown} sparse array ({cols} columns)", 4 * (max(cols, 0) + 1), jc_n,
+                            where="its column pointers hold")
+        need[0] += nnz * (8 + 8) * 2 + 8 * (max(rows, 0) + 1) + 8 * (max(cols, 0) + 1)
+    elif cls in _CLASS_SIZE:  # numeric or char: the stored values, then the imaginary part
+        t, pr_n, small = _tag(src, endian)
+        stored = pr_n // _TYPE_SIZE.get(t, 1)
+        if stored < count and count > 0:
+            raise InputError(f"{path}: a {shown} MAT array declares {count} values but stores {stored}: a "
+                             "truncated file or a forged header; refused before reading")
+        need[0] += count * (_CLASS_SIZE[cls] + 8) * (2 if is_complex else 1)
+    rest = end - src.tell()
+    if rest < 0:
+        raise _Short  # sub-elements running past their matrix element
+    src.skip(rest)
 
 
 def _is_hdf5_head(head: bytes) -> bool:
@@ -174,12 +411,21 @@ def _read_hdf5_mat(path: Path) -> dict:
         val = obj.attrs.get(key)
         return val.decode() if isinstance(val, bytes) else val
 
+    need = [0]
+
+    def declare(what: str, nbytes: int) -> None:  # every dataset's declared shape, before it is read
+        need[0] += nbytes
+        _limits.check_budget(path, need[0], what)
+
     def convert(obj):
         cls = attr(obj, "MATLAB_class")
         if isinstance(obj, h5py.Group):
             if "MATLAB_sparse" not in obj.attrs:
                 return None  # struct or object: not supported
             n_rows = int(obj.attrs["MATLAB_sparse"])
+            parts = [obj[k] for k in ("jc", "ir", "data") if k in obj and isinstance(obj[k], h5py.Dataset)]
+            declare(f"the sparse array {obj.name!r} ({n_rows} rows)",
+                    2 * sum(_limits.prod(d.shape) * 8 for d in parts) + 16 * (max(n_rows, 0) + 1))
             jc = np.asarray(obj["jc"], dtype=np.int64).ravel()
             if "data" in obj:  # absent when the matrix has no nonzeros
                 data, ir = np.asarray(obj["data"]).ravel(), np.asarray(obj["ir"]).ravel()
@@ -195,6 +441,9 @@ def _read_hdf5_mat(path: Path) -> dict:
             return out.T
         if cls == "char" or "MATLAB_empty" in obj.attrs or obj.dtype.names is not None:
             return None  # text, empty or complex
+        if isinstance(obj, h5py.Dataset):
+            n = _limits.prod(obj.shape)
+            declare(f"the array {obj.name!r} of shape {obj.shape[::-1]} ({obj.dtype})", n * (obj.dtype.itemsize + 8))
         return np.asarray(obj).T
 
     with h5py.File(path, "r") as fh:

@@ -422,6 +422,7 @@ def run_federation(
     secure = cfg.secure_aggregation
     if secure:
         _check_secure(alg, m, participation)
+        secagg.warn_two_parties(m, cfg.dp_enabled)
     if resume is None:
         replies = transport.exchange(setup_messages(m, seed, cfg, alg.name))
         ns = {int(rep.scalars["n"]) for rep in replies}

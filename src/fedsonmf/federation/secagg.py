@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from fedsonmf.exceptions import ParameterError, ProtocolError
+from fedsonmf.exceptions import ParameterError, PrivacyWarning, ProtocolError, warn
 
 __all__ = [
     "SecAggRangeError", "generate_keypair", "pair_keys", "mask_stream", "frac_bits", "item_bound", "encode",
     "decode", "mask_items", "ring_sum", "exchange_label", "exchange_key", "remove_revealed", "SECAGG_KEY",
-    "MASKED_PREFIX", "HEADROOM_BITS",
+    "MASKED_PREFIX", "HEADROOM_BITS", "warn_two_parties",
 ]
 
 #: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
@@ -67,6 +67,21 @@ MASKED_PREFIX = "secagg."
 #: factor 2^16 between an item's typical size and its bound (room for transients, weights m/c_j)
 HEADROOM_BITS = 16
 _SAFE_BITS = 61  # m * bound * 2^f <= 2^61 < 2^63: a sum of m encoded items cannot wrap
+
+
+def warn_two_parties(m: int, dp_enabled: bool = False) -> None:
+    """Warn (:class:`~fedsonmf.exceptions.PrivacyWarning`) when secure aggregation runs between exactly
+    two clients: each gets the mean of the two uploads back (it is what the server broadcasts), so
+    each recovers the other's upload exactly as ``2 * mean - own``; masking hides nothing between
+    them, only from the server.  Differential privacy (``dp_epsilon``) is what protects the uploads
+    from each other (docs/privacy.md, "Two clients")."""
+    if m != 2:
+        return
+    dp = ("only the run's differential privacy protects them from each other" if dp_enabled
+          else "set dp_epsilon (differential privacy) to protect them from each other")
+    warn("secure aggregation with 2 clients hides nothing between them: each recovers the other's exact upload "
+         f"from the broadcast mean (2 x mean - its own upload), the masks hide the uploads from the server only; "
+         f"{dp} (docs/privacy.md, 'Two clients')", PrivacyWarning)
 
 
 class SecAggRangeError(ProtocolError):

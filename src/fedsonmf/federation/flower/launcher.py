@@ -33,6 +33,7 @@ from fedsonmf._io import write_json_atomic
 from fedsonmf._validation import check_auto_or_count
 from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError, warn
 from fedsonmf.federation import deployment_defaults as dd
+from fedsonmf.federation import secagg
 from fedsonmf.federation.budget import resolve_budget
 from fedsonmf.federation.flower.deployment import (  # noqa: F401 - re-exported: the launcher's public names
     CONNECTION,
@@ -235,6 +236,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     if labels is not None and n_clusters is None:
         raise ParameterError("labels (to score against) need n_clusters")
     cluster_rc = clustering_run_config(n_clusters, clustering) if n_clusters is not None else {}
+    if FLOWER_SECURE_AGGREGATION if secure_aggregation is None else secure_aggregation:
+        secagg.warn_two_parties(len(view_paths), cfg.dp_enabled)  # here: the ServerApp's goes to its log only
     run_dir = Path(run_dir).resolve()
     lock = _lock_run_dir(run_dir)  # before job.json: a second launch must not touch the first's files
     try:

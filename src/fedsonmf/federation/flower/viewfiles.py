@@ -162,8 +162,13 @@ def check_inputs(view_paths, n_components: int | None = None, *, n_clusters: int
         raise InputError(f"n_clusters={n_clusters} must be between 1 and the number of samples ({min(ns)})")
     for p, path in enumerate(mask_paths or []):  # a mask is a small vector: checked now, not at the handshake
         if path is not None:
+            from fedsonmf.datasets.files import _precheck_npy
+
             try:
+                _precheck_npy(Path(path), None)  # a header declaring more than the file holds: refused unread
                 mask = np.load(path, allow_pickle=False)
+            except InputError as exc:
+                raise InputError(f"mask file of view {p}: {exc}") from None
             except (OSError, ValueError) as exc:
                 raise InputError(f"mask file {path} of view {p} is not a .npy array: {exc}") from None
             held_columns(mask, shapes[p][0], client=p)
