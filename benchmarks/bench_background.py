@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_limits
 from fedsonmf._validation import check_views
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators.clustering import FedMultiViewClustering, _check_view_structure, kmeans_on_embedding
+from fedsonmf.estimators.options import from_flat  # noqa: E402
 from fedsonmf.federation.inprocess import InProcessTransport
 from fedsonmf.federation.loop import ClientRuntime, run_federation
 from fedsonmf.metrics import clustering_scores
@@ -38,7 +39,7 @@ VARIANTS = {"old default (r = c, no preprocessing)": {"n_components": "paper", "
 def trace(ds, variant: dict, seed: int, every: int, max_rounds: int) -> list[dict]:
     """Rounds of one federated fit with the variant's client views: energy share and ACC."""
     c = int(np.unique(ds.labels).size)
-    est = FedMultiViewClustering(c, random_state=seed, **variant)
+    est = FedMultiViewClustering(c, random_state=seed, **from_flat(variant))
     views = _check_view_structure(ds.views)
     est._validate(views[0].shape[0])
     r, _ = resolve_rank(c, [X.shape[1] for X in views], est.n_components)

@@ -39,6 +39,7 @@ from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data 
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators import clustering as _clustering  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
+from fedsonmf.estimators.options import from_flat  # noqa: E402
 from fedsonmf.experiments.references import multiview_spectral, row_normalize_view  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 from fedsonmf.pipeline.rank_rule import resolve_rank  # noqa: E402
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    model = FedMultiViewClustering(c, random_state=seed, **params).fit(ds.views)
+                    model = FedMultiViewClustering(c, random_state=seed, **from_flat(params)).fit(ds.views)
                 secs.append(time.perf_counter() - t0)
                 for rule, fn in SERVER_RULES.items():
                     acc[rule].append(100 * clustering_scores(ds.labels, fn(model.embedding_, c, seed))["acc"])

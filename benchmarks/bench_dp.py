@@ -33,6 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import from_flat  # noqa: E402
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.protocol.params import default
 
@@ -59,7 +60,7 @@ def write_json_atomic(path: Path, obj) -> None:
 
 def fit(ds, seed: int, **params) -> dict:
     t0 = time.perf_counter()
-    model = FedMultiViewClustering(ds.n_classes, random_state=seed, **params).fit(ds.views)
+    model = FedMultiViewClustering(ds.n_classes, random_state=seed, **from_flat(params)).fit(ds.views)
     sc = clustering_scores(ds.labels, model.labels_)
     row = {"seed": seed, "acc": sc["acc"], "nmi": sc["nmi"], "n_rounds": model.n_rounds_,
            "seconds": time.perf_counter() - t0}

@@ -37,6 +37,7 @@ from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data 
 
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
+from fedsonmf.estimators.options import from_flat  # noqa: E402
 from fedsonmf.metrics import clustering_scores  # noqa: E402
 
 REMOVED = {name: FILES[name] for name in ("BBCSport", "MSRC-v1")}
@@ -91,7 +92,7 @@ def fit_both(views, labels, masks, c, seed, params) -> dict:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the mostly-empty-rows hint is expected on zero-filled views
-            lab = FedMultiViewClustering(c, random_state=seed, **params).fit_predict(vs, masks=mk)
+            lab = FedMultiViewClustering(c, random_state=seed, **from_flat(params)).fit_predict(vs, masks=mk)
         sc = clustering_scores(labels, lab)
         row[name] = {"acc": 100 * sc["acc"], "nmi": 100 * sc["nmi"], "seconds": time.perf_counter() - t0}
     return row

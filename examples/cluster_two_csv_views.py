@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsonmf.datasets import load_views
-from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators import FedMultiViewClustering, MethodOptions
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.model_selection import GridSearchCV
 
@@ -48,9 +48,10 @@ def main(out: Path):
     print(f"rank r={model.n_components_}, {model.n_iter_} rounds, mu={model.mu_:.3g}")
 
     # choose tau without labels: the label-free score on held-out samples of *both* views
-    search = GridSearchCV(FedMultiViewClustering(3, random_state=0), {"tau": [5, 10]}, cv=3)
+    grid = {"method": [MethodOptions(tau=5), MethodOptions(tau=10)]}
+    search = GridSearchCV(FedMultiViewClustering(3, random_state=0), grid, cv=3)
     search.fit(ds.views)
-    print("best tau (label-free):", search.best_params_["tau"])
+    print("best tau (label-free):", search.best_params_["method"].tau)
 
     path = out / "clusters.csv"
     path.write_text("sample_id,cluster\n" + "\n".join(f"{i},{c}" for i, c in zip(ds.ids, labels)) + "\n")

@@ -16,6 +16,7 @@ from fedsonmf.estimators.clustering import (
     auto_mu,
     normalize_rows,
 )
+from fedsonmf.estimators.options import Flower, MethodOptions, PrivacyOptions, RefineOptions
 from fedsonmf.experiments.evaluation import (
     concat_kmeans,
     concat_nmf,
@@ -23,7 +24,7 @@ from fedsonmf.experiments.evaluation import (
 )
 from fedsonmf.metrics import clustering_scores
 
-FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
+FAST = dict(max_rounds=5, tol=0.0, method=MethodOptions(diagnostics=False))
 
 
 def test_planted_problem_is_clustered_perfectly():
@@ -50,10 +51,10 @@ def test_estimator_api():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (0, "n_clusters must be a positive integer"),
-    (-2, "n_clusters must be a positive integer"),
-    (2.5, "n_clusters must be a positive integer"),
-    (True, "n_clusters must be a positive integer"),
+    (0, "'n_clusters' parameter of FedMultiViewClustering must be an int in the range"),
+    (-2, "'n_clusters' parameter of FedMultiViewClustering must be an int in the range"),
+    (2.5, "'n_clusters' parameter of FedMultiViewClustering must be an int in the range"),
+    (True, "'n_clusters' parameter of FedMultiViewClustering must be an int, not a bool"),
     (1000, "n_clusters=1000 is larger than n_samples=45"),
 ])
 def test_n_clusters_validation(bad, match):
@@ -63,13 +64,25 @@ def test_n_clusters_validation(bad, match):
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"mu": "big"}, "mu must be"), ({"mu": -1.0}, "mu must be"), ({"n_components": 0}, "n_components"),
-    ({"n_init": 0}, "n_init"),
+    ({"n_components": 0}, "n_components"), ({"n_init": 0}, "n_init"), ({"preprocess": "auto-std"}, "preprocess"),
+    ({"method": {"tau": 5}}, "'method' parameter of FedMultiViewClustering must be None or an instance of"),
 ])
 def test_other_parameter_validation(kw, match):
     Xs, _ = planted()
     with pytest.raises(ParameterError, match=match):
-        FedMultiViewClustering(3, **kw, **FAST).fit(Xs)
+        FedMultiViewClustering(3, **{**FAST, **kw}).fit(Xs)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: MethodOptions(mu="big"), "'mu' parameter of MethodOptions"),
+    (lambda: MethodOptions(mu=-1.0), "'mu' parameter of MethodOptions"),
+    (lambda: RefineOptions(starts=0), "'starts' parameter of RefineOptions"),
+    (lambda: PrivacyOptions(dp_delta=1.0), "'dp_delta' parameter of PrivacyOptions"),
+    (lambda: Flower(run_dir=3), "'run_dir' parameter of Flower"),
+])
+def test_option_objects_check_their_fields_when_made(make, match):
+    with pytest.raises(ParameterError, match=match):
+        make()
 
 
 def test_all_zero_sample_gives_no_nan():
@@ -78,7 +91,8 @@ def test_all_zero_sample_gives_no_nan():
     for X in Xs:
         X[0] = 0.0  # sample 0 is empty in every view
     for normalize in (True, False):
-        model = FedMultiViewClustering(3, random_state=0, normalize_embedding=normalize, **FAST).fit(Xs)
+        model = FedMultiViewClustering(3, random_state=0, **{**FAST, "method": MethodOptions(
+            diagnostics=False, normalize_embedding=normalize)}).fit(Xs)
         assert np.all(np.isfinite(model.embedding_))
         assert model.labels_.shape == (y.size,)
     assert np.all(np.isfinite(normalize_rows(np.zeros((2, 3)))))
@@ -122,7 +136,7 @@ def test_3sources_run_is_deterministic_under_a_seed():
     from fedsonmf.datasets.mat import load_mat
 
     ds = load_mat(THREE_SOURCES)
-    kw = dict(random_state=3, max_rounds=3, tol=0.0, diagnostics=False)
+    kw = dict(random_state=3, max_rounds=3, tol=0.0, method=MethodOptions(diagnostics=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = FedMultiViewClustering(ds.n_classes, **kw).fit(ds.views)
@@ -165,7 +179,7 @@ def test_dense_views_are_centred_by_their_own_statistic_and_predict_reuses_it():
 
 def test_paper_preset_is_one_call_away():
     m = FedMultiViewClustering.paper(3, random_state=0, **FAST)
-    assert (m.n_components, m.preprocess, m.normalize_embedding) == ("paper", "none", False)
+    assert (m.n_components, m.preprocess, m.method.normalize_embedding) == ("paper", "none", False)
     Xs, y = planted()
     assert m.fit(Xs).n_components_ == 3
 

@@ -9,11 +9,12 @@ import pytest
 import scipy.sparse as sp
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering
+from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.exceptions import DataWarning
 from fedsonmf.pipeline.steps import prepare_view
 from fedsonmf.pipeline.view_rule import apply_view_preprocessing, preprocess_view
 
-FAST = dict(max_rounds=5, tol=0.0, diagnostics=False)
+FAST = dict(max_rounds=5, tol=0.0, method=MethodOptions(diagnostics=False))
 
 
 def dense(n=40, d=6, seed=0):

@@ -11,6 +11,7 @@ from fedsonmf.core.dp import clip_frobenius, gaussian_release
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import PrivacyOptions
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.federation.inprocess import run_inprocess
 from fedsonmf.federation.loop import ClientRuntime, run_federation, setup_messages
@@ -210,12 +211,15 @@ def test_dp_run_resumes_bit_identically(data, tmp_path):
 
 
 def test_clustering_reports_the_privacy_of_the_fit(data):
-    model = FedMultiViewClustering(3, dp_epsilon=50.0, dp_rounds=3, random_state=0).fit(data.views)
+    model = FedMultiViewClustering(3, random_state=0, privacy=PrivacyOptions(dp_epsilon=50.0,
+                                                                             dp_rounds=3)).fit(data.views)
     assert model.n_rounds_ == 3 and model.privacy_["epsilon"] <= 50.0
-    one = FedMultiViewClustering(3, dp_noise_multiplier=1.0, dp_rounds=3, random_state=0).fit(data.views)
+    one = FedMultiViewClustering(3, random_state=0, privacy=PrivacyOptions(dp_noise_multiplier=1.0,
+                                                                           dp_rounds=3)).fit(data.views)
     assert one.n_init_ == 1 and one.privacy_["epsilon"] == pytest.approx(privacy.epsilon(1.0, 4, 1e-5))
     with pytest.raises(ParameterError, match="n_init"):  # every further fit would spend the budget again
-        FedMultiViewClustering(3, n_init=2, dp_noise_multiplier=1.0, dp_rounds=3).fit(data.views)
+        FedMultiViewClustering(3, n_init=2, privacy=PrivacyOptions(dp_noise_multiplier=1.0,
+                                                                   dp_rounds=3)).fit(data.views)
 
 
 # ----------------------------------------------------------------------------- bad parameters
@@ -257,7 +261,7 @@ def test_dp_combinations_that_would_leak_or_overspend_are_refused(data):
     with pytest.raises(ParameterError, match="tol=0"):
         run_inprocess(_views_dn(data), cfg, max_rounds=2, tol=1e-3, seed=0)
     with pytest.raises(ParameterError, match="n_init"):
-        FedMultiViewClustering(3, n_init=2, dp_epsilon=1.0).fit(data.views)
+        FedMultiViewClustering(3, n_init=2, privacy=PrivacyOptions(dp_epsilon=1.0)).fit(data.views)
 
 
 def test_cli_takes_dp_epsilon_and_reports_it(tmp_path, capsys):
@@ -282,7 +286,7 @@ def test_cli_takes_dp_epsilon_and_reports_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["cluster", str(f), "--seeds", "1", "-q", "--dp-epsilon", "-1"])
     assert exc.value.code == 2
-    assert "dp_epsilon must be" in capsys.readouterr().err
+    assert "'dp_epsilon' parameter" in capsys.readouterr().err
 
 
 def test_out_of_sample_round_after_a_dp_fit_warns_that_it_is_not_covered(data):

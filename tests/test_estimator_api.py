@@ -1,5 +1,6 @@
 """The estimators are real scikit-learn estimators: contract, out-of-sample, checkpoints, dtypes."""
 
+import dataclasses
 import inspect
 import pickle
 import warnings
@@ -16,6 +17,7 @@ from sklearn.utils.validation import check_is_fitted
 from fedsonmf import FedSONMF, federated_sonmf
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import Flower, InProcess, MethodOptions, PrivacyOptions, RefineOptions
 from fedsonmf.exceptions import (
     ConvergenceWarning,
     FedSONMFError,
@@ -23,7 +25,7 @@ from fedsonmf.exceptions import (
     ParameterError,
 )
 from fedsonmf.protocol.config import FedConfig
-from fedsonmf.protocol.params import CLUSTER_PARAMS, FED_PARAMS, PARAMS, RUN_PARAMS
+from fedsonmf.protocol.params import CLUSTER_PARAMS, CLUSTERING_SIGNATURE, FED_PARAMS, PARAMS, RUN_PARAMS, grouped
 
 FAST = dict(max_rounds=4, tol=0.0)
 
@@ -54,13 +56,37 @@ def planted_clusters(n_per=15, seed=0):
 def test_signature_defaults_come_from_the_table(cls):
     sig = inspect.signature(cls.__init__)
     names = [n for n in sig.parameters if n != "self"]
-    expected = set(FED_PARAMS) | set(RUN_PARAMS) | (set(CLUSTER_PARAMS) if cls is FedMultiViewClustering else set())
-    assert set(names) == expected
+    if cls is FedSONMF:
+        assert set(names) == set(FED_PARAMS) | set(RUN_PARAMS)
+    else:  # a small surface: the rest lives in the option objects
+        assert tuple(names) == CLUSTERING_SIGNATURE and len(names) <= 15
     for n in names:
         if cls is FedMultiViewClustering and n == "n_components":
             assert sig.parameters[n].default == "auto"  # the clustering's own rank rule (r = 2c)
             continue
         assert sig.parameters[n].default == PARAMS[n].default, n
+
+
+@pytest.mark.parametrize("cls, group", [(MethodOptions, "method"), (RefineOptions, "refinement"),
+                                        (PrivacyOptions, "privacy"), (InProcess, "inprocess"), (Flower, "flower")])
+def test_option_objects_are_the_table(cls, group):
+    """Every field of an option object is a table parameter of its group, with the table's default, and
+    every table parameter of the clustering lives in exactly one place: the signature or an object."""
+    params = grouped(group)
+    assert [f.name for f in dataclasses.fields(cls)] == [p.key for p in params]
+    obj = cls()
+    for p in params:
+        assert getattr(obj, p.key) == p.default, p.name
+    placed = set(CLUSTERING_SIGNATURE) | {p.name for g in ("method", "refinement", "privacy", "inprocess", "flower")
+                                          for p in grouped(g)}
+    assert set(CLUSTER_PARAMS) | set(FED_PARAMS) - {"n_components"} <= placed
+
+
+def test_the_constraints_are_declared_for_every_parameter():
+    """scikit-learn's _parameter_constraints, generated from the table, cover the whole signature."""
+    assert set(FedMultiViewClustering._parameter_constraints) == set(CLUSTERING_SIGNATURE)
+    for name in CLUSTERING_SIGNATURE:
+        assert FedMultiViewClustering._parameter_constraints[name], name
 
 
 @pytest.mark.parametrize("cls", [FedSONMF, FedMultiViewClustering])
@@ -132,12 +158,12 @@ def test_fitted_estimator_passes_check_is_fitted_clone_pickle(data):
 
 
 def test_get_set_params_and_nested_clone():
-    est = FedMultiViewClustering(4, tau=3)
-    assert est.get_params()["tau"] == 3
-    est.set_params(tau=5, alpha=0.02)
-    assert (est.tau, est.alpha) == (5, 0.02)
+    est = FedMultiViewClustering(4, method=MethodOptions(tau=3))
+    assert est.get_params()["method"].tau == 3
+    est.set_params(method=MethodOptions(tau=5, alpha=0.02), refinement=RefineOptions(starts=2))
+    assert (est.method.tau, est.method.alpha, est.refinement.starts) == (5, 0.02, 2)
     with pytest.raises(ValueError, match="(?i)invalid parameter"):
-        est.set_params(bogus=1)
+        est.set_params(tau=1)  # a grouped parameter is set through its option object
     assert clone(est).get_params() == est.get_params()
 
 

@@ -32,6 +32,7 @@ from typer.testing import CliRunner  # noqa: E402
 from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
+from fedsonmf.estimators.options import Flower, PrivacyOptions
 from fedsonmf.exceptions import CheckpointError, FederationError  # noqa: E402
 from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
 from fedsonmf.federation.flower import codec, run_flower, write_masks, write_views  # noqa: E402
@@ -528,8 +529,8 @@ def test_flower_stops_where_the_estimator_stops_with_the_default_stopping_rules(
     rule on its V as the in-process estimator, so both stop at the same round with the same labels."""
     views, _ = blobs()
     with threadpool_limits(1), pytest.warns(UserWarning, match="padded"):
-        ref = FedMultiViewClustering(C, max_rounds=60, tol=1e-12, random_state=SEED, secure_aggregation=True,
-                                     n_init=1).fit(views)
+        ref = FedMultiViewClustering(C, max_rounds=60, tol=1e-12, random_state=SEED, n_init=1,
+                                     privacy=PrivacyOptions(secure_aggregation=True)).fit(views)
     assert "unchanged" in ref.result_.stopping_reason and ref.result_.n_rounds < 60
     _, rc = _fake_run(tmp_path, views, **{"num-rounds": 60, "tol": 1e-12})
     res = json.loads((Path(rc["out-dir"]) / "result.json").read_text())
@@ -641,8 +642,8 @@ def test_estimator_on_flower_clusters_incomplete_views_as_in_process(tmp_path):
     masks = [rng.random(y.size) < 0.7, None, rng.random(y.size) < 0.8]
     ref = reference(views, rounds=3, masks=masks)
     with pytest.warns(UserWarning, match="padded"):
-        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=1,
-                                       flower_run_dir=tmp_path / "fl").fit(views, masks=masks)
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, n_init=1,
+                                       federation=Flower(run_dir=tmp_path / "fl")).fit(views, masks=masks)
     assert np.array_equal(model.result_.V, ref.result_.V)
     assert np.array_equal(model.labels_, ref.labels_) and model.graph_iter_ == ref.graph_iter_
     for p, mk in enumerate(masks):
@@ -662,8 +663,8 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
     new, _ = blobs(n_per=5, seed=3)
     ref = reference(views, rounds=3, n_init=3)  # three restarts in one deployment, the medoid kept
     with pytest.warns(UserWarning, match="padded"):
-        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, engine="flower", n_init=3,
-                                       flower_run_dir=tmp_path / "fl").fit(views)
+        model = FedMultiViewClustering(C, max_rounds=3, tol=0.0, random_state=SEED, n_init=3,
+                                       federation=Flower(run_dir=tmp_path / "fl")).fit(views)
     assert model.best_restart_ == ref.best_restart_ is not None and model.seeds_ == ref.seeds_
     # one deployment: its ServerApp ran the three fits (each its own job on the nodes) and refined the kept one
     server = tmp_path / "fl" / "run" / "server"
@@ -806,8 +807,8 @@ def test_bbcsport_over_flower_gives_the_inprocess_labels(tmp_path):
     c = int(np.unique(ds.labels).size)
     paths = [write_views([X], tmp_path / f"client{p}")[0] for p, X in enumerate(ds.views)]
     with threadpool_limits(1):
-        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, secure_aggregation=True,
-                                     n_init=1).fit(ds.views)
+        ref = FedMultiViewClustering(c, max_rounds=5, tol=0.0, random_state=0, n_init=1,
+                                     privacy=PrivacyOptions(secure_aggregation=True)).fit(ds.views)
     res = run_flower(paths, FedConfig(), run_dir=tmp_path / "run", max_rounds=5, seed=0, n_clusters=c,
                      clustering={"n_init": 1}, labels=ds.labels)
     assert np.array_equal(res.extra["labels"], ref.labels_)

@@ -34,6 +34,7 @@ from _waits import STALL  # noqa: E402
 from fedsonmf._validation import check_views  # noqa: E402
 from fedsonmf.datasets import make_synthetic  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
+from fedsonmf.estimators.options import PrivacyOptions
 from fedsonmf.federation.flower import load_result  # noqa: E402
 from fedsonmf.federation.flower import security as sec  # noqa: E402
 from fedsonmf.federation.flower.clustering import read_labels_csv  # noqa: E402
@@ -317,7 +318,8 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     # the clustering run (`submit --clusters`): the in-process estimator's labels and V -- its five fits
     # (n_init="auto") ran in the one ServerApp run, which kept the medoid fit and refined it
     with threadpool_limits(1):
-        est = FedMultiViewClustering(c, max_rounds=rounds, random_state=seed, secure_aggregation=True).fit(data.views)
+        est = FedMultiViewClustering(c, max_rounds=rounds, random_state=seed,
+                                     privacy=PrivacyOptions(secure_aggregation=True)).fit(data.views)
     kept = json.loads((dirs["link"] / "run2" / "result.json").read_text())["clustering"]["restarts"]
     assert kept["n_init"] == est.n_init_ == 5 and kept["best_restart"] == est.best_restart_
     assert np.array_equal(read_labels_csv(dirs["link"] / "run2" / "labels.csv"), est.labels_)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import PrivacyOptions, RefineOptions
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.pipeline.graph import (
@@ -149,11 +150,13 @@ def test_the_estimator_refines_on_the_graphs_by_default():
     views, y = _views(seed=2)
     with pytest.warns(UserWarning):  # narrow views padded to r = 2c
         # the spectral step after the graph refinement: tests/test_spectral.py
-        both = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine_spectral_steps=0).fit(views)
+        both = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1,
+                                      refinement=RefineOptions(spectral_steps=0)).fit(views)
         km = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="kmeans").fit(views)
         graph = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, refine="graph").fit(views)
-        secure = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1, secure_aggregation=True,
-                                        refine_spectral_steps=0).fit(views)
+        secure = FedMultiViewClustering(3, random_state=0, max_rounds=20, n_init=1,
+                                        privacy=PrivacyOptions(secure_aggregation=True),
+                                        refinement=RefineOptions(spectral_steps=0)).fit(views)
     assert both.graph_iter_ and km.graph_iter_ == [] and graph.refine_iter_ == [] and graph.graph_iter_
     assert both.refine_iter_ == km.refine_iter_
     # the default is the graph refinement started from the k-means-refined partition
@@ -247,7 +250,7 @@ def test_the_graph_does_not_depend_on_the_order_of_the_samples(seed):
 
 def test_no_refinement_reads_the_exact_views_under_differential_privacy_unless_asked():
     views, _ = _views(seed=4)
-    kw = dict(random_state=0, max_rounds=3, n_init=1, dp_noise_multiplier=1.0)
+    kw = dict(random_state=0, max_rounds=3, n_init=1, privacy=PrivacyOptions(dp_noise_multiplier=1.0))
     with pytest.warns(UserWarning, match="padded"):
         auto = FedMultiViewClustering(3, **kw).fit(views)
     assert auto.refine_iter_ == [] and auto.graph_iter_ == []

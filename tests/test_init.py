@@ -10,6 +10,7 @@ from conftest import planted
 from fedsonmf import FedMultiViewClustering, federated_sonmf
 from fedsonmf.core.init import CLUSTERING_INIT_U, INIT_U, init_basis, resolve_init_u, svd_basis
 from fedsonmf.core.ustep_patterns import stiefel_residual
+from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.params import default
 
@@ -42,9 +43,9 @@ def test_a_clustering_fit_starts_from_the_singular_vectors_by_default():
     Xs, _ = planted(seed=1)
     kw = dict(n_init=2, max_rounds=4, tol=0, random_state=0)
     auto = FedMultiViewClustering(3, **kw).fit(Xs)
-    svd = FedMultiViewClustering(3, init_u="svd", **kw).fit(Xs)
-    rand = FedMultiViewClustering(3, init_u="random", **kw).fit(Xs)
-    assert auto.get_params()["init_u"] == "auto"  # the parameter is not rewritten (scikit-learn's contract)
+    svd = FedMultiViewClustering(3, **kw, method=MethodOptions(init_u="svd")).fit(Xs)
+    rand = FedMultiViewClustering(3, **kw, method=MethodOptions(init_u="random")).fit(Xs)
+    assert auto.get_params()["method"] is None  # the parameter is not rewritten (scikit-learn's contract)
     assert auto.factorization_.init_u == "svd"
     assert np.array_equal(auto.result_.V, svd.result_.V) and np.array_equal(auto.labels_, svd.labels_)
     assert not np.array_equal(auto.result_.V, rand.result_.V)

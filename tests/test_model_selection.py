@@ -6,6 +6,7 @@ from sklearn import model_selection as skms
 
 from fedsonmf import FedSONMF
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.exceptions import InputError
 from fedsonmf.model_selection import (
     GridSearchCV,
@@ -64,7 +65,8 @@ def test_sklearn_tools_work_on_multiview_data(views):
     assert len(data) == 40 and data.shape == (40, 2)
     scores = skms.cross_val_score(FedSONMF(2, **FAST), data, cv=3)
     assert scores.shape == (3,) and np.all(np.isfinite(scores)) and np.all(scores < 0)
-    search = skms.GridSearchCV(FedMultiViewClustering(3, **FAST), {"tau": [2, 5]}, cv=2).fit(data)
+    search = skms.GridSearchCV(FedMultiViewClustering(3, **FAST),
+                               {"method": [MethodOptions(tau=2), MethodOptions(tau=5)]}, cv=2).fit(data)
     assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
 
 

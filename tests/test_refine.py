@@ -10,6 +10,7 @@ from sklearn.cluster import KMeans
 from sklearn.preprocessing import normalize
 
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import RefineOptions
 from fedsonmf.exceptions import ParameterError, PartitionRefused, ProtocolError
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.pipeline.refine import (
@@ -285,8 +286,8 @@ def test_seeded_starts_are_asked_for_only_when_a_view_scores_and_come_after_the_
     plain = refine_best(starts, exchange)
     assert asked == [1] and iters > plain[1]  # the seeding's exchanges are counted
     assert index < 5 and (index >= 3 or np.array_equal(labels, plain[0]))
-    with pytest.raises(ParameterError, match="refine_seeded_starts"):
-        FedMultiViewClustering(3, refine_seeded_starts=-1).fit(views)
+    with pytest.raises(ParameterError, match="'seeded_starts' parameter of RefineOptions"):
+        FedMultiViewClustering(3, refinement=RefineOptions(seeded_starts=-1)).fit(views)
 
 
 def test_sparse_views_never_pay_for_more_starts():
@@ -297,7 +298,8 @@ def test_sparse_views_never_pay_for_more_starts():
         X = sp.random(60, 200, density=0.03, random_state=int(rng.integers(1 << 30)), format="csr")
         topics = sp.csr_matrix((np.ones(60), (np.arange(60), 10 * y + rng.integers(0, 10, size=60))), shape=(60, 200))
         views.append(X + 3 * topics)
-    one = FedMultiViewClustering(3, random_state=0, max_rounds=15, n_init=1, refine_starts=1).fit(views)
+    one = FedMultiViewClustering(3, random_state=0, max_rounds=15, n_init=1,
+                                 refinement=RefineOptions(starts=1)).fit(views)
     ten = FedMultiViewClustering(3, random_state=0, max_rounds=15, n_init=1).fit(views)
     assert ten.refine_start_ == [0] and ten.refine_iter_ == one.refine_iter_
     assert np.array_equal(one.labels_, ten.labels_)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.pipeline.restarts import final_objective, medoid_restart
 from fedsonmf.protocol.history import History
@@ -72,7 +73,8 @@ def test_the_estimator_keeps_one_real_fit():
 
 def test_n_init_auto_is_one_fit_without_an_objective_and_checks_its_input():
     views, _ = _views(1)
-    silent = FedMultiViewClustering(3, random_state=0, max_rounds=5, diagnostics=False, tol=0.0).fit(views)
+    silent = FedMultiViewClustering(3, random_state=0, max_rounds=5, tol=0.0,
+                                    method=MethodOptions(diagnostics=False)).fit(views)
     assert silent.n_init_ == 1
     assert FedMultiViewClustering(3, random_state=0, max_rounds=5, n_init=2).fit(views).n_init_ == 2
     for bad in (0, "three", 1.5):

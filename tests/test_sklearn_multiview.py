@@ -21,6 +21,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from fedsonmf import FedSONMF
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import MethodOptions
 
 REFUSES_2D = "a 2-D array (or sparse matrix) is one matrix, not a list of views: refused by design (multi-view input)"
 #: checks that call fit/transform with one 2-D array (or a sparse matrix, or negative/complex/NaN/empty 2-D data)
@@ -100,7 +101,8 @@ class TwoViews(TransformerMixin, BaseEstimator):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("est", [FedSONMF(1, max_rounds=20, random_state=0),
-                                 FedMultiViewClustering(2, max_rounds=10, kmeans_n_init=2, random_state=0)],
+                                 FedMultiViewClustering(2, max_rounds=10, random_state=0,
+                                                        method=MethodOptions(kmeans_n_init=2))],
                          ids=lambda e: type(e).__name__)
 def test_check_estimator_through_a_two_view_adapter(est):
     results = _run(TwoViews(est), ADAPTER_EXPECTED_FAILED)

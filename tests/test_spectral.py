@@ -12,6 +12,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from fedsonmf.core.server import total
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import PrivacyOptions, RefineOptions
 from fedsonmf.exceptions import ParameterError, ProtocolError
 from fedsonmf.metrics import clustering_scores
 from fedsonmf.pipeline.graph import client_graph, client_links, client_products, graph_refine, normalized_cut
@@ -172,9 +173,9 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     kw = dict(random_state=0, max_rounds=20, n_init=1)
     with pytest.warns(UserWarning):  # narrow views padded to r = 2c
         km = FedMultiViewClustering(3, refine="kmeans", **kw).fit(views)
-        off = FedMultiViewClustering(3, refine_spectral_steps=0, **kw).fit(views)
+        off = FedMultiViewClustering(3, **kw, refinement=RefineOptions(spectral_steps=0)).fit(views)
         on = FedMultiViewClustering(3, **kw).fit(views)
-        secure = FedMultiViewClustering(3, secure_aggregation=True, **kw).fit(views)
+        secure = FedMultiViewClustering(3, **kw, privacy=PrivacyOptions(secure_aggregation=True)).fit(views)
     assert off.spectral_kept_ == [False] and len(on.spectral_kept_) == 1
     refine = on._refine_exchange(views, None, secure=False)
     exchange, products, _ = on._graph_exchanges(views, None, secure=False)
@@ -190,8 +191,8 @@ def test_the_estimator_runs_the_step_after_the_graph_refinement():
     # the steps' products travel with the graph refinement's labels: the shorter of the two is free
     assert on.graph_iter_ == [off.graph_iter_[0] + info["exchanges"] - min(off.graph_iter_[0] - 1, steps - 1)]
     assert np.array_equal(secure.labels_, on.labels_)  # the masked sums give the same partition
-    with pytest.raises(ParameterError, match="refine_spectral_steps"):
-        FedMultiViewClustering(3, refine_spectral_steps=-1).fit(views)
+    with pytest.raises(ParameterError, match="'spectral_steps' parameter of RefineOptions"):
+        FedMultiViewClustering(3, refinement=RefineOptions(spectral_steps=-1)).fit(views)
 
 
 @settings(max_examples=60, deadline=None)

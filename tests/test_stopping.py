@@ -5,6 +5,7 @@ import pytest
 
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
+from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.estimators.sonmf import AUTO_BLAS_WORK, _blas_limit
 from fedsonmf.exceptions import ParameterError
 from fedsonmf.pipeline.stopping import LabelStability
@@ -20,7 +21,8 @@ def test_label_rule_stops_before_tol_and_is_deterministic():
     # a tight tol, so that the label rule is what stops the run on this small problem
     a = FedMultiViewClustering(3, random_state=0, max_rounds=60, tol=1e-8).fit(views)
     b = FedMultiViewClustering(3, random_state=0, max_rounds=60, tol=1e-8).fit(views)
-    slow = FedMultiViewClustering(3, random_state=0, max_rounds=60, tol=1e-8, early_stop="none").fit(views)
+    slow = FedMultiViewClustering(3, random_state=0, max_rounds=60, tol=1e-8,
+                                  method=MethodOptions(early_stop="none")).fit(views)
     assert "k-means assignments" in a.result_.stopping_reason and a.result_.converged
     assert a.n_rounds_ <= slow.n_rounds_
     np.testing.assert_array_equal(a.labels_, b.labels_)
@@ -37,7 +39,7 @@ def test_tol_zero_runs_every_round():
 
 def test_bad_early_stop_raises():
     with pytest.raises(ParameterError, match="early_stop"):
-        FedMultiViewClustering(3, early_stop="sometimes").fit(_views())
+        FedMultiViewClustering(3, method=MethodOptions(early_stop="sometimes")).fit(_views())
 
 
 def test_label_stability_counts_unchanged_rounds():

@@ -177,10 +177,10 @@ def _fit_assignments(ds, c: int, algorithm: str, params: dict, seed: int, on_rou
     """The clusters of one seed's fit, exactly as the protocol's fit of that seed (evaluate_clustering)."""
     import warnings
 
-    from fedsonmf.estimators.clustering import FedMultiViewClustering
     from fedsonmf.exceptions import DataWarning, PrivacyWarning
+    from fedsonmf.experiments.evaluation import clustering_model
 
-    model = FedMultiViewClustering(c, random_state=seed, **{**params, "algorithm": algorithm})
+    model = clustering_model(c, {**params, "algorithm": algorithm}, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # as run_dataset: capped runs report their rounds
         warnings.simplefilter("once", DataWarning)  # but what the data needs said, once

@@ -33,6 +33,10 @@ _TYPES = {"mu": str, "n_init": str, "checkpoint_dir": Optional[Path], "blas_thre
 #: the differential-privacy options (fedsonmf.protocol.privacy)
 DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta", "dp_rounds")
 
+#: the help panel of each group of the table (the option object FedMultiViewClustering holds it in)
+PANELS = {"method": "The method (MethodOptions)", "refinement": "The refinement (RefineOptions)",
+          "privacy": "Privacy (PrivacyOptions)", "inprocess": "The federation", "flower": "The federation"}
+
 #: ``-h`` is help, as users expect (every command and group)
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -60,12 +64,13 @@ def param(name: str, *flags: str, default=..., help: str | None = None, **kw):
     p = PARAMS[name]
     flags = flags or ("--" + name.replace("_", "-"),)
     value = p.default if default is ... else default
+    kw.setdefault("rich_help_panel", PANELS.get(p.group))
     return typer.Option(value, *flags, help=help or p.help, **kw)
 
 
 def mu_option():
     """``--mu``: a number or 'auto' (the table's default)."""
-    return typer.Option(str(PARAMS["mu"].default), "--mu", help=PARAMS["mu"].help)
+    return typer.Option(str(PARAMS["mu"].default), "--mu", help=PARAMS["mu"].help, rich_help_panel=PANELS["method"])
 
 
 def parse_mu(text: str):

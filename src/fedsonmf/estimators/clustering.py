@@ -44,36 +44,35 @@ The evaluation protocol over seeds and the centralized context methods live in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 import secrets
 import sys
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from numbers import Integral
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
 from fedsonmf._validation import (
     ViewsSplitGuard,
     as_view_list,
-    check_bool,
     check_callback,
-    check_choice,
     check_constant_views,
     check_feature_names,
     check_fitted_widths,
-    check_int,
     check_n_jobs,
     check_seed,
     check_views,
-    is_int,
     refuse_list_split_by_sklearn,
     view_feature_names,
     views_checked,
@@ -81,12 +80,12 @@ from fedsonmf._validation import (
 from fedsonmf.core.init import resolve_init_u
 from fedsonmf.core.masks import held_columns
 from fedsonmf.core.server import total
+from fedsonmf.estimators.options import MethodOptions, check_params, constraints, flat
 from fedsonmf.estimators.sonmf import FedSONMF, _blas_limit, _progress_callback
 from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
 from fedsonmf.pipeline.graph import client_graph, client_links, client_products
 from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.pipeline.refine import (
-    REFINE_RULES,
     client_refine,
     refine_best,
     refine_stages,
@@ -106,16 +105,7 @@ from fedsonmf.pipeline.steps import (
     refine_starts,
     stop_rule,
 )
-from fedsonmf.pipeline.stopping import STOPPING_RULES
-from fedsonmf.pipeline.view_rule import PREPROCESS_RULES
-from fedsonmf.protocol.params import (
-    FED_PARAMS,
-    RUN_PARAMS,
-    default,
-)
-
-#: where the federation of FedMultiViewClustering runs
-ENGINES = ("inprocess", "flower")
+from fedsonmf.protocol.params import CLUSTERING_SIGNATURE, FED_PARAMS, RUN_PARAMS, default
 
 __all__ = [
     "FedMultiViewClustering",
@@ -166,32 +156,18 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         Number of clusters c.
     n_components : {"auto", "paper"} or int, default="auto"
         Rank r: 2c with narrow views zero-padded; c (capped at the narrowest view); or the
-        given number (capped) -- see
-        :func:`~fedsonmf.pipeline.rank_rule.resolve_rank`.
+        given number (capped) -- see :func:`~fedsonmf.pipeline.rank_rule.resolve_rank`.
     preprocess : {"auto", "l2", "none"}, default="auto"
         Each client's transform of its own view
         (:func:`~fedsonmf.pipeline.view_rule.preprocess_view`).
-    normalize_embedding : bool, default=True
-        Row-normalise V^T before k-means.
-    normalize_views : bool, default=True
-        Divide each (preprocessed) view by its Frobenius norm.
     n_init : "auto" or int, default="auto"
         Federated fits with different seeds: ``"auto"`` = 5, or 1 when no objective is
-        reported to choose by (``diagnostics=False``, or differential privacy: there every
-        fit would also spend budget).  ``n_init_`` is the number used.  With ``n_jobs`` > 1 (or
-        -1), up to ``n_jobs`` of the in-process fits run at once in threads, each with its
-        clients in turn: the same partitions, sooner (docs/speed.md).  The fit whose partition
-        (k-means of its V) has the highest summed adjusted Rand index to the others -- the
-        medoid -- is kept (``best_restart_``; ties, always with two fits, go to the lower final
-        objective) and refined.  Under differential privacy only one fit (every fit would spend
-        the budget again).
-    kmeans_n_init, kmeans_max_iter : int, default=10, 300
-        k-means replicates and iterations on each embedding.
-    early_stop : {"labels", "none"}, default="labels"
-        ``"labels"``: besides ``tol``, stop when the server's warm-started k-means on V
-        gives the same assignment five rounds in a row
-        (:class:`~fedsonmf.pipeline.stopping.LabelStability`, label-free; in-process
-        engine); off when ``tol=0``.  ``"none"``: ``tol`` alone, as :class:`FedSONMF`.
+        reported to choose by (``diagnostics=False``) or under differential privacy (every fit
+        would spend the budget again; more is refused there).  The fit whose partition (k-means
+        of its V) has the highest summed adjusted Rand index to the others -- the medoid -- is
+        kept (``best_restart_``; ties, always with two fits, go to the lower final objective)
+        and refined.  With ``n_jobs`` > 1 (or -1), up to ``n_jobs`` of the in-process fits run
+        at once in threads: the same partitions, sooner (docs/speed.md).
     refine : {"auto", "kmeans+graph", "kmeans", "graph", "none"}, default="auto"
         The last steps, each one exchange per iteration with the clients, who learn the partition.
         ``"kmeans"``: refine the kept fit's partition by federated k-means on the views with every
@@ -199,60 +175,50 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         client sends only its n x c distance matrix, masked under secure aggregation).
         ``"graph"``: refine it by weighted kernel k-means for the normalized cut of the sum of the
         clients' k-NN graphs of their own views (:mod:`fedsonmf.pipeline.graph`: each client
-        sends only its n x c neighbour counts per cluster, masked).  ``"kmeans+graph"``: both, in
-        that order.  ``"none"``: the partition of k-means on V.  ``"auto"``: ``"kmeans+graph"``,
-        or ``"none"`` under differential privacy (the refinements read the exact views; an explicit
-        rule under DP warns that they are not covered).
-    refine_starts : int, default=10
-        Starts of the refinement: the fit's partition and ``refine_starts - 1`` partitions of
-        k-means on V (one replicate each).  The refined partition of lowest summed score is
-        kept; a client scores (its k-means objective as a share of its view's spread) only when
-        its view is dense, so with no dense view only the fit's partition is refined.  The starts
-        travel side by side (each exchange carries every start still moving), so they cost the
-        exchanges of the slowest one.  ``refine_start_`` says which start won.
-    refine_seeded_starts : int, default=3
-        More starts, once the first start has scored (a dense view takes part): partitions seeded
-        by greedy k-means++ on the pooled row-normalised views, federated through the
-        refinement's own exchange (:func:`~fedsonmf.pipeline.refine.seeded_starts`; about c
-        exchanges for all of them, side by side, which reveal to the server the summed distances
-        of every sample to c (2 + ln c) drawn samples per start).  ``0``: none.  Their indices in
-        ``refine_start_`` follow the ``refine_starts`` ones.
-    refine_spectral_steps : int, default=20
-        The graph refinement's spectral step (:mod:`fedsonmf.pipeline.spectral`): a second start
-        for it from this many steps of orthogonal iteration on the summed graph, from the graph
-        refinement's start (at most ``n // (2 c)`` steps, one exchange each: the server learns
-        the summed graph on a subspace of at most half the samples' dimension), k-means on the
-        block (from the start's centroids and ``kmeans_n_init`` replicates); its result is kept
-        only if its normalized cut is 1 % lower and the dense views' summed k-means score is not
-        higher.  ``0``: none.  ``spectral_kept_`` says whether it was kept.
-    engine : {"inprocess", "flower"}, default="inprocess"
-        ``"flower"``: the same pipeline on a loopback Flower deployment (a SuperLink and one
-        SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each view is
-        written to its own client folder, its node preprocesses it, the ServerApp runs
-        k-means (:func:`~fedsonmf.federation.flower.run_flower` with ``n_clusters``).  Same
-        seed and rounds: the same labels and V as ``"inprocess"`` (BLAS pinned to one thread
-        there, ``blas_threads=1`` here).  ``predict``/``transform`` run one exchange over a
-        deployment again (the nodes read the new samples from their own folders).  ``masks``
-        (incomplete views) are written beside each node's view and used by that node alone;
-        ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply.  Our choice: a
-        deployment always runs with secure aggregation, whatever ``secure_aggregation`` says
-        (the deployment default; the in-process fit with ``secure_aggregation=True`` gives the
-        same V bit for bit).  One deployment runs every fit: its ServerApp runs the ``n_init``
-        fits side by side, keeps the medoid and refines it (``run-config`` key ``n-init``).
-    flower_run_dir : path or None, default=None
-        ``engine="flower"``: the run folder (``clients/p<i>/`` the view files, ``run/`` the
-        deployment: node state, logs, the server's out-dir with ``labels.csv`` and each fit in
-        ``restart-<i>/``); None = a new temporary folder.  The deployment is ``flower_run_dir_``.
-    mu, mu_scale, tau, alpha, eta_g, rho1, correction, init_u, init_v, diagnostics, ustep,
-    dp_epsilon, dp_noise_multiplier, dp_clip, dp_clip_setup, dp_delta, dp_rounds,
-    max_rounds, tol, algorithm, random_state, n_jobs, blas_threads, checkpoint_dir, verbose
-        As in :class:`~fedsonmf.FedSONMF` (same defaults: one parameter table).  ``verbose`` >= 1
-        prints the whole fit's progress to stderr: each fit's rounds prefixed "fit i/n", which fit was
-        kept, each stage's exchanges and the total time (``stopping_reason_``); 2 prints every round.
-        ``random_state`` also seeds k-means.  With ``n_init > 1`` the restarts get
-        ``checkpoint_dir/restart-<i>``.  ``init_u="auto"`` (the default) starts the clustering fits
-        from each view's leading singular vectors (``"svd"``; a factorisation's "auto" is random
-        supports; docs/clustering.md, "The bases' start").
+        sends only its n x c neighbour counts per cluster, masked), with a spectral step
+        (:mod:`fedsonmf.pipeline.spectral`) and the medoid of the stage's three partitions.
+        ``"kmeans+graph"``: both, in that order.  ``"none"``: the partition of k-means on V.
+        ``"auto"``: ``"kmeans+graph"``, or ``"none"`` under differential privacy (the refinements
+        read the exact views; an explicit rule under DP warns that they are not covered).
+    max_rounds : int, default=200
+        Communication rounds of each fit at most.
+    tol : float, default=1e-4
+        A fit stops when R/R1 <= tol (or when its partition has settled: ``MethodOptions.early_stop``);
+        0 runs every round.
+    method : MethodOptions or None, default=None
+        The factorisation's parameters (mu, tau, alpha, eta_g, rho1, correction, init_u, init_v,
+        diagnostics, ustep: as in :class:`~fedsonmf.FedSONMF`), the views' Frobenius scaling, k-means
+        on V and the label-free stopping rule (:class:`~fedsonmf.estimators.options.MethodOptions`);
+        None = the defaults.  ``init_u="auto"`` starts the clustering fits from each view's leading
+        singular vectors (docs/clustering.md, "The bases' start").
+    refinement : RefineOptions or None, default=None
+        The refinement's starts, seeded starts and spectral steps
+        (:class:`~fedsonmf.estimators.options.RefineOptions`); ``refine_start_``, ``spectral_kept_``
+        and ``graph_chosen_`` say what they gave.  None = the defaults.
+    privacy : PrivacyOptions or None, default=None
+        Secure aggregation and differential privacy
+        (:class:`~fedsonmf.estimators.options.PrivacyOptions`); None = no DP, secure aggregation off
+        in process (a Flower deployment always masks; the in-process fit with
+        ``secure_aggregation=True`` gives the same V bit for bit).
+    federation : InProcess, Flower or None, default=None
+        Where the federation runs: None or :class:`~fedsonmf.estimators.options.InProcess` in this
+        process; :class:`~fedsonmf.estimators.options.Flower` on a loopback Flower deployment (a
+        SuperLink and one SuperNode per view, separate processes; needs ``fedsonmf[flower]``): each
+        view is written to its own client folder under ``run_dir``, its node preprocesses it, and one
+        deployment's ServerApp runs the fits side by side, keeps the medoid and refines it; the same
+        seed gives the same labels and V as in process.  ``predict``/``transform`` run one exchange
+        over the deployment again; ``masks`` are written beside each node's view and used by that
+        node alone; ``callback``, ``n_jobs`` and ``checkpoint_dir`` do not apply there.
+    random_state : None, int, RandomState or Generator, default=None
+        Seed of every random choice (the fits' seeds, k-means, the refinements).
+    n_jobs : int, default=1
+        In process: up to this many fits at once in threads (results do not depend on it).
+    checkpoint_dir : path or None, default=None
+        Save every fit's state after every round (``checkpoint_dir/restart-<i>``) and resume from it.
+    verbose : int, default=0
+        >= 1 prints the whole fit's progress to stderr: each fit's rounds prefixed "fit i/n", which
+        fit was kept, each stage's exchanges and the total time (``stopping_reason_``); 2 prints every
+        round.
 
     Attributes
     ----------
@@ -310,122 +276,85 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         Each view's column names (DataFrame views); only when some view has them.
     """
 
+    _parameter_constraints: dict = constraints(
+        CLUSTERING_SIGNATURE, n_components=[StrOptions(set(RANK_RULES)), Interval(Integral, 1, None, closed="left")])
+
     def __init__(
         self,
         n_clusters=default("n_clusters"),
         *,
-        n_components="auto", preprocess=default("preprocess"), normalize_embedding=default("normalize_embedding"),
-        normalize_views=default("normalize_views"), n_init=default("n_init"),
-        kmeans_n_init=default("kmeans_n_init"), kmeans_max_iter=default("kmeans_max_iter"),
-        early_stop=default("early_stop"), refine=default("refine"), refine_starts=default("refine_starts"),
-        refine_seeded_starts=default("refine_seeded_starts"),
-        refine_spectral_steps=default("refine_spectral_steps"),
-        engine=default("engine"),
-        flower_run_dir=default("flower_run_dir"), mu=default("mu"),
-        mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"), eta_g=default("eta_g"),
-        rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"), init_v=default("init_v"),
-        diagnostics=default("diagnostics"), ustep=default("ustep"),
-        secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
-        dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
-        dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
-        max_rounds=default("max_rounds"), tol=default("tol"), algorithm=default("algorithm"),
-        random_state=default("random_state"), n_jobs=default("n_jobs"), blas_threads=default("blas_threads"),
-        checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose"),
+        n_components="auto", preprocess=default("preprocess"), n_init=default("n_init"), refine=default("refine"),
+        max_rounds=default("max_rounds"), tol=default("tol"), method=default("method"),
+        refinement=default("refinement"), privacy=default("privacy"), federation=default("federation"),
+        random_state=default("random_state"), n_jobs=default("n_jobs"), checkpoint_dir=default("checkpoint_dir"),
+        verbose=default("verbose"),
     ):
         self.n_clusters = n_clusters
         self.n_components = n_components
         self.preprocess = preprocess
-        self.normalize_embedding = normalize_embedding
-        self.normalize_views = normalize_views
         self.n_init = n_init
-        self.kmeans_n_init = kmeans_n_init
-        self.kmeans_max_iter = kmeans_max_iter
-        self.early_stop = early_stop
         self.refine = refine
-        self.refine_starts = refine_starts
-        self.refine_seeded_starts = refine_seeded_starts
-        self.refine_spectral_steps = refine_spectral_steps
-        self.engine = engine
-        self.flower_run_dir = flower_run_dir
-        self.mu = mu
-        self.mu_scale = mu_scale
-        self.tau = tau
-        self.alpha = alpha
-        self.eta_g = eta_g
-        self.rho1 = rho1
-        self.correction = correction
-        self.init_u = init_u
-        self.init_v = init_v
-        self.diagnostics = diagnostics
-        self.ustep = ustep
-        self.secure_aggregation = secure_aggregation
-        self.dp_epsilon = dp_epsilon
-        self.dp_noise_multiplier = dp_noise_multiplier
-        self.dp_clip = dp_clip
-        self.dp_clip_setup = dp_clip_setup
-        self.dp_delta = dp_delta
-        self.dp_rounds = dp_rounds
         self.max_rounds = max_rounds
         self.tol = tol
-        self.algorithm = algorithm
+        self.method = method
+        self.refinement = refinement
+        self.privacy = privacy
+        self.federation = federation
         self.random_state = random_state
         self.n_jobs = n_jobs
-        self.blas_threads = blas_threads
         self.checkpoint_dir = checkpoint_dir
         self.verbose = verbose
 
     @classmethod
     def paper(cls, n_clusters=default("n_clusters"), **params) -> FedMultiViewClustering:
         """The paper's literal protocol: r = c, no preprocessing besides the Frobenius
-        scaling, k-means on the raw V^T (docs/algorithm.md §10)."""
-        base = {"n_components": "paper", "preprocess": "none", "normalize_embedding": False}
-        return cls(n_clusters, **{**base, **params})
+        scaling, k-means on the raw V^T (docs/algorithm.md §10); ``params`` as the constructor's."""
+        method = dataclasses.replace(params.pop("method", None) or MethodOptions(), normalize_embedding=False)
+        return cls(n_clusters, **{"n_components": "paper", "preprocess": "none", "method": method, **params})
 
     # ------------------------------------------------------------------ fit
+    def _resolve(self) -> SimpleNamespace:
+        """Check every parameter against its declared constraints (before any computation) and open the
+        option objects: ``self._o`` holds every table name's value for this fit."""
+        check_params(type(self).__name__, self.get_params(deep=False), self._parameter_constraints)
+        self._o = SimpleNamespace(**flat(self.get_params(deep=False)))
+        return self._o
+
     def _validate(self, n_samples: int) -> None:
-        if self.n_init != "auto":
-            check_int("n_init", self.n_init, min=1, desc="'auto' or a positive integer")
-        for name in ("n_clusters", "kmeans_n_init", "kmeans_max_iter", "refine_starts"):
-            check_int(name, getattr(self, name), min=1, desc="a positive integer")
-        check_int("refine_seeded_starts", self.refine_seeded_starts, min=0, desc="a nonnegative integer")
-        check_int("refine_spectral_steps", self.refine_spectral_steps, min=0, desc="a nonnegative integer")
+        o = self._resolve()
         if self.n_clusters > n_samples:
             raise ParameterError(f"n_clusters={self.n_clusters} is larger than n_samples={n_samples}")
-        r = self.n_components
-        if not (r in RANK_RULES if isinstance(r, str) else (is_int(r) and r >= 1)):
-            raise ParameterError(f"n_components must be one of {RANK_RULES} or a positive integer, got {r!r}")
-        check_choice("preprocess", self.preprocess, PREPROCESS_RULES)
-        check_bool("normalize_embedding", self.normalize_embedding)
-        check_bool("normalize_views", self.normalize_views)
         if self._dp() and self._n_init() > 1:
             raise ParameterError(f"n_init={self.n_init!r} under differential privacy: every fit would spend the "
                                  "privacy budget again on the same views; use n_init=1 (what 'auto' gives under DP)")
-        check_choice("early_stop", self.early_stop, STOPPING_RULES)
-        check_choice("refine", self.refine, REFINE_RULES)
         if self._dp() and refine_stages(self.refine, dp=True):
             warn(f"refine={self.refine!r}: the clustering refinements read each client's exact view; their "
                  "exchanges are not covered by the differential privacy of the fit (refine='auto' skips "
                  "them under differential privacy)", UserWarning)
-        check_choice("engine", self.engine, ENGINES)
-        if self.flower_run_dir is not None and not isinstance(self.flower_run_dir, (str, os.PathLike)):
-            raise ParameterError(f"flower_run_dir must be None or a path, got {self.flower_run_dir!r}")
+        check_n_jobs(o.n_jobs)
 
     def _n_init(self) -> int:
         """The number of fits: ``n_init``, with ``"auto"`` resolved (5; 1 when no objective is reported)."""
-        return resolve_n_init(self.n_init, dp=self._dp(), diagnostics=bool(self.diagnostics))
+        return resolve_n_init(self.n_init, dp=self._dp(), diagnostics=bool(self._o.diagnostics))
 
     def _dp(self) -> bool:
         """Whether the fits run with differential privacy."""
-        return self.dp_epsilon is not None or self.dp_noise_multiplier is not None
+        return self._o.dp_epsilon is not None or self._o.dp_noise_multiplier is not None
 
     def _factorization(self, r: int, seed: int, restart: int) -> FedSONMF:
-        params = {k: getattr(self, k) for k in FED_PARAMS + RUN_PARAMS if k != "n_components"}
+        o = self._o
+        params = {k: getattr(o, k) for k in FED_PARAMS + RUN_PARAMS if k not in ("n_components", "algorithm")}
+        params["algorithm"] = self._algorithm()
         params["random_state"] = seed
-        params["init_u"] = resolve_init_u(self.init_u, clustering=True)  # "auto": the clustering start (svd)
+        params["init_u"] = resolve_init_u(o.init_u, clustering=True)  # "auto": the clustering start (svd)
         params["verbose"] = 0  # the clustering fit reports its fits and stages itself (_say)
-        if self.checkpoint_dir is not None and self._n_init() > 1:
-            params["checkpoint_dir"] = Path(self.checkpoint_dir) / f"restart-{restart}"
+        if o.checkpoint_dir is not None and self._n_init() > 1:
+            params["checkpoint_dir"] = Path(o.checkpoint_dir) / f"restart-{restart}"
         return FedSONMF(r, **params)
+
+    def _algorithm(self) -> str:
+        """The federated algorithm of the fits (the paper's; the experiments run baselines through it)."""
+        return str(default("algorithm"))
 
     def _client_views(self, Xs, fitted: bool, masks=None):
         """Each client's own preprocessing, padding and scaling of its view (nothing is sent).
@@ -437,13 +366,13 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         for p, X in enumerate(Xs):
             if fitted:
                 Y = apply_view(X, {**self.preprocessing_[p], "scale": self.view_scales_[p]},
-                               n_components=self.n_components_, normalize_views=self.normalize_views)
+                               n_components=self.n_components_, normalize_views=self._o.normalize_views)
                 scales.append(self.view_scales_[p])
             else:
                 held = None if masks is None else held_columns(masks[p], X.shape[0], client=p)
                 try:
                     Y, info = prepare_view(X, preprocess=self.preprocess, n_components=self.n_components_,
-                                           normalize_views=self.normalize_views, held=held, view=p)
+                                           normalize_views=self._o.normalize_views, held=held, view=p)
                 except InputError as exc:
                     _explain_empty_after_preprocessing(exc, X, p, self.preprocess)
                     raise
@@ -483,7 +412,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         if masks is not None and len(masks) != len(views):
             raise InputError(f"{len(masks)} masks for {len(views)} views")
         r, message = resolve_rank(self.n_clusters, [X.shape[1] for X in views], self.n_components)
-        if message and self.engine != "flower":  # on Flower the server resolves r and run_flower warns
+        if message and self._o.engine != "flower":  # on Flower the server resolves r and run_flower warns
             warn(message, DataWarning)
         seed = check_seed(self.random_state)
         seed = secrets.randbits(32) if seed is None else seed
@@ -494,7 +423,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
             m._validate()  # every parameter checked before any computation
         self.n_components_ = r
         self.padded_views_ = [p for p, X in enumerate(views) if X.shape[1] < r]
-        if self.engine == "flower":
+        if self._o.engine == "flower":
             self._fit_flower(views, models, seeds, masks)
             return self._report(started)
         # the whole pipeline under the fit's BLAS limit, not only the factorisation: k-means, the
@@ -502,7 +431,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         # differently -- enough to flip the restart medoid on a seed (3Sources, seed 5: 81.7 against
         # 62.7 ACC with two threads or one) -- so results would depend on the machine's cores and differ
         # from the Flower engine, whose processes run BLAS on one thread (docs/speed.md)
-        with threadpool_limits(limits=_blas_limit(self.blas_threads, views, r, check_n_jobs(self.n_jobs))):
+        with threadpool_limits(limits=_blas_limit(self._o.blas_threads, views, r, check_n_jobs(self.n_jobs))):
             self._fit_inprocess(views, masks, models, seeds, callback)
         return self._report(started)
 
@@ -545,8 +474,8 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         def restart(i, model, s):
             stop = None
             if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
-                stop = stop_rule(self.early_stop, self.n_clusters, seed=s,
-                                 normalize_embedding=self.normalize_embedding)
+                stop = stop_rule(self._o.early_stop, self.n_clusters, seed=s,
+                                 normalize_embedding=self._o.normalize_embedding)
             if workers > 1:  # a restart in a thread ends at its next round once another has failed
                 stop = _cancellable(stop, cancel)
             rows = None
@@ -563,8 +492,8 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
             res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
             self._say(f"fit {i + 1}/{len(models)}: {res.n_rounds} rounds, {res.stopping_reason}")
             labels, km = kmeans_on_embedding(
-                res.V.T, self.n_clusters, normalize=self.normalize_embedding, n_init=self.kmeans_n_init,
-                max_iter=self.kmeans_max_iter, random_state=s,
+                res.V.T, self.n_clusters, normalize=self._o.normalize_embedding, n_init=self._o.kmeans_n_init,
+                max_iter=self._o.kmeans_max_iter, random_state=s,
             )
             return labels, (model, res, km)
 
@@ -612,19 +541,19 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
             exchange = refine = self._refine_exchange(views, masks, secure=secure)
             for i in refined:
                 starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
-                                       n_starts=self.refine_starts, normalize_embedding=self.normalize_embedding,
-                                       kmeans_max_iter=self.kmeans_max_iter)
+                                       n_starts=self._o.refine_starts, normalize_embedding=self._o.normalize_embedding,
+                                       kmeans_max_iter=self._o.kmeans_max_iter)
                 partitions[i], iters, index = refine_best(starts, exchange, seeded=self._seeded(n, seeds[i]))
                 self.refine_iter_.append(iters)
                 self.refine_start_.append(index)
                 self._say(f"k-means refinement: {iters} exchanges, start {index} kept")
         if "graph" in stages:
             exchange, products, both = self._graph_exchanges(views, masks, secure=secure)
-            steps = spectral_steps(n, self.n_clusters, self.refine_spectral_steps)
+            steps = spectral_steps(n, self.n_clusters, self._o.refine_spectral_steps)
             for i in refined:
                 partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
-                                                  refine=refine, both=both, max_iter=self.kmeans_max_iter,
-                                                  n_init=self.kmeans_n_init, seed=seeds[i])
+                                                  refine=refine, both=both, max_iter=self._o.kmeans_max_iter,
+                                                  n_init=self._o.kmeans_n_init, seed=seeds[i])
                 self.graph_iter_.append(info["exchanges"])
                 self.spectral_kept_.append(bool(info["kept"]))
                 self.graph_chosen_.append(str(info["chosen"]))
@@ -635,7 +564,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         if not stages:  # the kept fit's own k-means
             centers = km.cluster_centers_
         else:  # a refined partition: its centres in the kept fit's embedding
-            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self.normalize_embedding)
+            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self._o.normalize_embedding)
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -654,7 +583,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
     def _seeded(self, n_samples: int, seed: int):
         """The seeded starts of the refinement (:func:`seeded_starts`), for :func:`refine_best`."""
         return functools.partial(seeded_starts, n_samples=n_samples, n_clusters=self.n_clusters,
-                                 n_starts=self.refine_seeded_starts, seed=seed)
+                                 n_starts=self._o.refine_seeded_starts, seed=seed)
 
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed
@@ -709,19 +638,19 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
 
         from fedsonmf.federation.flower.launcher import run_flower, write_masks, write_views
 
-        base = Path(self.flower_run_dir) if self.flower_run_dir is not None else \
+        base = Path(self._o.run_dir) if self._o.run_dir is not None else \
             Path(tempfile.mkdtemp(prefix="fedsonmf-flower-"))
         paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
         # incomplete views: each node's availability mask beside its view (the node's own file, 0600)
         mask_paths = (None if masks is None else
                       [None if mk is None else write_masks([mk], base / "clients" / f"p{p}" / "mask")[0]
                        for p, mk in enumerate(masks)])
-        options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self.normalize_views,
-                   "normalize_embedding": self.normalize_embedding, "kmeans_n_init": self.kmeans_n_init,
-                   "kmeans_max_iter": self.kmeans_max_iter, "early_stop": self.early_stop,
-                   "refine": self.refine, "refine_starts": self.refine_starts,
-                   "refine_seeded_starts": self.refine_seeded_starts,
-                   "refine_spectral_steps": self.refine_spectral_steps, "n_init": len(models)}
+        options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self._o.normalize_views,
+                   "normalize_embedding": self._o.normalize_embedding, "kmeans_n_init": self._o.kmeans_n_init,
+                   "kmeans_max_iter": self._o.kmeans_max_iter, "early_stop": self._o.early_stop,
+                   "refine": self.refine, "refine_starts": self._o.refine_starts,
+                   "refine_seeded_starts": self._o.refine_seeded_starts,
+                   "refine_spectral_steps": self._o.refine_spectral_steps, "n_init": len(models)}
         stages = refine_stages(self.refine, dp=self._dp())
         cfg, run, _ = models[0]._validate()
         # one deployment: its ServerApp runs the n_init fits from the same seeds (restart_seeds), keeps the
@@ -793,7 +722,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         check_feature_names(getattr(self, "feature_names_in_", None), as_view_list(Xs))
         views = _check_view_structure(as_view_list(Xs))
         check_fitted_widths(self.n_features_in_, [X.shape[1] for X in views])
-        if self.engine == "flower":
+        if self._o.engine == "flower":
             return self._predict_flower(views)[1].T
         Xs, _ = self._client_views(views, fitted=True)
         with views_checked():  # the samples of every view were split together (or not at all): checked above
@@ -813,13 +742,14 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         85-97 % of the training samples.  For the training samples use ``labels_`` (``fit_predict``
         returns it); ``predict`` is for new samples.
         """
-        if self.engine == "flower":
+        check_is_fitted(self, "labels_")
+        if self._o.engine == "flower":
             check_is_fitted(self, "labels_")
             views = _check_view_structure(as_view_list(Xs))
             check_fitted_widths(self.n_features_in_, [X.shape[1] for X in views])
             return self._predict_flower(views)[0]
         return assign_to_centers(self.transform(Xs), self.cluster_centers_,
-                                 normalize_embedding=self.normalize_embedding)
+                                 normalize_embedding=self._o.normalize_embedding)
 
     def score(self, Xs, y=None) -> float:
         """Label-free score of the clustering on the views ``Xs``: the opposite of the k-means
@@ -832,7 +762,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         (the inertia shrinks as ``n_clusters`` grows: compare equal ``n_clusters``).
         """
         E = self.transform(Xs)
-        E = normalize_rows(E) if self.normalize_embedding else np.asarray(E, dtype=np.float64)
+        E = normalize_rows(E) if self._o.normalize_embedding else np.asarray(E, dtype=np.float64)
         d2 = ((E[:, None, :] - self.cluster_centers_[None, :, :]) ** 2).sum(axis=2)
         return -float(d2.min(axis=1).sum())
 

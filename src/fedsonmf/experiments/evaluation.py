@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedsonmf.estimators.clustering import FedMultiViewClustering, kmeans_on_embedding
+from fedsonmf.estimators.options import flat, from_flat
 from fedsonmf.experiments.references import concat_views, nmf_kmeans
 from fedsonmf.metrics import clustering_scores
+from fedsonmf.protocol.params import default
 
-__all__ = ["concat_kmeans", "concat_nmf", "ClusteringReport", "evaluate_method", "evaluate_clustering"]
+__all__ = ["concat_kmeans", "concat_nmf", "ClusteringReport", "evaluate_method", "evaluate_clustering",
+           "BaselineClustering", "clustering_model"]
 
 
 # ----------------------------------------------------------------------------- context methods
@@ -118,6 +121,38 @@ def evaluate_method(
     return ClusteringReport(method, seeds, scores, seconds, params or {}, infos)
 
 
+class BaselineClustering(FedMultiViewClustering):
+    """The clustering pipeline with another federated algorithm's fits (``algorithm``: a name of
+    :data:`fedsonmf.algorithms.ALGORITHMS`), for the paper's comparisons (Table 1); the estimator
+    itself always fits with the paper's method."""
+
+    def __init__(self, n_clusters=default("n_clusters"), *, algorithm=default("algorithm"), n_components="auto",
+                 preprocess=default("preprocess"), n_init=default("n_init"), refine=default("refine"),
+                 max_rounds=default("max_rounds"), tol=default("tol"), method=default("method"),
+                 refinement=default("refinement"), privacy=default("privacy"), federation=default("federation"),
+                 random_state=default("random_state"), n_jobs=default("n_jobs"),
+                 checkpoint_dir=default("checkpoint_dir"), verbose=default("verbose")):
+        super().__init__(n_clusters, n_components=n_components, preprocess=preprocess, n_init=n_init, refine=refine,
+                         max_rounds=max_rounds, tol=tol, method=method, refinement=refinement, privacy=privacy,
+                         federation=federation, random_state=random_state, n_jobs=n_jobs,
+                         checkpoint_dir=checkpoint_dir, verbose=verbose)
+        self.algorithm = algorithm
+
+    def _algorithm(self) -> str:
+        return str(self.algorithm)
+
+
+def clustering_model(n_clusters: int, params: dict, random_state=None) -> FedMultiViewClustering:
+    """The clustering estimator of the table's flat ``params`` (``algorithm`` other than the paper's:
+    :class:`BaselineClustering`)."""
+    params = dict(params)
+    algorithm = params.pop("algorithm", default("algorithm"))
+    kw = from_flat(params)
+    if algorithm == default("algorithm"):
+        return FedMultiViewClustering(n_clusters, random_state=random_state, **kw)
+    return BaselineClustering(n_clusters, algorithm=algorithm, random_state=random_state, **kw)
+
+
 def evaluate_clustering(
     Xs,
     y,
@@ -155,7 +190,9 @@ def evaluate_clustering(
     masks : list, optional
         Incomplete views (docs/algorithm.md §15.1), as :meth:`FedMultiViewClustering.fit` takes them.
     **params
-        :class:`FedMultiViewClustering` parameters.
+        The table's flat names (:func:`~fedsonmf.estimators.options.from_flat`: ``tau``,
+        ``refine_starts``, ``dp_epsilon``, ...) and ``algorithm`` (another federated algorithm's
+        fits in the same pipeline: :class:`BaselineClustering`).
 
     Returns
     -------
@@ -165,7 +202,7 @@ def evaluate_clustering(
     c = int(np.unique(y).size) if n_clusters is None else n_clusters
 
     def run(seed):
-        model = FedMultiViewClustering(c, random_state=seed, **params)
+        model = clustering_model(c, params, random_state=seed)
         labels = model.fit_predict(Xs, callback=round_callback, masks=masks)
         hist = model.history_.rows
         info = {"mu": model.mu_, "n_components": model.n_components_,
@@ -177,6 +214,7 @@ def evaluate_clustering(
         return labels, info
 
     name = method or params.get("algorithm", "fedsonmf")
-    full = {k: v for k, v in FedMultiViewClustering(c, **params).get_params().items() if k != "random_state"}
+    model = clustering_model(c, params)
+    full = {k: v for k, v in flat(model.get_params()).items() if k != "random_state"}
     return evaluate_method(name, run, y, seeds, average_method=average_method, params=full, callback=callback)
 

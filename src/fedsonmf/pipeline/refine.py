@@ -86,6 +86,7 @@ import scipy.sparse as sp
 
 from fedsonmf.exceptions import ParameterError, PartitionRefused
 from fedsonmf.pipeline.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
+from fedsonmf.protocol.params import options_of
 
 __all__ = ["REFINE_RULES", "MIN_SCORE_SPREAD", "refine_stages", "refine_view", "scores_partitions", "score_weight",
            "client_distances", "client_score", "client_refine", "assign", "BATCH_VALUES", "batch_rows",
@@ -102,7 +103,7 @@ MIN_SCORE_SPREAD = 1e-4
 #: FedMultiViewClustering's ``refine``: the stages run after the fit, in order -- "kmeans" (this
 #: module), "graph" (:mod:`fedsonmf.pipeline.graph`), both, or "none"; "auto" (the default) is
 #: both, and none under differential privacy (the refinements read the exact views: no noise covers them)
-REFINE_RULES = ("auto", "kmeans+graph", "kmeans", "graph", "none")
+REFINE_RULES = options_of("refine")  # declared once, in the parameter table
 
 #: the most distances one refinement exchange asks of a node: partitions travel side by side, up
 #: to BATCH_VALUES // (n c) of them per exchange (a node's reply then stays under 32 MB of float64),

@@ -13,10 +13,12 @@ import warnings
 
 import numpy as np
 
+from fedsonmf.protocol.params import options_of
+
 __all__ = ["STOPPING_RULES", "LabelStability"]
 
 #: FedMultiViewClustering's ``early_stop``: "labels" (this rule, and R/R1 <= tol) or "none" (tol only)
-STOPPING_RULES = ("labels", "none")
+STOPPING_RULES = options_of("early_stop")  # declared once, in the parameter table
 
 
 class LabelStability:

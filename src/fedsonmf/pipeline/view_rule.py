@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.pipeline.row_norms import row_normalize
+from fedsonmf.protocol.params import options_of
 
 __all__ = ["PREPROCESS_RULES", "MEAN_SHARE_THRESHOLD", "mean_energy_share", "energy_and_mean", "preprocess_view",
            "apply_view_preprocessing", "view_warnings"]
@@ -39,7 +40,7 @@ EMPTY_ROWS_WARN = 0.1
 #: rule -> (per-sample l2, centre a dense view and scale it to unit variance and its samples to unit l2
 #: norm again)
 _STEPS = {"none": (False, False), "l2": (True, False), "auto": (True, True)}
-PREPROCESS_RULES = ("auto", "l2", "none")
+PREPROCESS_RULES = options_of("preprocess")  # declared once, in the parameter table
 
 
 def mean_energy_share(X) -> float:
