@@ -416,6 +416,19 @@ class LoopbackDeployment:
             self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
         sec.write_pins(self.pins_path, self.pins, self.retired)
 
+    def _signing_key(self, p: int) -> Path:
+        """View ``p``'s secure-aggregation signing key (Ed25519, 0600), made once per deployment
+        and kept across node restarts; its public half is pinned in every run config the
+        coordinator signs (``secagg-peers``, :meth:`peer_keys`)."""
+        path = self.node_dir(p) / "key" / "secagg-signing.pem"
+        if not path.is_file():
+            sec.make_signing_key(path)
+        return path
+
+    def peer_keys(self) -> str:
+        """The run config's ``secagg-peers``: every view's public signing key, by view (JSON)."""
+        return json.dumps([sec.signing_public_key(self._signing_key(p)) for p in range(len(self.view_paths))])
+
     def start_node(self, p: int) -> subprocess.Popen:
         """Start (or restart) the SuperNode of view ``p`` (a restart gets a new key and node id)."""
         if p in self.nodes and self.nodes[p].poll() is None:
@@ -427,7 +440,8 @@ class LoopbackDeployment:
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
         node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p],
-                                      require_secure=self.require_secure_aggregation)
+                                      require_secure=self.require_secure_aggregation,
+                                      signing_key=self._signing_key(p))
         if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
             node_config += f' predict-path="{self.predict_paths[p]}"'
         self.nodes[p] = self._spawn(
@@ -592,6 +606,9 @@ class LoopbackDeployment:
         conf = {"num-clients": len(self.view_paths), **run_config, "out-dir": str(out_dir)}
         if self.pins_path is not None:
             conf["node-pins"] = str(self.pins_path)  # ours, not the caller's: every run of this deployment is pinned
+        # the views' signing keys, under the coordinator's signature: the nodes verify each other's
+        # secure-aggregation keys with them, whatever the server relays
+        conf["secagg-peers"] = self.peer_keys()
         unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
         if unknown:
             raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")
