@@ -153,9 +153,9 @@ def test_honest_uploads_stay_far_inside_the_bound(views, cfg):
     assert max(worst) < 2.0 ** -10  # measured 2^-19.9 to 2^-19.1 here: far inside
 
 
-def test_a_flower_node_that_shifts_its_masked_upload_fails_the_run(tmp_path, small_problem):
-    """The Flower apps over the fake grid: node 202 (view 1) adds 2^62 to its masked round-2
-    upload; the ServerApp's status is failed with the bound's message, and no V is written."""
+def _flower_run_with_a_hostile_node(tmp_path, small_problem, tamper) -> dict:
+    """A secure fit of the Flower apps over the fake grid in which node 202 (view 1) passes each of
+    its replies through ``tamper(message, meta) -> (message, meta)``; the ServerApp's status."""
     pytest.importorskip("flwr")
     import json
 
@@ -165,7 +165,7 @@ def test_a_flower_node_that_shifts_its_masked_upload_fails_the_run(tmp_path, sma
     from fedsonmf.federation.flower.client_app import make_client_app
     from test_flower_apps import FakeGrid, _nodes, _run_config, _server
 
-    class ShiftingNode(FakeGrid):
+    class HostileNode(FakeGrid):
         def push_messages(self, messages):
             ids = super().push_messages(messages)
             for mid, msg in zip(ids, messages):
@@ -173,11 +173,10 @@ def test_a_flower_node_that_shifts_its_masked_upload_fails_the_run(tmp_path, sma
                 if msg.metadata.dst_node_id != 202 or rep is None or rep.has_error():
                     continue
                 fed, meta = codec.decode(rep.content)
-                if fed.kind == "round" and fed.round == ATTACK_ROUND:
-                    arrays = {k: np.asarray(a) + np.uint64(2 ** 62) if k.startswith(secagg.MASKED_PREFIX) else a
-                              for k, a in fed.arrays.items()}
-                    rep.content = codec.encode(dataclasses.replace(fed, arrays=arrays), client=int(meta["client"]),
-                                               job_id=str(meta["job-id"]))
+                if fed.kind != "round":  # the hello/setup replies carry more metadata: left as they are
+                    continue
+                fed, meta = tamper(fed, meta)
+                rep.content = codec.encode(fed, client=int(meta["client"]), job_id=str(meta["job-id"]))
             return ids
 
     old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
@@ -185,12 +184,36 @@ def test_a_flower_node_that_shifts_its_masked_upload_fails_the_run(tmp_path, sma
     try:
         cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
         rc = _run_config(tmp_path, **{"config-json": json.dumps(cfg.to_dict()), "secure-aggregation": True})
-        grid = ShiftingNode(make_client_app(), _nodes(tmp_path, small_problem.views[:3]))
+        grid = HostileNode(make_client_app(), _nodes(tmp_path, small_problem.views[:3]))
         with pytest.raises(Exception):  # noqa: B017 - the ServerApp fails the run; its status names why
             _server(grid, rc)
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
-    status = json.loads((tmp_path / "server" / "status.json").read_text())
+    assert not (tmp_path / "server" / "V.npy").exists()
+    return json.loads((tmp_path / "server" / "status.json").read_text())
+
+
+def test_a_flower_node_that_shifts_its_masked_upload_fails_the_run(tmp_path, small_problem):
+    """Node 202 adds 2^62 to its masked round-2 upload: failed, with the bound's message."""
+    def shift(fed, meta):
+        if fed.kind == "round" and fed.round == ATTACK_ROUND:
+            fed = dataclasses.replace(fed, arrays={k: np.asarray(a) + np.uint64(2 ** 62)
+                                                   if k.startswith(secagg.MASKED_PREFIX) else a
+                                                   for k, a in fed.arrays.items()})
+        return fed, meta
+
+    status = _flower_run_with_a_hostile_node(tmp_path, small_problem, shift)
     assert status["status"] == "failed"
     assert f"an upload out of bounds in round {ATTACK_ROUND}" in status["error"]
-    assert not (tmp_path / "server" / "V.npy").exists()
+
+
+def test_a_flower_reply_bound_to_another_job_is_refused(tmp_path, small_problem):
+    """Node 202 labels its round-2 reply as another job's: refused, naming both jobs."""
+    def relabel(fed, meta):
+        if fed.kind == "round" and fed.round == ATTACK_ROUND:
+            meta = {**meta, "job-id": "another-job"}
+        return fed, meta
+
+    status = _flower_run_with_a_hostile_node(tmp_path, small_problem, relabel)
+    assert status["status"] == "failed"
+    assert "of job 'another-job'" in status["error"] and "of job 'job-test'" in status["error"]

@@ -262,13 +262,17 @@ class LoopbackDeployment:
         Every node's policy (node config ``require-secure-aggregation``): True refuses runs
         whose uploads are not masked, as a real organisation's node does by default; False for a
         plain run (``run_flower`` passes the run's own choice).
+    server_app : str or None, default=None
+        ``module:attr`` of an installed ServerApp the SuperLink host's gate runs instead of
+        fedsonmf's (the nodes do not trust it: tests run a hostile one).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
-                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True):
+                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True,
+                 server_app: str | None = None):
         #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
         self.tls: tuple[str, str, str] | None
         if tls is None:
@@ -318,6 +322,9 @@ class LoopbackDeployment:
         self.startup_seconds: float | None = None
         #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
         self.client_app = client_app
+        #: the SuperLink host's ServerApp (``module:attr``, installed); None = fedsonmf's.  The server
+        #: is the party the nodes need not trust: the attack tests run a hostile one here
+        self.server_app = server_app
         self.executors: dict[object, subprocess.Popen] = {}  # "superlink" / view index -> gate executor
         self._authority: Any = None  # the coordinator key (gate.Authority), made by start()
         self._pinned: set[str] = set()
@@ -504,7 +511,7 @@ class LoopbackDeployment:
         else:
             role, api, certs, log = "clientapp", f"127.0.0.1:{self._node_ports[who]}", None, d / "gate.log"
         args = _gate().executor_argv(role, api, d, parent_pid=leader.pid, root_certificates=certs,
-                                     app=self.client_app if role == "clientapp" else None)
+                                     app=self.client_app if role == "clientapp" else self.server_app)
         env = dict(self.env)
         if role == "serverapp":  # the ServerApp writes only below the run folder
             env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
