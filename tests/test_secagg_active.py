@@ -200,6 +200,26 @@ def test_signed_key_agreement_leaves_the_decoded_v_bit_for_bit(views):
     assert signed.server_state.arrays[secagg_echoes_key()].size > 0
 
 
+def test_a_client_absent_from_round_1_checks_the_echoes_in_its_first_round(views):
+    """Partial rounds: client 1 misses round 1; the echoes go with the rounds until every client
+    has taken part, and it checks them in round 2 (V as without signing)."""
+    from fedsonmf.protocol.participation import Participation
+
+    part = Participation(min_clients=2, rejoin="refresh")
+    down = lambda s: [p for p in range(3) if not (s == 1 and p == 1)]  # noqa: E731
+    runs = []
+    for signers in ([None] * 3, secagg.KeySigner.group(3)):
+        clients = _clients(views, signers)
+        transport = InProcessTransport(clients, available=down)
+        transport.log = []
+        runs.append(run_federation(transport, "fedsonmf", CFG, max_rounds=3, seed=7, participation=part))
+    assert np.array_equal(runs[0].V, runs[1].V)
+    assert all(secagg.STATE_CHECKED in c.state.arrays for c in clients)
+    with_echoes = sorted({msg.round for d, p, msg in transport.log
+                          if d == "down" and msg.kind == "round" and "echoes" in _params(msg)})
+    assert with_echoes == [1, 2]  # until client 1 has taken part
+
+
 def secagg_echoes_key() -> str:
     from fedsonmf.federation.loop import ECHOES_STATE
 

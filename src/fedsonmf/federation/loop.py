@@ -445,14 +445,14 @@ def run_federation(
             raise ProtocolError(f"clients hold different numbers of samples: {sorted(ns)}")
         spec = alg.summed_items(cfg, "setup")
         shape = (cfg.n_components, ns.pop())
+        bound_exp = echoes = None
         if secure:
             agg, sa_exp, echoes = _secure_init(transport, spec, replies, m, shape)
         else:
-            agg = plain_aggregate(replies, range(m), spec, "setup", 0,
-                                  cols=[rep.arrays.get("cols") for rep in replies], shape=shape)
-        if not secure:
             bound_exp = _plain_exponent(replies)
             check_plain_bounds(replies, range(m), spec, "setup", 0, bound_exp, 0.0)
+            agg = plain_aggregate(replies, range(m), spec, "setup", 0,
+                                  cols=[rep.arrays.get("cols") for rep in replies], shape=shape)
         state = alg.server_setup(replies, cfg, seed, agg=agg)
         if secure:
             state.arrays["secagg_exp"] = np.asarray(int(sa_exp))
@@ -499,7 +499,9 @@ def run_federation(
         extra_up = 0
         if participation is None:
             if bits is not None:
-                msg = with_secagg(msg, range(m), bits, **({} if echoes is None else {"echoes": echoes}))
+                # the key-list echoes go with round 1, where every client checks them (a resumed run's
+                # clients checked them before its checkpoint)
+                msg = with_secagg(msg, range(m), bits, **({} if echoes is None or s != 1 else {"echoes": echoes}))
                 replies, agg = exchange_sum(transport, [msg] * m, bits)
             else:
                 replies = transport.exchange([msg] * m)
@@ -633,7 +635,9 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
     if spec is not None:
         bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
         nonce = secrets.token_hex(8)
-        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True, **({} if echoes is None else {"echoes": echoes}))
+        # the key-list echoes go with the rounds of clients that have not checked them yet (no round so far)
+        first = echoes is not None and any(last[p] == 0 for p in asked)
+        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True, **({"echoes": echoes} if first else {}))
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
