@@ -238,8 +238,9 @@ def _check_secure_policy(context: Context, cfg) -> None:
                             "secure_aggregation=False")
 
 
-def secagg_signer(context: Context, p: int, cfg):
-    """The node's :class:`~fedsonmf.federation.secagg.KeySigner` for a secure run, or None.
+def secagg_signer(context: Context, p: int, cfg=None):
+    """The node's :class:`~fedsonmf.federation.secagg.KeySigner` for a secure run (``cfg`` None:
+    a masked predict), or None.
 
     The peers' public signing keys come from the run config (``secagg-peers``), which the
     coordinator signs and every node's gate checks (``gate.py``): the server cannot change them.
@@ -250,7 +251,7 @@ def secagg_signer(context: Context, p: int, cfg):
     from fedsonmf.federation.flower import security as sec
     from fedsonmf.federation.secagg import KeySigner
 
-    if not cfg.secure_aggregation:
+    if cfg is not None and not cfg.secure_aggregation:
         return None
     peers = str(context.run_config.get(sec.PEERS_KEY, "") or "")
     key_path = str(context.node_config.get(sec.SIGNING_KEY, "") or "")
@@ -417,7 +418,8 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, steps, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
-                    reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
+                    reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]),
+                                                   signer=secagg_signer(context, p))
                 else:
                     fclust.refuse_clear(secure, p, "the new samples are", "this predict request")
                 if (digest := _ids_digest(_predict_path(context))) is not None:  # rows ordered by their ids
@@ -425,7 +427,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
                         **reply.scalars, codec.IDS_DIGEST: codec.salted_ids_digest(digest, job_id)})
             return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
-            reply = fclust.node_embed_masked(fed_msg, sdir, p)
+            reply = fclust.node_embed_masked(fed_msg, sdir, p, signer=secagg_signer(context, p))
             return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "setup":
             return codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id)
