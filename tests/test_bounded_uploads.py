@@ -217,3 +217,22 @@ def test_a_flower_reply_bound_to_another_job_is_refused(tmp_path, small_problem)
     status = _flower_run_with_a_hostile_node(tmp_path, small_problem, relabel)
     assert status["status"] == "failed"
     assert "of job 'another-job'" in status["error"] and "of job 'job-test'" in status["error"]
+
+
+def test_a_fit_that_lost_a_view_for_most_rounds_says_so(views):
+    """Partial participation, min_clients=2: view 2 is down in rounds 2-7 of 8.  The run completes
+    (the quorum held) but its result, stopping reason and a DataWarning name the absent view; a
+    view down for one round only is not reported."""
+    from fedsonmf.exceptions import DataWarning
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.participation import Participation
+
+    part = Participation(min_clients=2, rejoin="refresh")
+    with pytest.warns(DataWarning, match="view 2 absent from 6 of 8 rounds"):
+        res = run_inprocess(views, PLAIN, max_rounds=8, tol=0.0, seed=1, participation=part,
+                            available=lambda s: [0, 1] if 2 <= s <= 7 else [0, 1, 2])
+    assert res.extra["absent_views"] == {"2": 6}
+    assert "view 2 absent from 6 of 8 rounds" in res.stopping_reason
+    once = run_inprocess(views, PLAIN, max_rounds=8, tol=0.0, seed=1, participation=part,
+                         available=lambda s: [0, 1] if s == 3 else [0, 1, 2])
+    assert "absent_views" not in once.extra

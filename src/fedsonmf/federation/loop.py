@@ -593,12 +593,42 @@ def run_federation(
     )
     if diverged:
         result.extra["diverged"] = True
+    if participation is not None:
+        _report_absent_views(result, participation, m, int(seed))
     if cfg.dp_enabled:
         from fedsonmf.protocol.privacy import privacy_report
 
         result.extra["privacy"] = privacy_report(cfg_given, len(history), m)
     return result
 
+
+
+def _report_absent_views(result: FitResult, participation: Participation, m: int, seed: int) -> None:
+    """A partial run whose view was absent from most rounds says so: ``result.extra["absent_views"]``
+    ``{client: rounds without it}`` (clients that failed to answer at least once and were absent
+    from more than half of the rounds; a sampled client's unasked rounds count as absent), the
+    stopping reason names them, and a :class:`~fedsonmf.exceptions.DataWarning` is given: V was
+    shaped mostly without those views."""
+    from fedsonmf.exceptions import DataWarning
+
+    rows = [row for row in result.history.rows if "participants" in row]
+    if not rows:
+        return
+    absent, dropped = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    for row in rows:
+        took = {int(p) for p in row["participants"]}
+        asked = {int(p) for p in participation.asked(m, int(row["round"]), seed)}
+        for p in range(m):
+            absent[p] += p not in took
+            dropped[p] += p in asked and p not in took
+    lost = {p: int(absent[p]) for p in range(m) if 2 * absent[p] > len(rows) and dropped[p] > 0}
+    if not lost:
+        return
+    what = ", ".join(f"view {p} absent from {k} of {len(rows)} rounds" for p, k in lost.items())
+    result.extra["absent_views"] = {str(p): k for p, k in lost.items()}
+    result.stopping_reason += f"; {what} (V was fitted mostly without it)"
+    warn(f"{what}: the model was fitted mostly without {'that view' if len(lost) == 1 else 'those views'}",
+         DataWarning)
 
 
 def _last_rounds(history: History, m: int) -> np.ndarray:
