@@ -36,16 +36,18 @@ engine's construction in process):
   signature against that peer's pinned key *before* it derives any pair key, and refuses
   otherwise, naming the slot (:class:`KeyAgreementError`);
 * the consistency check: each ``init`` reply carries the client's signed echo of the digest of
-  the key list it received; the server relays all echoes with the round-1 message and every
+  the key list it received; the server relays all echoes with the round-1 message (partial
+  rounds: with each round until every client has taken part) and every
   client compares them with its own digest before it masks anything more, so a server that
   showed different key lists to different clients fails the run, the error naming who saw
   which digest.
 
 Bounded uploads [C]: every client refuses to mask an item beyond the exchange's public per-upload
 bound ``2^e`` (``bound < 2^e`` below), and the server refuses a decoded sum beyond ``m 2^e``
-(:class:`UploadBoundError`, "an upload out of bounds in round k"): an honest upload never
-reaches it (the bound has 2^16 of headroom over the items' size), and random, shifted or
-stale masked values decode to sums far beyond it.
+(:class:`UploadBoundError`, "an upload out of bounds in round k"): an honest upload stays far
+inside it (2^16 of headroom over the items' size; measured ~2^-19 of it,
+``tests/test_bounded_uploads.py``), and random, shifted or stale masked values decode to sums
+far beyond it.
 
 Fixed point [C]: ``f = 61 - ceil(log2 m) - e`` with ``bound < 2^e`` and the public bound
 ``bound = 2^16 (L + ||V^s||_F)^degree`` of an item of homogeneity ``degree`` (1 for V-like items,
