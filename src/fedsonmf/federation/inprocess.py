@@ -192,16 +192,17 @@ def run_inprocess(
 
                 seed = secrets.randbits(32)
             run_info = {"algorithm": alg_name, "config": cfg.to_dict(), "seed": seed, "n_clients": len(views_dn)}
-        clients = [ClientRuntime(X, algorithm, cfg, state=st, mask=mk, dp_seed=ds)
-                   for X, st, mk, ds in zip(views_dn, states, masks, dp_seeds)]
+        clients = [ClientRuntime(X, algorithm, cfg, state=st, mask=mk, dp_seed=ds, signer=sg)
+                   for X, st, mk, ds, sg in zip(views_dn, states, masks, dp_seeds,
+                                                _signers(cfg, len(views_dn), resume=resume))]
 
         def on_round_end(state, history):
             for p, c in enumerate(clients):  # clients first: the server file commits the round
                 ckpt.save_client_state(checkpoint_dir, p, c.state, ckpt.client_resume_meta(c.X, fingerprints[p]))
             ckpt.save_server_checkpoint(checkpoint_dir, state, history, run_info)
     else:
-        clients = [ClientRuntime(X, algorithm, cfg, mask=mk, dp_seed=ds)
-                   for X, mk, ds in zip(views_dn, masks, dp_seeds)]
+        clients = [ClientRuntime(X, algorithm, cfg, mask=mk, dp_seed=ds, signer=sg)
+                   for X, mk, ds, sg in zip(views_dn, masks, dp_seeds, _signers(cfg, len(views_dn)))]
     _check_masks(clients)
     transport = InProcessTransport(clients, n_jobs=n_jobs, available=available)
     result = run_federation(
@@ -210,6 +211,21 @@ def run_inprocess(
     )
     result.bases = [_final_basis(c) for c in clients]
     return result
+
+
+def _signers(cfg: FedConfig, m: int, resume: bool = False) -> list:
+    """Secure aggregation's signing keys: each simulated client its own Ed25519 key, every client
+    given all of their public halves at construction (one trust domain here, but the same
+    verification runs as on a deployment node: every relayed key and key-list echo is checked).
+
+    A resumed run has agreed its keys already (the saved states hold the pair keys and the checked
+    key-list digest); the keys of this process are new, so it gets none (a client absent from
+    every round before the checkpoint then skips its echo check)."""
+    if not cfg.secure_aggregation or m < 2 or resume:
+        return [None] * m
+    from fedsonmf.federation.secagg import KeySigner
+
+    return list(KeySigner.group(m))
 
 
 def _final_basis(client: ClientRuntime):

@@ -109,12 +109,18 @@ class ClientRuntime:
         noise.  None (a deployment node) draws 128 bits from OS entropy at setup;
         the in-process simulation passes one derived from ``random_state``
         (reproducible runs).  Kept in the client state (resume), never sent.
+    signer : fedsonmf.federation.secagg.KeySigner, optional
+        Secure aggregation's authenticated key agreement: this client's signing key and every
+        client's pinned public signing key.  Given, the client signs its key and refuses any
+        relayed key not signed by its slot's pinned key, and any round-1 message whose key-list
+        echoes show that the server relayed different keys to different clients.  None: the
+        relayed keys are trusted (a server that swaps them could unmask every upload).
     """
 
     upload_hook: Callable[[Message, Message, ClientRuntime], Message] | None = None
 
     def __init__(self, X, algorithm, cfg: FedConfig, state: ClientState | None = None, mask=None,
-                 x_sqnorm: float | None = None, upload_hook=None, dp_seed=None):
+                 x_sqnorm: float | None = None, upload_hook=None, dp_seed=None, signer=None):
         self.n = X.shape[1]
         self.cols = held_columns(mask, self.n)
         self.algorithm = _algorithm(algorithm)
@@ -130,6 +136,7 @@ class ClientRuntime:
         if upload_hook is not None:
             self.upload_hook = upload_hook
         self.dp_seed = dp_seed
+        self.signer = signer
         if cfg.dp_enabled and not self.algorithm.supports_dp:
             raise ParameterError(f"algorithm {self.algorithm.name!r} does not implement differential privacy")
 
@@ -159,15 +166,18 @@ class ClientRuntime:
             if secure:  # key advertisement; the summed setup items wait for the init exchange
                 self.state, reply = secagg.client_setup(
                     self.state, reply, self.algorithm.summed_items(self.cfg, "setup"), me=int(msg.scalars["client"]),
-                    seed=int(msg.scalars["seed"]), x_sqnorm=self.x_sqnorm, cols=self.cols, n=self.n)
+                    seed=int(msg.scalars["seed"]), x_sqnorm=self.x_sqnorm, cols=self.cols, n=self.n,
+                    signer=self.signer)
             return reply
         if msg.kind in ("init", "unmask"):
             if not secure:
                 raise ProtocolError(f"{msg.kind} message but this client runs without secure aggregation")
             if self.state is None:
                 raise ProtocolError(f"{msg.kind} message before setup")
-            step = secagg.client_init if msg.kind == "init" else secagg.client_unmask
-            self.state, reply = step(self.state, msg)
+            if msg.kind == "init":
+                self.state, reply = secagg.client_init(self.state, msg, signer=self.signer)
+            else:
+                self.state, reply = secagg.client_unmask(self.state, msg)
             return reply
         if msg.kind != "round":
             raise ProtocolError(f"unknown message kind {msg.kind!r}")
@@ -205,7 +215,8 @@ class ClientRuntime:
         reply = self.finalise_upload(reply, msg)
         if secure:
             spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
-            self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n)
+            self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n,
+                                                   signer=self.signer)
         return reply
 
     def _privatise(self, msg: Message, reply: Message, cfg: FedConfig) -> Message:
@@ -289,6 +300,11 @@ class DivergenceMonitor:
     eta_g = 3 reaches 2.3-3.6 F^1 but only 2.5 ||V^1||^2.  The norm of V is the
     weaker signal (FedMGS at alpha = 1: F x94, ||V||^2 x2.3): without
     diagnostics the mild cases go unnoticed; exploding or non-finite V is caught.
+
+    It sees only rounds whose uploads were within their public bounds: a round with an upload
+    out of bounds (a dishonest or broken client, :func:`check_plain_bounds`,
+    :func:`fedsonmf.federation.secagg.check_sum_bound`) fails before it, so its reason blames
+    the steps only when the uploads were in bounds.
     """
 
     warn_factor = 2.0
@@ -321,8 +337,8 @@ class DivergenceMonitor:
         hint = step_hint(self.alg, self.cfg)
         if not np.isfinite(vnorm) or (objective is not None and not np.isfinite(objective)):
             what = "V" if not np.isfinite(vnorm) else "the objective"
-            reason = (f"diverged at round {s}: {what} is no longer finite (NaN/Inf); the steps are too large "
-                      f"for this data -- reduce {hint}")
+            reason = (f"diverged at round {s}: {what} is no longer finite (NaN/Inf) with every upload within its "
+                      f"public bound; the steps are too large for this data -- reduce {hint}")
             self._warn(reason)
             return reason
         if self.N1 is None:  # no usable V^1 (all zero): the first nonzero V is the reference
@@ -336,8 +352,8 @@ class DivergenceMonitor:
             ratio, unit = (vnorm / max(self.N1, np.finfo(float).tiny)) ** 2, "||V||_F^2"
             warn_at, stop_at = self.v_warn_factor, self.v_stop_factor
         if ratio > stop_at:
-            reason = (f"diverged at round {s}: the {unit} grew to {ratio:.3g}x its round-1 value; the steps "
-                      f"are too large for this data -- reduce {hint}")
+            reason = (f"diverged at round {s}: the {unit} grew to {ratio:.3g}x its round-1 value with every upload "
+                      f"within its public bound; the steps are too large for this data -- reduce {hint}")
             self._warn(reason)
             return reason
         if ratio > warn_at and not self.warned:
@@ -430,14 +446,21 @@ def run_federation(
             raise ProtocolError(f"clients hold different numbers of samples: {sorted(ns)}")
         spec = alg.summed_items(cfg, "setup")
         shape = (cfg.n_components, ns.pop())
+        bound_exp = echoes = None
         if secure:
-            agg, sa_exp = _secure_init(transport, spec, replies, m, shape)
+            agg, sa_exp, echoes = _secure_init(transport, spec, replies, m, shape)
         else:
+            bound_exp = _plain_exponent(replies)
+            check_plain_bounds(replies, range(m), spec, "setup", 0, bound_exp, 0.0)
             agg = plain_aggregate(replies, range(m), spec, "setup", 0,
                                   cols=[rep.arrays.get("cols") for rep in replies], shape=shape)
         state = alg.server_setup(replies, cfg, seed, agg=agg)
         if secure:
             state.arrays["secagg_exp"] = np.asarray(int(sa_exp))
+            if echoes is not None:
+                state.arrays[ECHOES_STATE] = np.frombuffer(json.dumps(echoes).encode(), dtype=np.uint8).copy()
+        elif bound_exp is not None:
+            state.arrays[BOUND_STATE] = np.asarray(int(bound_exp))
         history = History()
     else:
         state, history = resume
@@ -448,6 +471,9 @@ def run_federation(
         raise ProtocolError("the server state holds no mu (a checkpoint of an older version?)")
     cfg = cfg.resolved(state.mu)  # the number the server resolved at setup; every round message carries it
     sa_exp_arr = state.arrays.get("secagg_exp")
+    echoes_arr = state.arrays.get(ECHOES_STATE)
+    echoes = None if echoes_arr is None else json.loads(np.asarray(echoes_arr, dtype=np.uint8).tobytes().decode())
+    bound_arr = state.arrays.get(BOUND_STATE)  # plain runs: the exponent of the public upload bounds
     # rule (b) of partial participation under secure aggregation keeps its G's as a sum (clients send dG)
     kept_sum = secure and participation is not None and participation.rejoin == "server"
     round_spec = alg.summed_items(cfg, "round", kept_sum=kept_sum)
@@ -474,7 +500,9 @@ def run_federation(
         extra_up = 0
         if participation is None:
             if bits is not None:
-                msg = with_secagg(msg, range(m), bits)
+                # the key-list echoes go with round 1, where every client checks them (a resumed run's
+                # clients checked them before its checkpoint)
+                msg = with_secagg(msg, range(m), bits, **({} if echoes is None or s != 1 else {"echoes": echoes}))
                 replies, agg = exchange_sum(transport, [msg] * m, bits)
             else:
                 replies = transport.exchange([msg] * m)
@@ -483,13 +511,16 @@ def run_federation(
             replies, who, msgs, agg, extra_up = _partial_exchange(cast(PartialTransport, transport), alg, state, msg,
                                                                   participation, history,
                                                                   m, seed, round_spec if secure else None,
-                                                                  sa_exp_arr, V_s)
+                                                                  sa_exp_arr, V_s, echoes)
         for p, rep in zip(who, replies):
             if rep.round != s:
                 raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
         prev_state = state
         cols = alg.reply_columns(state, who)
         if not secure:
+            if bound_arr is not None:
+                check_plain_bounds(replies, who, round_spec, "round", s, int(bound_arr),
+                                   float(np.sqrt(sqnorm(V_s))))
             agg = plain_aggregate(replies, who, round_spec, "round", s, cols=cols, shape=V_s.shape)
         # plain replies carry the uploads themselves (the sums from them are bit-identical); with
         # secure aggregation the server step reads them from the aggregate only
@@ -500,8 +531,9 @@ def run_federation(
             if participation.rejoin == "server":
                 kw.update(keep_g=True, n_clients=m)
             state = alg.server_round(state, replies, cfg, clients=None if len(who) == m else who, **kw)
-        if sa_exp_arr is not None:
-            state.arrays["secagg_exp"] = sa_exp_arr
+        for key, kept in (("secagg_exp", sa_exp_arr), (ECHOES_STATE, echoes_arr), (BOUND_STATE, bound_arr)):
+            if kept is not None:
+                state.arrays[key] = kept
         row: dict[str, Any] = {"round": s}
         if cfg.diagnostics:
             counts = None
@@ -562,12 +594,42 @@ def run_federation(
     )
     if diverged:
         result.extra["diverged"] = True
+    if participation is not None:
+        _report_absent_views(result, participation, m, int(seed))
     if cfg.dp_enabled:
         from fedsonmf.protocol.privacy import privacy_report
 
         result.extra["privacy"] = privacy_report(cfg_given, len(history), m)
     return result
 
+
+
+def _report_absent_views(result: FitResult, participation: Participation, m: int, seed: int) -> None:
+    """A partial run whose view was absent from most rounds says so: ``result.extra["absent_views"]``
+    ``{client: rounds without it}`` (clients that failed to answer at least once and were absent
+    from more than half of the rounds; a sampled client's unasked rounds count as absent), the
+    stopping reason names them, and a :class:`~fedsonmf.exceptions.DataWarning` is given: V was
+    shaped mostly without those views."""
+    from fedsonmf.exceptions import DataWarning
+
+    rows = [row for row in result.history.rows if "participants" in row]
+    if not rows:
+        return
+    absent, dropped = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+    for row in rows:
+        took = {int(p) for p in row["participants"]}
+        asked = {int(p) for p in participation.asked(m, int(row["round"]), seed)}
+        for p in range(m):
+            absent[p] += p not in took
+            dropped[p] += p in asked and p not in took
+    lost = {p: int(absent[p]) for p in range(m) if 2 * absent[p] > len(rows) and dropped[p] > 0}
+    if not lost:
+        return
+    what = ", ".join(f"view {p} absent from {k} of {len(rows)} rounds" for p, k in lost.items())
+    result.extra["absent_views"] = {str(p): k for p, k in lost.items()}
+    result.stopping_reason += f"; {what} (V was fitted mostly without it)"
+    warn(f"{what}: the model was fitted mostly without {'that view' if len(lost) == 1 else 'those views'}",
+         DataWarning)
 
 
 def _last_rounds(history: History, m: int) -> np.ndarray:
@@ -581,7 +643,7 @@ def _last_rounds(history: History, m: int) -> np.ndarray:
 
 def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, state: ServerState, msg: Message,
                       participation: Participation,
-                      history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None):
+                      history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None, echoes=None):
     """One partial round (§15.2): ask the sampled clients, keep those that replied.
 
     Returns ``(replies, clients, messages_sent, aggregate, extra_up_bytes)`` with replies in
@@ -604,7 +666,9 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
     if spec is not None:
         bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
         nonce = secrets.token_hex(8)
-        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True)
+        # the key-list echoes go with the rounds of clients that have not checked them yet (no round so far)
+        first = echoes is not None and any(last[p] == 0 for p in asked)
+        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True, **({"echoes": echoes} if first else {}))
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
@@ -680,6 +744,73 @@ def with_secagg(msg: Message, cohort, bits: dict, **extra) -> Message:
                                              secagg.SECAGG_KEY: secagg.params_json(list(cohort), bits, **extra)})
 
 
+#: server-state arrays: the clients' signed key-list echoes (JSON, uint8), relayed with every masked
+#: round message; a plain run's exponent E of the public upload bounds (L = 2^E)
+ECHOES_STATE, BOUND_STATE = "secagg_echoes", "bound_exp"
+
+
+#: extra bits of a plain run's bound exponent when it comes from the setup projection
+#: ||max(U_p^T X_p, 0)||_F <= ||X_p||_F instead of ||X_p||_F itself (init_v="projection")
+PROJECTION_SLACK_BITS = 8
+
+
+def _plain_exponent(replies: Sequence[Message]) -> int | None:
+    """E = max_p ceil(log2 ||X_p||_F) from the plain setup replies: their ``x_sqnorm`` (what
+    secure aggregation's E_p announce), else their projection ``Vproj`` (a lower estimate of
+    ||X_p||_F, given :data:`PROJECTION_SLACK_BITS` more); None when a reply carries neither."""
+    exps = []
+    for rep in replies:
+        slack = 0
+        try:
+            if rep.scalars.get("x_sqnorm") is not None:
+                norm = float(np.sqrt(max(float(rep.scalars["x_sqnorm"]), 0.0)))
+            elif "Vproj" in rep.arrays:
+                norm, slack = float(np.sqrt(sqnorm(np.asarray(rep.arrays["Vproj"], dtype=np.float64)))), \
+                    PROJECTION_SLACK_BITS
+            else:
+                return None
+        except (TypeError, ValueError):
+            return None
+        if not np.isfinite(norm):
+            return None  # the non-finite value itself is refused by check_plain_bounds
+        exps.append((int(np.frexp(norm)[1]) if norm > 0 else 0) + slack)
+    return max(exps) if exps else None
+
+
+def check_plain_bounds(replies: Sequence[Message], clients, spec: dict, kind: str, round: int, exp: int | None,
+                       vnorm: float) -> None:
+    """The server's check of plain uploads, client by client, before any is summed.
+
+    Every float array and scalar of a reply must be finite, and every item the server sums
+    within the public bound ``2^e > 2^16 (2^E + ||V^s||_F)^degree`` (the bound secure
+    aggregation's fixed point assumes, :func:`fedsonmf.federation.secagg.upload_limit`; an honest
+    upload stays 2^16 below it).  Raises :class:`~fedsonmf.federation.secagg.UploadBoundError`
+    naming the client, the item and the round ("an upload out of bounds in round k").
+    """
+    where = "the setup exchange" if kind == "setup" else f"round {int(round)}"
+    for p, rep in zip(clients, replies):
+        for field in ("arrays", "scalars", "diagnostics"):
+            for key, v in getattr(rep, field).items():
+                a = np.asarray(v) if not isinstance(v, (str, bytes)) else None
+                if a is not None and a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+                    raise secagg.UploadBoundError(f"an upload out of bounds in {where}: client {p}'s {field} {key!r} "
+                                                  "holds NaN/Inf; the round fails and no model is updated from it")
+        if exp is None:
+            continue
+        for key, (field, deg) in spec.items():
+            v = getattr(rep, field).get(key)
+            if v is None:
+                continue
+            limit = float(2.0 ** np.frexp(secagg.item_bound(deg, 2.0 ** int(exp), vnorm))[1])
+            peak = float(np.max(np.abs(np.asarray(v, dtype=np.float64)))) if np.size(v) else 0.0
+            if peak > limit:
+                raise secagg.UploadBoundError(
+                    f"an upload out of bounds in {where}: client {p}'s {field} {key!r} reaches |x| = {peak:.3g}, "
+                    f"beyond its public bound {limit:.3g} (2^16 (L + ||V||_F)^{deg} with L = 2^{int(exp)}, "
+                    f"||V||_F = {vnorm:.3g}), 2^16 beyond an honest upload's size: a dishonest or broken client, "
+                    "or a run that blew up within one round; the round fails and no model is updated from it")
+
+
 def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation | None) -> None:
     """Refuse, before any message, a run that secure aggregation cannot protect."""
     secagg.generate_keypair()  # the cryptography package is there (a clear error otherwise)
@@ -698,9 +829,11 @@ def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation 
             "rejoin='refresh', 'drop' or 'stale', or secure_aggregation=False")
 
 
-def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shape) -> tuple[Aggregate, int]:
-    """The key-agreement exchange before round 1: relay the public keys, collect the masked
-    setup items.  Returns their aggregate and the run's public exponent E (L = 2^E)."""
+def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shape):
+    """The key-agreement exchange before round 1: relay the public keys (with their signatures,
+    when the clients signed them), collect the masked setup items and the clients' signed echoes
+    of the key list.  Returns their aggregate, the run's public exponent E (L = 2^E) and the
+    echoes (None when no client signed), which every masked round message relays."""
     try:
         pks = [str(rep.scalars["secagg_pk"]) for rep in replies]
         exps = [int(rep.scalars["secagg_exp"]) for rep in replies]
@@ -709,6 +842,10 @@ def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shap
                             "secure_aggregation off?)") from None
     exp = max(exps)
     bits = secagg.server_bits(spec, exp, 0.0, m)
-    init = with_secagg(Message("init", 0), range(m), bits, public_keys=pks)
-    _, agg = exchange_sum(transport, [init] * m, bits)
-    return Aggregate("setup", 0, agg.sums, agg.clients), exp
+    sigs = [str(rep.scalars.get(secagg.SIG_KEY, "")) for rep in replies]
+    extra = {"signatures": sigs} if any(sigs) else {}
+    init = with_secagg(Message("init", 0), range(m), bits, public_keys=pks, **extra)
+    replies, agg = exchange_sum(transport, [init] * m, bits)
+    echoes = [{"digest": str(rep.scalars.get(secagg.DIGEST_KEY, "")), "sig": str(rep.scalars.get(secagg.ECHO_KEY, ""))}
+              for rep in replies]
+    return Aggregate("setup", 0, agg.sums, agg.clients), exp, (echoes if any(e["sig"] for e in echoes) else None)

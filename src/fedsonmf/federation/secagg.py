@@ -1,6 +1,7 @@
 """Secure aggregation with pairwise masks: the server learns sums, not one client's upload.
 
-The protocol (Bonawitz et al., CCS 2017, the semi-honest full-graph variant; ours in the details):
+The protocol (Bonawitz et al., CCS 2017, full graph, with the active variant's signed keys and
+consistency check; ours in the details):
 
 1. **Keys** (setup reply): each client draws an X25519 key pair and sends its public key.
 2. **Agreement** (the ``init`` exchange, before round 1): the server relays every public key;
@@ -22,6 +23,31 @@ The protocol (Bonawitz et al., CCS 2017, the semi-honest full-graph variant; our
    (:func:`client_unmask`), which removes exactly the masks of the survivors' sum, while a
    dropped client's late upload stays hidden behind its self mask.  No Shamir shares: a
    survivor that drops during the unmask step fails the round.
+
+Authenticated key agreement (Bonawitz et al.'s active variant, ours in the details): with a
+:class:`KeySigner` (each client's long-term Ed25519 key and the public keys of every client,
+pinned where the server cannot change them -- the coordinator-signed run config on Flower, the
+engine's construction in process):
+
+* the setup reply signs the X25519 public key, bound to the session (the run's id), the run
+  seed, the client's index and the cohort size (:func:`key_statement`), so a signature can be
+  replayed into no other run and no other slot;
+* the ``init`` exchange relays the signatures with the keys; every client verifies each peer's
+  signature against that peer's pinned key *before* it derives any pair key, and refuses
+  otherwise, naming the slot (:class:`KeyAgreementError`);
+* the consistency check: each ``init`` reply carries the client's signed echo of the digest of
+  the key list it received; the server relays all echoes with the round-1 message (partial
+  rounds: with each round until every client has taken part) and every
+  client compares them with its own digest before it masks anything more, so a server that
+  showed different key lists to different clients fails the run, the error naming who saw
+  which digest.
+
+Bounded uploads [C]: every client refuses to mask an item beyond the exchange's public per-upload
+bound ``2^e`` (``bound < 2^e`` below), and the server refuses a decoded sum beyond ``m 2^e``
+(:class:`UploadBoundError`, "an upload out of bounds in round k"): an honest upload stays far
+inside it (2^16 of headroom over the items' size; measured ~2^-19 of it,
+``tests/test_bounded_uploads.py``), and random, shifted or stale masked values decode to sums
+far beyond it.
 
 Fixed point [C]: ``f = 61 - ceil(log2 m) - e`` with ``bound < 2^e`` and the public bound
 ``bound = 2^16 (L + ||V^s||_F)^degree`` of an item of homogeneity ``degree`` (1 for V-like items,
@@ -57,7 +83,8 @@ from fedsonmf.exceptions import ParameterError, PrivacyWarning, ProtocolError, w
 __all__ = [
     "SecAggRangeError", "generate_keypair", "pair_keys", "mask_stream", "frac_bits", "item_bound", "encode",
     "decode", "mask_items", "ring_sum", "exchange_label", "exchange_key", "remove_revealed", "SECAGG_KEY",
-    "MASKED_PREFIX", "HEADROOM_BITS", "warn_two_parties",
+    "MASKED_PREFIX", "HEADROOM_BITS", "warn_two_parties", "KeySigner", "KeyAgreementError", "UploadBoundError",
+    "key_statement", "echo_statement", "key_list_digest", "upload_limit", "check_upload_bound",
 ]
 
 #: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
@@ -86,6 +113,14 @@ def warn_two_parties(m: int, dp_enabled: bool = False) -> None:
 
 class SecAggRangeError(ProtocolError):
     """A client's item does not fit the fixed-point range of secure aggregation."""
+
+
+class UploadBoundError(ProtocolError):
+    """An upload (or the sum of a masked exchange) lies beyond the public bound of its item."""
+
+
+class KeyAgreementError(ProtocolError):
+    """The relayed secure-aggregation keys are not authentic or not the same for every client."""
 
 
 def _crypto():
@@ -136,6 +171,145 @@ def pair_keys(sk: bytes, public_keys: Sequence[bytes], me: int, context: str) ->
     return out
 
 
+# ----------------------------------------------------------------------------- signed keys
+
+
+def key_statement(session: str, seed: int, me: int, m: int, pk: bytes) -> bytes:
+    """What client ``me`` signs of its X25519 public key ``pk``: the session (the run's id),
+    the run seed, its index, the cohort size and the key."""
+    return f"fedsonmf-secagg-v1 key|{session}|{int(seed)}|{int(me)}|{int(m)}|{bytes(pk).hex()}".encode()
+
+
+def echo_statement(session: str, seed: int, me: int, digest: str) -> bytes:
+    """What client ``me`` signs of the key list it received (its digest: :func:`key_list_digest`)."""
+    return f"fedsonmf-secagg-v1 echo|{session}|{int(seed)}|{int(me)}|{digest}".encode()
+
+
+def key_list_digest(public_keys: Sequence[str], signatures: Sequence[str]) -> str:
+    """sha256 (hex) of the relayed key list: every slot's public key and signature, in order."""
+    body = json.dumps([[str(k) for k in public_keys], [str(g) for g in signatures]], separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class KeySigner:
+    """A client's long-term Ed25519 signing key and the pinned public keys of every client.
+
+    Parameters
+    ----------
+    private_key : bytes (32, raw) or cryptography Ed25519PrivateKey
+        This client's signing key.
+    pinned : sequence of bytes (32, raw)
+        The public signing key of every client, by client index, from a source the server
+        cannot change (the coordinator-signed run config; the in-process engine's construction).
+    session : str
+        The run's identity the signatures are bound to (the Flower job id; a fresh random id
+        per in-process run).
+    me : int
+        This client's index; ``pinned[me]`` must be the public half of ``private_key``.
+    """
+
+    def __init__(self, private_key, pinned: Sequence[bytes], session: str, me: int):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+        self._key = (private_key if isinstance(private_key, Ed25519PrivateKey)
+                     else Ed25519PrivateKey.from_private_bytes(bytes(private_key)))
+        try:
+            self._pinned = [Ed25519PublicKey.from_public_bytes(bytes(k)) for k in pinned]
+        except ValueError as exc:
+            raise ParameterError(f"secure aggregation: a pinned signing key is not a 32-byte Ed25519 key ({exc})") \
+                from None
+        self.session, self.me, self.m = str(session), int(me), len(self._pinned)
+        if not 0 <= self.me < self.m:
+            raise ParameterError(f"secure aggregation: client {me} has no pinned signing key ({self.m} pinned)")
+        if self.public_bytes(self._key) != bytes(pinned[self.me]):
+            raise ParameterError(f"secure aggregation: the pinned signing key of client {me} is not the public "
+                                 "half of this client's signing key")
+
+    @staticmethod
+    def public_bytes(key) -> bytes:
+        """The raw 32 bytes of an Ed25519 key's public half."""
+        from cryptography.hazmat.primitives import serialization
+
+        return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    @classmethod
+    def group(cls, m: int, session: str | None = None) -> list[KeySigner]:
+        """Fresh signers of ``m`` clients that pin each other (the in-process engine)."""
+        import secrets as _secrets
+
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        session = _secrets.token_hex(16) if session is None else session
+        keys = [Ed25519PrivateKey.generate() for _ in range(int(m))]
+        pinned = [cls.public_bytes(k) for k in keys]
+        return [cls(k, pinned, session, p) for p, k in enumerate(keys)]
+
+    def sign(self, statement: bytes) -> str:
+        return self._key.sign(statement).hex()
+
+    def verify(self, q: int, statement: bytes, signature: str) -> bool:
+        """Whether ``signature`` (hex) is client ``q``'s pinned key's signature of ``statement``."""
+        from cryptography.exceptions import InvalidSignature
+
+        if not 0 <= int(q) < self.m:
+            return False
+        try:
+            self._pinned[int(q)].verify(bytes.fromhex(str(signature)), statement)
+        except (InvalidSignature, ValueError, TypeError):
+            return False
+        return True
+
+    def check_keys(self, seed: int, public_keys: Sequence[str], signatures) -> str:
+        """Verify every slot's signed public key; return the digest of the list (for the echo).
+
+        Raises :class:`KeyAgreementError` naming the first slot whose key is not signed by its
+        pinned signing key for this session, seed, slot and cohort size.
+        """
+        if signatures is None:
+            raise KeyAgreementError("secure aggregation: the init message carries no signatures of the public keys, "
+                                    "but this client verifies them (its peers' signing keys are pinned): refused")
+        sigs = [str(g) for g in signatures]
+        if len(public_keys) != self.m or len(sigs) != self.m:
+            raise KeyAgreementError(f"secure aggregation: the init message relays {len(public_keys)} public keys and "
+                                    f"{len(sigs)} signatures, but {self.m} clients are pinned: refused")
+        for q, (pk, sig) in enumerate(zip(public_keys, sigs)):
+            try:
+                raw = bytes.fromhex(str(pk))
+            except ValueError:
+                raw = b""
+            if not self.verify(q, key_statement(self.session, seed, q, self.m, raw), sig):
+                raise KeyAgreementError(
+                    f"secure aggregation: the public key relayed for client {q} ({str(pk)[:16]}...) is not signed by "
+                    f"client {q}'s pinned signing key for this run and slot: the server (or the network) substituted "
+                    "or replayed it; no mask was derived, the run is refused")
+        return key_list_digest(public_keys, sigs)
+
+    def check_echoes(self, seed: int, mine: str, echoes) -> None:
+        """The consistency check: every client's signed echo of the key-list digest it received
+        must verify and equal ``mine``; raises :class:`KeyAgreementError` naming who saw what."""
+        if echoes is None:
+            raise KeyAgreementError("secure aggregation: the round-1 message carries no key-list echoes, but this "
+                                    "client checks that every client received the same keys: refused")
+        try:
+            pairs = [(str(e["digest"]), str(e["sig"])) for e in echoes]
+        except (KeyError, TypeError):
+            raise KeyAgreementError("secure aggregation: malformed key-list echoes: refused") from None
+        if len(pairs) != self.m:
+            raise KeyAgreementError(f"secure aggregation: {len(pairs)} key-list echoes for {self.m} clients: refused")
+        for q, (digest, sig) in enumerate(pairs):
+            if not self.verify(q, echo_statement(self.session, seed, q, digest), sig):
+                raise KeyAgreementError(f"secure aggregation: the key-list echo relayed for client {q} is not signed "
+                                        f"by client {q}'s pinned signing key: refused")
+        seen = {q: d for q, (d, _) in enumerate(pairs)}
+        differ = sorted(q for q, d in seen.items() if d != mine)
+        if differ:
+            raise KeyAgreementError(
+                f"secure aggregation: the server showed different key lists to different clients: client {self.me} "
+                f"received key list {mine[:16]}..., but " + ", ".join(f"client {q} received {seen[q][:16]}..."
+                                                                        for q in differ)
+                + ": the run is refused")
+
+
 def mask_stream(key: bytes, label: str, count: int) -> np.ndarray:
     """``count`` uniform elements of Z_{2^64} (uint64): ChaCha20 under ``HKDF-Expand(key, label)``."""
     hashes, _, _, Cipher, algorithms, _, HKDFExpand = _crypto()
@@ -174,6 +348,31 @@ def frac_bits(bound: float, m: int) -> int:
         raise SecAggRangeError(f"secure aggregation: no finite positive bound ({bound!r}) for the fixed point")
     e = math.frexp(bound)[1]  # bound < 2^e
     return _SAFE_BITS - math.ceil(math.log2(max(int(m), 1))) - e
+
+
+def upload_limit(bits: int, m: int) -> float:
+    """The public per-upload bound ``2^e`` of an item masked at ``bits`` fractional bits in a
+    cohort of ``m``: :func:`frac_bits` chose ``bits = 61 - ceil(log2 m) - e`` with the item's
+    bound ``< 2^e``, so ``m`` uploads within it sum to at most ``m 2^e <= 2^(61 - bits)``."""
+    return math.ldexp(1.0, _SAFE_BITS - math.ceil(math.log2(max(int(m), 1))) - int(bits))
+
+
+def check_upload_bound(x, bits: int, m: int, name: str = "item") -> None:
+    """A client's check of its own item before masking: finite and within :func:`upload_limit`.
+
+    Raises :class:`SecAggRangeError` (nothing is masked or sent).  The bound has 2^16 of
+    headroom over the item's size at the round's ``||V||``, so an honest upload reaches it only
+    when the run blows up within one round.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(x)):
+        raise SecAggRangeError(f"secure aggregation: {name} holds NaN/Inf (the run diverged); not masked, not sent")
+    limit = upload_limit(bits, m)
+    peak = float(np.max(np.abs(x))) if x.size else 0.0
+    if peak > limit:
+        raise SecAggRangeError(
+            f"secure aggregation: {name} reaches |x| = {peak:.3g}, beyond its public bound {limit:.3g} (beyond the "
+            f"fixed-point range of {m} clients' sum); not masked, not sent (the run is diverging: reduce the steps)")
 
 
 def encode(x, bits: int, m: int, name: str = "item") -> np.ndarray:
@@ -222,6 +421,7 @@ def mask_items(items: Mapping[str, np.ndarray], bits: Mapping[str, int], keys: n
     for name in sorted(items):
         if name not in bits:
             raise ProtocolError(f"secure aggregation: the server sent no scale for {name!r}")
+        check_upload_bound(items[name], bits[name], m, name)
         y = encode(items[name], bits[name], m, name).ravel().copy()
         for q, ek in pair_ek.items():
             M = mask_stream(ek, name, y.size)
@@ -283,6 +483,9 @@ def parse_params(text) -> dict:
 STATE_SK, STATE_PAIRS, STATE_ME, STATE_SEED = "secagg.sk", "secagg.pairs", "secagg.me", "secagg.seed"
 STATE_SELF, STATE_PENDING = "secagg.self", "secagg.pending."
 STATE_LAST, STATE_REVEALED = "secagg.last", "secagg.revealed"  # JSON (uint8) of the last masked / revealed exchange
+STATE_DIGEST, STATE_CHECKED = "secagg.digest", "secagg.checked"  # the key list's digest; the echoes checked
+#: setup-reply scalar: the signature of the public key; init-reply scalars: the key list's digest, its signed echo
+SIG_KEY, DIGEST_KEY, ECHO_KEY = "secagg_sig", "secagg_digest", "secagg_echo"
 #: reply arrays of the unmask step (partial rounds)
 SELF_KEY, PAIR_KEYS = MASKED_PREFIX + "self_key", MASKED_PREFIX + "pair_keys"
 
@@ -331,10 +534,15 @@ def _with_arrays(msg, arrays: Mapping[str, np.ndarray], scalars: Mapping | None 
     return Message(msg.kind, msg.round, {**msg.arrays, **arrays}, {**msg.scalars, **(scalars or {})}, msg.diagnostics)
 
 
-def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, cols=None, n=None):
+def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, cols=None, n=None,
+                 signer: KeySigner | None = None):
     """Setup reply of a client under secure aggregation: a fresh key pair (the private key and
     the summed setup items stay in the private state until the ``init`` exchange) and the
-    public key + the exponent ``E_p`` (||X_p||_F < 2^E_p) in place of the summed items."""
+    public key + the exponent ``E_p`` (||X_p||_F < 2^E_p) in place of the summed items; with a
+    ``signer``, also the signature ``secagg_sig`` of the public key (:func:`key_statement`)."""
+    if signer is not None and int(me) != signer.me:
+        raise KeyAgreementError(f"secure aggregation: the setup message names this client {me}, but its pinned "
+                                f"signing key is client {signer.me}'s: refused")
     plain, items = split_summed(reply, spec, cols, n)
     sk, pk = generate_keypair()
     arrays = dict(state.arrays)
@@ -344,12 +552,20 @@ def client_setup(state, reply, spec, *, me: int, seed: int, x_sqnorm: float, col
     state = type(state)(state.round, arrays)
     norm = math.sqrt(max(float(x_sqnorm), 0.0))
     exp = math.frexp(norm)[1] if norm > 0 else 0
-    return state, _with_arrays(plain, {}, {"secagg_pk": pk.hex(), "secagg_exp": int(exp)})
+    scalars: dict[str, Any] = {"secagg_pk": pk.hex(), "secagg_exp": int(exp)}
+    if signer is not None:
+        scalars[SIG_KEY] = signer.sign(key_statement(signer.session, seed, me, signer.m, pk))
+    return state, _with_arrays(plain, {}, scalars)
 
 
-def client_init(state, msg):
+def client_init(state, msg, signer: KeySigner | None = None):
     """The ``init`` exchange: pair keys from the relayed public keys, a fresh self-mask seed,
-    the masked setup items."""
+    the masked setup items.
+
+    With a ``signer``: every relayed key's signature is verified against its slot's pinned
+    signing key before any pair key is derived (:meth:`KeySigner.check_keys`), the cohort must
+    be every pinned client, and the reply carries this client's signed echo of the key list's
+    digest (``secagg_digest``, ``secagg_echo``) for the consistency check of round 1."""
     import os
 
     from fedsonmf.protocol.messages import Message
@@ -364,23 +580,42 @@ def client_init(state, msg):
         pks = [bytes.fromhex(h) for h in params["public_keys"]]
     except (KeyError, ValueError, TypeError):
         raise ProtocolError("secure aggregation: the init message carries no valid public keys") from None
+    digest = None
+    if signer is not None:
+        if params["cohort"] != list(range(signer.m)):
+            raise KeyAgreementError(f"secure aggregation: the init cohort {params['cohort']} is not the {signer.m} "
+                                    "pinned clients: refused")
+        digest = signer.check_keys(seed, params["public_keys"], params.get("signatures"))
     keys = pair_keys(_bytes(st.pop(STATE_SK)), pks, me, str(seed))
     st[STATE_PAIRS] = keys
     st[STATE_SELF] = np.frombuffer(os.urandom(32), dtype=np.uint8).copy()
     items = {k[len(STATE_PENDING):]: st.pop(k) for k in list(st) if k.startswith(STATE_PENDING)}
     label = exchange_label(str(seed), "init", 0, params["cohort"], params.get("nonce", ""))
     masked = mask_items(items, params["bits"], keys, me, params["cohort"], label)
+    scalars: dict[str, Any] = {}
+    if signer is not None and digest is not None:
+        st[STATE_DIGEST] = np.frombuffer(digest.encode(), dtype=np.uint8).copy()
+        scalars = {DIGEST_KEY: digest, ECHO_KEY: signer.sign(echo_statement(signer.session, seed, me, digest))}
     new = type(state)(state.round, st)
-    return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()})
+    return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()}, scalars)
 
 
-def client_mask(state, reply, msg, spec, *, cols=None, n=None):
+def client_mask(state, reply, msg, spec, *, cols=None, n=None, signer: KeySigner | None = None):
     """Mask a round reply's summed items for the message's cohort (plus the self mask when the
-    round may lose clients: ``"self": true`` in the parameters)."""
+    round may lose clients: ``"self": true`` in the parameters).
+
+    With a ``signer``, the client's first masked round first runs the consistency check of the
+    key agreement (:meth:`KeySigner.check_echoes` on the relayed ``echoes``)."""
     st = dict(state.arrays)
     if STATE_PAIRS not in st:
         raise ProtocolError("secure aggregation: round message before the key agreement (init)")
     params = parse_params(msg.scalars.get(SECAGG_KEY))
+    if signer is not None and STATE_CHECKED not in st:
+        if STATE_DIGEST not in st:
+            raise KeyAgreementError("secure aggregation: this client verifies its peers' keys, but its key agreement "
+                                    "ran without signatures: refused")
+        signer.check_echoes(int(st[STATE_SEED]), _bytes(st[STATE_DIGEST]).decode(), params.get("echoes"))
+        st[STATE_CHECKED] = np.asarray(1)
     plain, items = split_summed(reply, spec, cols, n)
     leftover = sorted(set(plain.arrays) | {k for k, v in plain.diagnostics.items()})
     if leftover:  # privacy by construction: a round reply sends nothing in the clear but scalars
@@ -504,11 +739,21 @@ def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bit
             for i, q in enumerate(dropped):
                 pair_revealed[(p, q)] = pk[i].tobytes()
     want = set(bits)
+    n_bound = len(cohort) if cohort is not None else len(list(clients))  # the m the scales were chosen for
+    shapes: dict[str, tuple] = {}
     for p, rep in zip(clients, replies):
         got = masked_names(rep)
         if got != want:
             raise ProtocolError(f"secure aggregation: client {p} sent masked items {sorted(got)}, expected "
                                 f"{sorted(want)} (round {round})")
+        for name in sorted(want):
+            a = np.asarray(rep.arrays[MASKED_PREFIX + name])
+            if a.dtype != np.uint64 or shapes.setdefault(name, a.shape) != a.shape:
+                where = "the setup exchange" if kind in ("init", "setup") else f"round {int(round)}"
+                raise UploadBoundError(
+                    f"an upload out of bounds in {where}: client {p} sent its masked {name} as {a.dtype} of shape "
+                    f"{a.shape}; a masked item is a uint64 ring element of shape {shapes[name]} (no NaN, Inf or "
+                    "float can be summed in the ring): the round fails")
     sums = {}
     for name in sorted(want):
         key = name.split(".", 1)[1]
@@ -516,9 +761,31 @@ def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bit
         if unmask is not None:
             ring = remove_revealed(ring, name, self_keys, pair_revealed)
         total = decode(ring, bits[name])
+        check_sum_bound(total, bits[name], n_bound, len(replies), name, kind, round)
         # a scalar item travels as a shape-(1,) array (split_summed); every array item is 2-D
         sums[key] = float(total[0]) if total.shape == (1,) else total
     return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
+
+
+def check_sum_bound(total, bits: int, m_bits: int, count: int, name: str, kind: str, round: int) -> None:
+    """The server's check of a decoded sum: ``count`` uploads within the public bound
+    (:func:`upload_limit` at the exchange's ``m_bits``) sum to at most ``count 2^e``.
+
+    Raises :class:`UploadBoundError` ("an upload out of bounds in round k"): some client masked a
+    value beyond the bound, or sent masked values that do not cancel (random bytes, a shifted ring
+    element, an upload of another exchange replayed).  Under secure aggregation the server cannot
+    say which client; the round fails rather than feed the sum to the model.
+    """
+    limit = int(count) * upload_limit(bits, m_bits)
+    arr = np.asarray(total, dtype=np.float64)
+    peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+    if not np.isfinite(peak) or peak > limit:
+        where = "the setup exchange" if kind in ("init", "setup") else f"round {int(round)}"
+        raise UploadBoundError(
+            f"an upload out of bounds in {where}: the decoded sum of {name} reaches |sum| = {peak:.3g}, beyond "
+            f"{limit:.3g}, what {count} uploads within the public bound {upload_limit(bits, m_bits):.3g} can sum to; "
+            "a client masked a value beyond the bound or sent masked values that do not cancel (random, shifted, "
+            "or replayed from another exchange): the round fails and no model is updated from it")
 
 
 def strip_masked(reply):

@@ -145,7 +145,7 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
     setup_arrays, setup_scalars = alg.setup_uplink(cfg)
     summed_setup = set(alg.summed_items(cfg, "setup"))
     setup_up = {codec.SCALARS: {**{k: "scalar" for k in setup_scalars if k not in summed_setup},
-                                "secagg_pk": "scalar", "secagg_exp": "scalar"}}
+                                "secagg_pk": "scalar", "secagg_exp": "scalar", "secagg_sig": "scalar?"}}
     if masked:
         setup_up[codec.ARRAYS] = {"cols": "ids?"}
     down_scalars = {SECAGG_KEY: "scalar", "mu": "scalar"}
@@ -171,7 +171,8 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
                                                          "clustering": "scalar?"}},
         ("up", codec.SETUP_AT_HELLO): setup_up,
         ("down", "init"): {codec.SCALARS: {SECAGG_KEY: "scalar"}},
-        ("up", "init"): {codec.ARRAYS: masked_items("setup")},
+        ("up", "init"): {codec.ARRAYS: masked_items("setup"),
+                         codec.SCALARS: {"secagg_digest": "scalar?", "secagg_echo": "scalar?"}},
         ("down", "round"): down_round,
         ("up", "round"): round_up,
         # the k-means refinement of a clustering run: the partition down, the masked distances up

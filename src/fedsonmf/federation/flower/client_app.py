@@ -19,6 +19,10 @@ Node config (``flower-supernode --node-config``):
                   it); ``false`` lets this node take part in plain runs.
 ``refine-min-cluster-size``  int, default 1: refuse refinement labels with a nonempty cluster of
                   fewer samples (2 or more refuses the seeded starts, which single out samples).
+``secagg-signing-key``  str, optional: this node's Ed25519 signing key (PEM, 0600) for secure
+                  aggregation's authenticated key agreement; a run whose (coordinator-signed) run
+                  config pins the views' public signing keys (``secagg-peers``) has this node sign its
+                  key and verify every peer's before deriving a mask (:func:`secagg_signer`).
 ``predict-path``  str, optional: new samples of this view (same format as ``data-path``) for a
                   ``predict`` run (:mod:`.clustering`); only the node config names the files a node reads.
 
@@ -234,6 +238,35 @@ def _check_secure_policy(context: Context, cfg) -> None:
                             "secure_aggregation=False")
 
 
+def secagg_signer(context: Context, p: int, cfg=None):
+    """The node's :class:`~fedsonmf.federation.secagg.KeySigner` for a secure run (``cfg`` None:
+    a masked predict), or None.
+
+    The peers' public signing keys come from the run config (``secagg-peers``), which the
+    coordinator signs and every node's gate checks (``gate.py``): the server cannot change them.
+    The session is the run config's ``job-id`` (signed likewise).  Refused: a run that pins keys
+    when this node has no signing key, or a secure run that pins none when this node has one
+    (a server must not be able to drop the authentication).
+    """
+    from fedsonmf.federation.flower import security as sec
+    from fedsonmf.federation.secagg import KeySigner
+
+    if cfg is not None and not cfg.secure_aggregation:
+        return None
+    peers = str(context.run_config.get(sec.PEERS_KEY, "") or "")
+    key_path = str(context.node_config.get(sec.SIGNING_KEY, "") or "")
+    if not peers and not key_path:
+        return None
+    if not peers:
+        raise ProtocolError(f"this node signs its secure-aggregation keys (node config {sec.SIGNING_KEY}) but the "
+                            f"run config pins no peers' signing keys ({sec.PEERS_KEY}): refused")
+    if not key_path:
+        raise ProtocolError(f"the run pins secure-aggregation signing keys ({sec.PEERS_KEY}) but this node has none "
+                            f"(node config {sec.SIGNING_KEY}): refused")
+    session = str(context.run_config.get("job-id", "") or "") or f"run{context.run_id}"
+    return KeySigner(sec.load_signing_key(key_path), sec.parse_peer_keys(peers), session, p)
+
+
 def _state_round(msg: Message) -> int:
     """The saved round a message continues from: a round s message the state of round s-1; the
     secure-aggregation exchanges (``init`` after setup, ``unmask`` after round s) the
@@ -299,7 +332,8 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         algorithm, cfg_json = str(fed_msg.scalars["algorithm"]), str(fed_msg.scalars["config"])
         setup_cfg = ckpt.config_from_dict(json.loads(cfg_json))
         _check_secure_policy(context, setup_cfg)  # the node's own policy: a server cannot downgrade it
-        runtime = ClientRuntime(X, algorithm, setup_cfg, mask=mask, x_sqnorm=facts["x_sqnorm"])
+        runtime = ClientRuntime(X, algorithm, setup_cfg, mask=mask, x_sqnorm=facts["x_sqnorm"],
+                                signer=secagg_signer(context, p, setup_cfg))
         reply = runtime.handle(fed_msg)
         _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, facts["fingerprint"])
         if public_d is not None:
@@ -377,7 +411,8 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
             else:  # predict: the fitted bases fixed (no state change)
                 reply = fclust.node_embed(_read(_predict_path(context)), sdir, p, state)
                 if fclust.EMBED_SECAGG_SEED in fed_msg.scalars:
-                    reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]))
+                    reply = fclust.node_embed_keys(reply, sdir, p, int(fed_msg.scalars[fclust.EMBED_SECAGG_SEED]),
+                                                   signer=secagg_signer(context, p))
                 else:
                     fclust.refuse_clear(secure, p, "the new samples are", "this predict request")
                 if (digest := _ids_digest(_predict_path(context))) is not None:  # rows ordered by their ids
@@ -385,7 +420,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
                         **reply.scalars, codec.IDS_DIGEST: codec.salted_ids_digest(digest, job_id)})
             return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "embed-sum":  # predict under secure aggregation: the masked upload
-            reply = fclust.node_embed_masked(fed_msg, sdir, p)
+            reply = fclust.node_embed_masked(fed_msg, sdir, p, signer=secagg_signer(context, p))
             return codec.encode(reply, client=p, job_id=job_id)
         if fed_msg.kind == "setup":
             return codec.encode(setup(fed_msg, context, p, job_id, sdir, mask), client=p, job_id=job_id)
@@ -404,7 +439,8 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         held = held_columns(mask, X.shape[1], client=p)
         ckpt.verify_client_resume(p, X, state, smeta, cfg.n_components, fingerprint,
                                   n_cols=None if held is None else held.size)
-        runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm)
+        runtime = ClientRuntime(X, algorithm, cfg, state=state, mask=mask, x_sqnorm=x_sqnorm,
+                                signer=secagg_signer(context, p, cfg))
         reply = runtime.handle(fed_msg)
         _save(context, sdir, p, job_id, runtime, algorithm, cfg_json, X, fingerprint)
         return codec.encode(reply, client=p, job_id=job_id)

@@ -224,20 +224,20 @@ def refuse_clear(secure: bool, p: int, what: str, request: str) -> None:
                             f"{request} asks for them in the clear")
 
 
-def node_embed_keys(reply: Message, sdir: Path, p: int, seed: int) -> Message:
+def node_embed_keys(reply: Message, sdir: Path, p: int, seed: int, signer=None) -> Message:
     """First step of a masked predict: keep ``U_p^T X_p^new`` and a fresh key pair node-local
     (0600), answer with the public key and the exponent only (:func:`fedsonmf.federation.secagg.client_setup`)."""
     from fedsonmf.core._linalg import sqnorm
     from fedsonmf.federation import secagg
     from fedsonmf.protocol.messages import ClientState
 
-    state, out = secagg.client_setup(ClientState(0, {}), reply, EMBED_SPEC, me=p, seed=int(seed),
+    state, out = secagg.client_setup(ClientState(0, {}), reply, EMBED_SPEC, me=p, seed=int(seed), signer=signer,
                                      x_sqnorm=float(sqnorm(reply.arrays["UtX"])))
     ckpt.atomic_save_npz(_embed_key_file(sdir, p), state.arrays, {"kind": "predict-secagg"})
     return out
 
 
-def node_embed_masked(msg: Message, sdir: Path, p: int) -> Message:
+def node_embed_masked(msg: Message, sdir: Path, p: int, signer=None) -> Message:
     """Second step: pair keys from the relayed public keys, the masked ``U_p^T X_p^new``.
 
     The pending key file is removed once used, so a node answers one masked sum per key step
@@ -251,7 +251,7 @@ def node_embed_masked(msg: Message, sdir: Path, p: int) -> Message:
         raise ProtocolError(f"client {p}: a masked embed request without a pending key step (or answered before)")
     arrays, _ = ckpt.load_npz(path)
     try:
-        _, rep = secagg.client_init(ClientState(0, arrays), msg)
+        _, rep = secagg.client_init(ClientState(0, arrays), msg, signer=signer)
     finally:
         path.unlink(missing_ok=True)
     return Message("embed-sum", 0, rep.arrays, rep.scalars)

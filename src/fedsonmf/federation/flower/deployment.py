@@ -262,13 +262,17 @@ class LoopbackDeployment:
         Every node's policy (node config ``require-secure-aggregation``): True refuses runs
         whose uploads are not masked, as a real organisation's node does by default; False for a
         plain run (``run_flower`` passes the run's own choice).
+    server_app : str or None, default=None
+        ``module:attr`` of an installed ServerApp the SuperLink host's gate runs instead of
+        fedsonmf's (the nodes do not trust it: tests run a hostile one).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
-                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True):
+                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True,
+                 server_app: str | None = None):
         #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
         self.tls: tuple[str, str, str] | None
         if tls is None:
@@ -318,6 +322,9 @@ class LoopbackDeployment:
         self.startup_seconds: float | None = None
         #: the node operator's ClientApp (``module:attr``, installed); None = fedsonmf's
         self.client_app = client_app
+        #: the SuperLink host's ServerApp (``module:attr``, installed); None = fedsonmf's.  The server
+        #: is the party the nodes need not trust: the attack tests run a hostile one here
+        self.server_app = server_app
         self.executors: dict[object, subprocess.Popen] = {}  # "superlink" / view index -> gate executor
         self._authority: Any = None  # the coordinator key (gate.Authority), made by start()
         self._pinned: set[str] = set()
@@ -416,6 +423,19 @@ class LoopbackDeployment:
             self.pins[p] = sec.Pin(nid, keys[p].fingerprint)
         sec.write_pins(self.pins_path, self.pins, self.retired)
 
+    def _signing_key(self, p: int) -> Path:
+        """View ``p``'s secure-aggregation signing key (Ed25519, 0600), made once per deployment
+        and kept across node restarts; its public half is pinned in every run config the
+        coordinator signs (``secagg-peers``, :meth:`peer_keys`)."""
+        path = self.node_dir(p) / "key" / "secagg-signing.pem"
+        if not path.is_file():
+            sec.make_signing_key(path)
+        return path
+
+    def peer_keys(self) -> str:
+        """The run config's ``secagg-peers``: every view's public signing key, by view (JSON)."""
+        return json.dumps([sec.signing_public_key(self._signing_key(p)) for p in range(len(self.view_paths))])
+
     def start_node(self, p: int) -> subprocess.Popen:
         """Start (or restart) the SuperNode of view ``p`` (a restart gets a new key and node id)."""
         if p in self.nodes and self.nodes[p].poll() is None:
@@ -427,7 +447,8 @@ class LoopbackDeployment:
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
         node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p],
-                                      require_secure=self.require_secure_aggregation)
+                                      require_secure=self.require_secure_aggregation,
+                                      signing_key=self._signing_key(p))
         if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
             node_config += f' predict-path="{self.predict_paths[p]}"'
         self.nodes[p] = self._spawn(
@@ -490,7 +511,7 @@ class LoopbackDeployment:
         else:
             role, api, certs, log = "clientapp", f"127.0.0.1:{self._node_ports[who]}", None, d / "gate.log"
         args = _gate().executor_argv(role, api, d, parent_pid=leader.pid, root_certificates=certs,
-                                     app=self.client_app if role == "clientapp" else None)
+                                     app=self.client_app if role == "clientapp" else self.server_app)
         env = dict(self.env)
         if role == "serverapp":  # the ServerApp writes only below the run folder
             env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
@@ -592,6 +613,9 @@ class LoopbackDeployment:
         conf = {"num-clients": len(self.view_paths), **run_config, "out-dir": str(out_dir)}
         if self.pins_path is not None:
             conf["node-pins"] = str(self.pins_path)  # ours, not the caller's: every run of this deployment is pinned
+        # the views' signing keys, under the coordinator's signature: the nodes verify each other's
+        # secure-aggregation keys with them, whatever the server relays
+        conf["secagg-peers"] = self.peer_keys()
         unknown = sorted(set(conf) - set(RUN_CONFIG_DEFAULTS) - set(_app_config_keys(app_dir)))
         if unknown:
             raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(RUN_CONFIG_DEFAULTS)}")

@@ -63,7 +63,13 @@ __all__ = [
     "check_private_file", "key_fingerprint", "write_private", "register_node_key", "register_node_keys",
     "unregister_node", "superlink_args", "supernode_args", "node_config", "write_connection", "write_pins",
     "read_pins", "read_retired", "add_pin", "check_pin", "gate_daemon_args", "superlink_runtime_api",
+    "make_signing_key", "load_signing_key", "signing_public_key", "parse_peer_keys", "SIGNING_KEY", "PEERS_KEY",
 ]
+
+#: node-config key: the node's Ed25519 signing key for secure aggregation (:func:`make_signing_key`)
+SIGNING_KEY = "secagg-signing-key"
+#: run-config key: every view's public signing key, pinned by the coordinator's signature on the run
+PEERS_KEY = "secagg-peers"
 
 
 @dataclass(frozen=True)
@@ -291,6 +297,60 @@ def load_node_key(private_path, public_path=None) -> NodeKey:
     return NodeKey(private, public, key_fingerprint(mine))
 
 
+def make_signing_key(path) -> str:
+    """A node's Ed25519 signing key for secure aggregation's key agreement, written to ``path``
+    (PKCS#8 PEM, 0600, in a 0700 folder); returns its public half (raw 32 bytes, base64url),
+    which the coordinator pins in every run config it signs (``secagg-peers``).
+
+    Separate from the SuperNode key: Flower accepts only NIST-curve ECDSA keys for node
+    authentication and re-keys a restarted node, while this key signs one node's
+    secure-aggregation public keys for the whole deployment, under the coordinator's signature.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def signing_public_key(path) -> str:
+    """The public half (base64url) of the signing key at ``path`` (:func:`load_signing_key`)."""
+    from cryptography.hazmat.primitives import serialization
+
+    raw = load_signing_key(path).public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def load_signing_key(path):
+    """The node's Ed25519 signing key at ``path`` (refused unless 0600 and Ed25519: InputError)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = check_private_file(path, "secure-aggregation signing key")
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"secure-aggregation signing key {path} cannot be read: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise InputError(f"secure-aggregation signing key {path} is {type(key).__name__}, not Ed25519")
+    return key
+
+
+def parse_peer_keys(text: str) -> list[bytes]:
+    """The run config's ``secagg-peers`` (a JSON list of base64url raw Ed25519 public keys, by
+    view) as raw bytes; InputError when malformed."""
+    try:
+        keys = [base64.urlsafe_b64decode(str(k) + "=" * (-len(str(k)) % 4)) for k in json.loads(text)]
+    except (ValueError, TypeError) as exc:
+        raise InputError(f"run config 'secagg-peers' is not a JSON list of base64url keys: {exc}") from None
+    if any(len(k) != 32 for k in keys):
+        raise InputError("run config 'secagg-peers' holds a key that is not 32 bytes (Ed25519)")
+    return keys
+
+
 def _register_args(flwr: str, public_key, connection: str) -> list[str]:
     return [flwr, "supernode", "register", str(public_key), connection, "--format", "json"]
 
@@ -440,7 +500,7 @@ def superlink_runtime_api(host: str, port: int) -> str:
 
 
 def node_config(partition: int, partitions: int, view, state_dir=None, mask=None, *,
-                require_secure: bool = True, min_cluster_size: int = 1, predict=None) -> str:
+                require_secure: bool = True, min_cluster_size: int = 1, predict=None, signing_key=None) -> str:
     """The ``--node-config`` string of the node holding view ``partition``.
 
     Parameters
@@ -463,6 +523,8 @@ def node_config(partition: int, partitions: int, view, state_dir=None, mask=None
     predict : path or None, default=None
         The node's file of new samples (``predict-path``) that a ``predict`` run embeds; only the
         node config names a file a node reads, never a run config.
+    signing_key : path or None, default=None
+        The node's secure-aggregation signing key (``secagg-signing-key``, :func:`make_signing_key`).
 
     Returns
     -------
@@ -478,6 +540,8 @@ def node_config(partition: int, partitions: int, view, state_dir=None, mask=None
         text += f" refine-min-cluster-size={int(min_cluster_size)}"
     if predict is not None:
         text += f' predict-path="{Path(predict).resolve()}"'
+    if signing_key is not None:
+        text += f' {SIGNING_KEY}="{Path(signing_key).resolve()}"'
     return text
 
 

@@ -647,7 +647,9 @@ def _masked_embedding(transport: FlowerTransport, key_replies: list[Message], m:
     except KeyError:
         raise ProtocolError("secure predict: a node answered the key step without a public key") from None
     bits = secagg.server_bits(fclust.EMBED_SPEC, exp, 0.0, m)
-    params = secagg.params_json(list(range(m)), bits, nonce=secrets.token_hex(8), public_keys=pks)
+    sigs = [str(rep.scalars.get(secagg.SIG_KEY, "")) for rep in key_replies]  # nodes with pinned signing keys
+    params = secagg.params_json(list(range(m)), bits, nonce=secrets.token_hex(8), public_keys=pks,
+                                **({"signatures": sigs} if any(sigs) else {}))
     replies = transport.exchange([Message("embed-sum", 0, {}, {secagg.SECAGG_KEY: params}) for _ in range(m)])
     agg = secagg.aggregate_masked(replies, range(m), "embed", 0, bits)
     return embed_new_samples([np.asarray(agg.sums["UtX"]) / m], mu)

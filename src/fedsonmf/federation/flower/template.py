@@ -64,6 +64,7 @@ RUN_CONFIG_DEFAULTS: dict[str, object] = {
     "rejoin": dd.REJOIN,         # correction of a returning client: server (measured default) | refresh | drop | stale
     "sim-data-dir": "",         # simulation only: folder of view<p>.* files, one per simulated partition (nodeconfig)
     "gate-token": "",           # the coordinator's signed authorisation of this run (set by the launcher; see .gate)
+    "secagg-peers": "",         # JSON list of every view's public signing key (secure aggregation); "" = none
     "node-pins": "",            # pins file {view: node id, key} on the SuperLink host (node auth); "" = unpinned
     # clustering (FedMultiViewClustering's pipeline, fedsonmf.federation.flower.clustering)
     "mode": "fit",              # fit | predict (one exchange with the fitted bases fixed; new samples from each

@@ -666,10 +666,10 @@ class FlowerTransport:
                 self.dropped.append({"round": s, "client": p, "node_id": nid, "reason": _error_text(got[mid])})
                 continue
             rep, meta = codec.decode(got[mid].content)
-            if int(meta["client"]) != p or rep.round != s or rep.kind != kind:
+            if int(meta["client"]) != p or rep.round != s or rep.kind != kind or str(meta["job-id"]) != self.job_id:
                 raise FederationError(
-                    f"client {p} (node {nid}) answered {rep.kind} round {rep.round} as client {meta['client']} "
-                    f"to round {s}", client=p, round=s, node_id=nid)
+                    f"client {p} (node {nid}) answered {rep.kind} round {rep.round} of job {meta['job-id']!r} as "
+                    f"client {meta['client']} to round {s} of job {self.job_id!r}", client=p, round=s, node_id=nid)
             out[p] = rep
             up += _array_bytes(got[mid].content)
         self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out)})
@@ -732,10 +732,11 @@ class FlowerTransport:
         for mid in by_id:
             p = client_of[mid]
             rep, meta = codec.decode(got[mid].content)
-            if int(meta["client"]) != p or rep.round != s or rep.kind != kind:
+            if int(meta["client"]) != p or rep.round != s or rep.kind != kind or str(meta["job-id"]) != self.job_id:
                 raise FederationError(
-                    f"client {p} (node {self.node_ids[p]}) answered {rep.kind} round {rep.round} as client "
-                    f"{meta['client']} to {what}", client=p, round=s, node_id=self.node_ids[p])
+                    f"client {p} (node {self.node_ids[p]}) answered {rep.kind} round {rep.round} of job "
+                    f"{meta['job-id']!r} as client {meta['client']} to {what} of job {self.job_id!r}",
+                    client=p, round=s, node_id=self.node_ids[p])
             replies.append(rep)
             down += _array_bytes(by_id[mid].content)
             up += _array_bytes(got[mid].content)
