@@ -313,7 +313,7 @@ def test_a_flower_clustering_fit_and_its_masked_predict_sign_their_keys(tmp_path
     from fedsonmf.federation.flower.client_app import make_client_app
     from fedsonmf.federation.flower.clustering import read_labels_csv
     from fedsonmf.federation.flower.server_app import server_main
-    from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, STEPS_MODULE
+    from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS
     from test_flower_apps import FakeGrid
     from test_flower_cluster import ROUNDS, SEED, C, blobs, reference
 
@@ -345,14 +345,13 @@ def test_a_flower_clustering_fit_and_its_masked_predict_sign_their_keys(tmp_path
                                                job_id=str(meta["job-id"]))
             return super().push_messages(messages)
 
-    grid = Grid(make_client_app(clustering=STEPS_MODULE), nodes)
+    grid = Grid(make_client_app(), nodes)
 
     def run(conf):
         for ctx in grid.contexts.values():
             ctx.run_config = conf
         with threadpool_limits(1):
-            server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=conf),
-                        clustering=STEPS_MODULE)
+            server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=conf))
 
     run(rc)
     ref = reference(views)
