@@ -32,7 +32,7 @@ from typer.testing import CliRunner  # noqa: E402
 from _waits import read_status, status_progress, wait_until  # noqa: E402
 from fedsonmf.cli.app import app as cli_app  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
-from fedsonmf.estimators.options import Flower, PrivacyOptions
+from fedsonmf.estimators.options import Flower, PrivacyOptions, from_flat  # noqa: E402
 from fedsonmf.exceptions import CheckpointError, FederationError  # noqa: E402
 from fedsonmf.federation import checkpoint as ckpt  # noqa: E402
 from fedsonmf.federation.flower import codec, run_flower, write_masks, write_views  # noqa: E402
@@ -72,7 +72,8 @@ def reference(views, rounds=ROUNDS, seed=SEED, **kw):
     kw.setdefault("n_init", 1)
     masks = kw.pop("masks", None)
     with threadpool_limits(1):
-        return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed, **kw).fit(views, masks=masks)
+        return FedMultiViewClustering(C, max_rounds=rounds, tol=0.0, random_state=seed,
+                                      **from_flat(kw)).fit(views, masks=masks)
 
 
 @pytest.fixture(autouse=True)

@@ -263,7 +263,7 @@ class KeySigner:
         """Verify every slot's signed public key; return the digest of the list (for the echo).
 
         Raises :class:`KeyAgreementError` naming the first slot whose key is not signed by its
-        pinned signing key for this session, seed, slot and cohort size.
+        pinned signing key for this run's session id, seed, slot and cohort size.
         """
         if signatures is None:
             raise KeyAgreementError("secure aggregation: the init message carries no signatures of the public keys, "
