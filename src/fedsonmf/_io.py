@@ -51,17 +51,7 @@ def private_dir(path, mode: int = DIR_MODE) -> Path:
         ``path``.
     """
     path = Path(path)
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for p in reversed(missing):  # the parents we create get ``mode`` too, not the umask's default
-        try:
-            p.mkdir(mode=mode)
-        except FileExistsError:
-            pass
-        os.chmod(p, mode)
+    _make_missing(path, mode, chmod_existing=True)  # the parents we create get ``mode`` too
     os.chmod(path, mode)
     return path
 
@@ -84,7 +74,14 @@ def new_private_dir(path, mode: int = DIR_MODE) -> Path:
     Path
         ``path``.
     """
-    path = Path(path)
+    _make_missing(Path(path), mode, chmod_existing=False)
+    return Path(path)
+
+
+def _make_missing(path: Path, mode: int, *, chmod_existing: bool) -> None:
+    """Create ``path``'s missing folders, outermost first, each chmod-ed to ``mode`` (mkdir's mode is cut
+    by the umask; the umask never widens it).  A folder another writer made meanwhile is chmod-ed only
+    with ``chmod_existing`` (else it is theirs, as it is)."""
     missing = []
     p = path
     while not p.exists():
@@ -93,10 +90,10 @@ def new_private_dir(path, mode: int = DIR_MODE) -> Path:
     for p in reversed(missing):
         try:
             p.mkdir(mode=mode)
-        except FileExistsError:  # another writer made it meanwhile: theirs, as it is
-            continue
-        os.chmod(p, mode)  # mkdir's mode is cut by the umask; the umask never widens it
-    return path
+        except FileExistsError:
+            if not chmod_existing:
+                continue
+        os.chmod(p, mode)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -71,6 +71,7 @@ import scipy.sparse as sp
 
 from fedsonmf._io import write_atomic
 from fedsonmf.datasets import _limits
+from fedsonmf.datasets._mat_read import _check_file as _check_regular_file
 from fedsonmf.datasets._mat_read import _read_variables
 from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
@@ -217,12 +218,7 @@ def _read_view(path, *, id_column, header, delimiter, key, ids, mmap_mode=None, 
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"{path}: file does not exist")
-    if path.is_dir():
-        raise InputError(f"{path} is a directory, not a regular file: pass the file(s) inside it")
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file")
+    path = _check_regular_file(path)  # exists, not a directory, a regular file
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty (0 bytes)")
 

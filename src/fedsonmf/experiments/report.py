@@ -85,6 +85,11 @@ def _panel_plot(path, panels: Mapping[float, Mapping[str, list[dict]]], metric: 
     axes[0][0].set_ylabel(_YLABEL.get(metric, metric), fontsize=9)
     axes[0][-1].legend(fontsize=6, loc="best")
     fig.suptitle(title, fontsize=10)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path) -> None:
+    """Lay out, write atomically and close ``fig``."""
     fig.tight_layout()
     try:
         save_figure_atomic(fig, path)
@@ -117,11 +122,7 @@ def _fig5_plot(path, table: dict, hs, variants, budgets, title):
     ax.set_ylim(0, 1.35 * max(budgets.values()))
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    try:
-        save_figure_atomic(fig, path)
-    finally:
-        plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _median_or_none(vals):
