@@ -145,6 +145,7 @@ def test_the_whole_pipeline_runs_under_the_fits_blas_limit(monkeypatch):
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import fedsonmf.estimators.clustering as clustering
+    import fedsonmf.pipeline.stages as stages
     from fedsonmf.datasets import make_synthetic
 
     seen: list[int] = []
@@ -156,7 +157,7 @@ def test_the_whole_pipeline_runs_under_the_fits_blas_limit(monkeypatch):
         return call
 
     monkeypatch.setattr(clustering, "kmeans_on_embedding", spy(clustering.kmeans_on_embedding))
-    monkeypatch.setattr(clustering, "refine_best", spy(clustering.refine_best))
+    monkeypatch.setattr(stages, "refine_best", spy(stages.refine_best))  # the stage driver's refinement
     data = make_synthetic(n_clients=3, n_samples=60, n_features=12, rank=3, heterogeneity=0.4, random_state=4)
     kw = dict(n_init=3, max_rounds=6, random_state=3)
     with threadpool_limits(2, user_api="blas"):

@@ -45,7 +45,6 @@ The evaluation protocol over seeds and the centralized context methods live in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import secrets
 import sys
 import threading
@@ -85,26 +84,11 @@ from fedsonmf.estimators.sonmf import FedSONMF, _blas_limit, _progress_callback
 from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
 from fedsonmf.pipeline.graph import client_graph, client_links, client_products
 from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
-from fedsonmf.pipeline.refine import (
-    client_refine,
-    refine_best,
-    refine_stages,
-    refine_view,
-    score_weight,
-    seeded_starts,
-)
+from fedsonmf.pipeline.refine import client_refine, refine_stages, refine_view, score_weight
 from fedsonmf.pipeline.restarts import medoid_restart, resolve_n_init, restart_seeds
 from fedsonmf.pipeline.row_norms import normalize_rows
-from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
-from fedsonmf.pipeline.steps import (
-    apply_view,
-    assign_to_centers,
-    embedding_centers,
-    kmeans_on_embedding,
-    prepare_view,
-    refine_starts,
-    stop_rule,
-)
+from fedsonmf.pipeline.stages import STAGE_OPTIONS, finish_clustering
+from fedsonmf.pipeline.steps import apply_view, assign_to_centers, kmeans_on_embedding, prepare_view, stop_rule
 from fedsonmf.protocol.params import CLUSTERING_SIGNATURE, FED_PARAMS, RUN_PARAMS, default
 
 __all__ = [
@@ -465,7 +449,6 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         """The in-process fit from the checked ``views`` (n_samples x d_p each), their ``masks``, the
         restarts' factorisation ``models`` and ``seeds``: preprocessing, the fits, the kept restart,
         the refinements; sets the fitted attributes."""
-        n = views[0].shape[0]
         self.preprocessing_: Any = []  # None on the Flower engine (node-local)
         Xs, self.view_scales_ = self._client_views(views, fitted=False, masks=masks)
         workers = min(check_n_jobs(self.n_jobs), len(models))
@@ -528,43 +511,13 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         # the medoid of the fits' partitions (k-means of each V), chosen from what the server has before
         # any refinement exchange; only the kept fit is refined
         best = medoid_restart(partitions, [res for _, res, _ in fits])
-        refined = [best]
         self.fit_rounds_ = [int(res.n_rounds) for _, res, _ in fits]
         if len(fits) > 1:
             self._say(f"fit {best + 1} of {len(fits)} kept (the medoid of their partitions)")
-        self.refine_iter_, self.refine_start_, self.graph_iter_, self.spectral_kept_ = [], [], [], []
-        self.graph_chosen_ = []
-        stages = refine_stages(self.refine, dp=self._dp())
-        secure = bool(models[0].secure_aggregation)
-        refine = None  # the k-means refinement's exchange: its summed score is the spectral step's check
-        if "kmeans" in stages:
-            exchange = refine = self._refine_exchange(views, masks, secure=secure)
-            for i in refined:
-                starts = refine_starts(fits[i][1].V, partitions[i], self.n_clusters, seed=seeds[i],
-                                       n_starts=self._o.refine_starts, normalize_embedding=self._o.normalize_embedding,
-                                       kmeans_max_iter=self._o.kmeans_max_iter)
-                partitions[i], iters, index = refine_best(starts, exchange, seeded=self._seeded(n, seeds[i]))
-                self.refine_iter_.append(iters)
-                self.refine_start_.append(index)
-                self._say(f"k-means refinement: {iters} exchanges, start {index} kept")
-        if "graph" in stages:
-            exchange, products, both = self._graph_exchanges(views, masks, secure=secure)
-            steps = spectral_steps(n, self.n_clusters, self._o.refine_spectral_steps)
-            for i in refined:
-                partitions[i], info = graph_stage(partitions[i], exchange, products, self.n_clusters, steps=steps,
-                                                  refine=refine, both=both, max_iter=self._o.kmeans_max_iter,
-                                                  n_init=self._o.kmeans_n_init, seed=seeds[i])
-                self.graph_iter_.append(info["exchanges"])
-                self.spectral_kept_.append(bool(info["kept"]))
-                self.graph_chosen_.append(str(info["chosen"]))
-                self._say(f"graph stage: {info['exchanges']} exchanges, the {info['chosen']} partition kept")
         self.best_restart_ = best
         model, res, km = fits[best]  # the fit whose V, bases and centres the model keeps
-        labels = partitions[best]
-        if not stages:  # the kept fit's own k-means
-            centers = km.cluster_centers_
-        else:  # a refined partition: its centres in the kept fit's embedding
-            centers = embedding_centers(res.V, labels, self.n_clusters, normalize_embedding=self._o.normalize_embedding)
+        labels, centers = self._finish_inprocess(views, masks, res.V, partitions[best], km.cluster_centers_,
+                                                 seeds[best], secure=bool(models[0].secure_aggregation))
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -580,10 +533,30 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         self.privacy_ = model.privacy_
         return self
 
-    def _seeded(self, n_samples: int, seed: int):
-        """The seeded starts of the refinement (:func:`seeded_starts`), for :func:`refine_best`."""
-        return functools.partial(seeded_starts, n_samples=n_samples, n_clusters=self.n_clusters,
-                                 n_starts=self._o.refine_seeded_starts, seed=seed)
+    def _finish_inprocess(self, views, masks, V, labels, centers, seed: int, *, secure: bool):
+        """The stages after the fit (:func:`~fedsonmf.pipeline.stages.finish_clustering`, the Flower
+        ServerApp's too) over the in-process exchanges, from the kept fit's ``V``, its k-means
+        ``labels`` and ``centers`` and its ``seed``; sets the stages' attributes and returns the
+        final ``(labels, centers)``."""
+        stages = refine_stages(self.refine, dp=self._dp())
+        refine = self._refine_exchange(views, masks, secure=secure) if "kmeans" in stages else None
+        graph = products = both = None
+        if "graph" in stages:
+            graph, products, both = self._graph_exchanges(views, masks, secure=secure)
+        opts = {key: getattr(self._o, key) for key in STAGE_OPTIONS}
+        labels, centers, report = finish_clustering(V, labels, centers, self.n_clusters, seed=seed, opts=opts,
+                                                    refine=refine, graph=graph, spectral=products, both=both,
+                                                    say=self._say)
+        if report["error"]:  # a client's exchange failed: the partition reached before it is kept
+            warn(f"the clustering stages ended early ({report['error']}); the partition reached before is kept",
+                 RuntimeWarning)
+        ran_kmeans, ran_graph = "kmeans" in stages, "graph" in stages
+        self.refine_iter_ = [int(report["refine_iterations"])] if ran_kmeans else []
+        self.refine_start_ = [int(report["refine_start"] or 0)] if ran_kmeans else []
+        self.graph_iter_ = [int(report["graph_iterations"])] if ran_graph else []
+        self.spectral_kept_ = [bool(report["spectral_kept"])] if ran_graph else []
+        self.graph_chosen_ = [str(report["graph_chosen"] or "refined")] if ran_graph else []
+        return labels, centers
 
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed

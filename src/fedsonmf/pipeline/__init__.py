@@ -13,5 +13,8 @@ Flower apps (:mod:`fedsonmf.federation.flower.clustering`).
 * :mod:`~fedsonmf.pipeline.restarts` -- how many fits, their seeds, the medoid kept;
 * :mod:`~fedsonmf.pipeline.refine` -- the federated k-means refinement;
 * :mod:`~fedsonmf.pipeline.graph` -- the federated graph refinement (normalized cut);
-* :mod:`~fedsonmf.pipeline.spectral` -- the graph stage's spectral step and its ending.
+* :mod:`~fedsonmf.pipeline.spectral` -- the graph stage's spectral step and its ending;
+* :mod:`~fedsonmf.pipeline.policy` -- the server's record of the clients' minimum cluster sizes;
+* :mod:`~fedsonmf.pipeline.stages` -- the server's driver of the stages after the fit, over either
+  engine's exchanges.
 """

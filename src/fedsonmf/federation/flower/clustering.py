@@ -14,8 +14,10 @@ Fit run (run config ``n-clusters = c > 0``):
    view and the preprocessing info (means, scales, the statistic that decided the
    rule) in its job folder, written atomically with mode 0600; nothing of it is sent;
 3. rounds: the nodes factorise the prepared view (the ordinary rounds);
-4. the server runs ``cluster_embedding`` on the final V with the run seed and writes
-   ``labels.csv`` and ``centers.npy`` (:func:`write_clustering_outputs`).
+4. the server runs ``cluster_embedding`` on the final V with the run seed, then the stages after
+   the fit over the nodes' exchanges (the estimator's driver,
+   :func:`~fedsonmf.pipeline.stages.finish_clustering`), and writes ``labels.csv`` and
+   ``centers.npy`` (:func:`write_clustering_outputs`).
 
 Predict run (run config ``mode = "predict"``, ``model-dir`` = the fit's out-dir): one
 ``embed`` exchange with the fitted bases held fixed.  Each node reads its new samples
@@ -31,9 +33,7 @@ view file's own ids, where a reader provides them, stay on its node).
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,14 +43,15 @@ import numpy as np
 from fedsonmf._io import save_npy_atomic, write_atomic
 from fedsonmf.core.masks import held_columns
 from fedsonmf.core.server import total
-from fedsonmf.exceptions import FederationError, PartitionRefused, ProtocolError
+from fedsonmf.exceptions import FederationError, ProtocolError
 from fedsonmf.federation import checkpoint as ckpt
 from fedsonmf.federation.rejoin import load_latest_client_state
 from fedsonmf.pipeline.graph import client_graph, client_links, client_products
+from fedsonmf.pipeline.policy import SMALL_CLUSTER_REFUSAL, NodePolicy, RefineExchange, smallest_clusters
 from fedsonmf.pipeline.rank_rule import resolve_rank
-from fedsonmf.pipeline.refine import batch_rows, client_refine, refine_best, refine_view, score_weight, seeded_starts
-from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
-from fedsonmf.pipeline.steps import apply_view, cluster_embedding, embedding_centers, prepare_view, refine_starts
+from fedsonmf.pipeline.refine import batch_rows, client_refine, refine_view, score_weight
+from fedsonmf.pipeline.stages import finish_clustering
+from fedsonmf.pipeline.steps import apply_view, cluster_embedding, prepare_view
 from fedsonmf.protocol.messages import Message
 from fedsonmf.protocol.params import default
 
@@ -279,90 +280,33 @@ def read_labels_csv(path) -> np.ndarray:
 
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, refine=None,
                              graph=None, spectral=None, both=None, policy: NodePolicy | None = None) -> dict:
-    """k-means on the final V (the estimator's seeding), ``labels.csv`` and ``centers.npy`` in ``out``.
+    """k-means on the final V (the estimator's seeding), the stages after it, ``labels.csv`` and
+    ``centers.npy`` in ``out``.
 
-    ``refine(labels) -> (D, score)`` (optional): the summed distances and score of one refinement
-    exchange with the nodes (:func:`refine_exchange`); the partition is then refined from the
-    estimator's starts as the estimator refines it.  ``graph(labels) -> L`` (optional): the summed
-    neighbour counts of one graph exchange (:func:`graph_exchange`); the partition is then refined
-    on the nodes' graphs, after the k-means refinement, as the estimator does; ``spectral(M) ->
-    sum_p A_p M / n`` (optional, with ``graph``): the products of one spectral exchange
-    (:func:`spectral_exchange`), for the graph refinement's spectral step; ``both(labels, M) -> (L, P)``
-    (optional, with ``spectral``): the two in one exchange (:func:`graph_exchange`), so the
-    step's products travel with the graph refinement's labels
-    (:func:`~fedsonmf.pipeline.spectral.graph_stage`).  A node lost during any of them keeps the
-    partition reached before it (in the graph stage: the lowest cut the graph refinement had met).
-    ``policy`` (:class:`NodePolicy`, shared by the exchanges): what the server learnt of the nodes'
-    ``refine-min-cluster-size``; a partition below it is not sent, so a refused seeding drops the seeded
-    starts, a start stops at the last partition answered and the graph refinement at its lowest cut met
-    (``refine_notes`` counts them); only a refinement whose every start is refused at once ends at the
-    fit's partition (``refine_error``). Returns the clustering summary for result.json.
+    The stages are :func:`~fedsonmf.pipeline.stages.finish_clustering`'s, the estimator's, over the
+    nodes' exchanges: ``refine`` (:func:`refine_exchange`), ``graph`` and ``both``
+    (:func:`graph_exchange`), ``spectral`` (:func:`spectral_exchange`), each optional, and ``policy``
+    (:class:`NodePolicy`, shared by the exchanges): what the server learnt of the nodes'
+    ``refine-min-cluster-size``.  Returns the clustering summary for result.json: the options, the
+    sizes, the stages' report (``refine_iterations``, ``refine_start``, ``graph_iterations``,
+    ``spectral_kept``, ``graph_chosen``), ``refine_notes`` for partitions not sent and ``refine_error``
+    for a node lost during a stage (the partition reached before it is the one written).
     """
-    policy = NodePolicy(opts["n_clusters"]) if policy is None else policy
+    c = int(opts["n_clusters"])
     labels, centers, km = cluster_embedding(
-        V, opts["n_clusters"], seed=seed, normalize_embedding=opts["normalize_embedding"],
+        V, c, seed=seed, normalize_embedding=opts["normalize_embedding"],
         kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    iters, index, graph_iters, error, refined, kept, chosen = 0, None, 0, None, False, False, ""
-    notes: list[str] = []
-    progress: dict = {}  # the graph stage's best partition so far
-    try:
-        if refine is not None:
-            starts = refine_starts(V, labels, opts["n_clusters"], seed=seed, n_starts=opts["refine_starts"],
-                                         normalize_embedding=opts["normalize_embedding"],
-                                         kmeans_max_iter=opts["kmeans_max_iter"])
-            seeding = functools.partial(seeded_starts, n_samples=int(V.shape[1]),
-                                        n_clusters=opts["n_clusters"], n_starts=opts["refine_seeded_starts"], seed=seed)
-
-            seeding_refused = [0]  # the seeding's own partitions among those refused
-
-            def seeded(exchange):
-                def counted(rows):
-                    D, score = exchange(rows)
-                    seeding_refused[0] += int(np.isnan(score).sum())
-                    return D, score
-
-                try:
-                    return seeding(counted)
-                except PartitionRefused as exc:  # a node's policy refuses labels that single out samples
-                    notes.append(f"seeded starts skipped: {exc} (the nodes' refine-min-cluster-size = "
-                                 f"{policy.floor})")
-                    return []
-
-            labels, iters, index = refine_best(starts, refine, seeded=seeded)
-            refined = True
-            stopped = policy.refused - seeding_refused[0]
-            if stopped:
-                notes.append(f"{stopped} partition(s) of the starts not sent, below the nodes' "
-                             f"refine-min-cluster-size = {policy.floor}: each start stopped at the last "
-                             f"partition answered")
-        if graph is not None:
-            n_steps = (spectral_steps(int(V.shape[1]), opts["n_clusters"], opts["refine_spectral_steps"])
-                       if spectral is not None else 0)
-            before = policy.refused
-            labels, info = graph_stage(labels, graph, spectral, opts["n_clusters"], steps=n_steps, refine=refine,
-                                             both=both, max_iter=opts["kmeans_max_iter"], n_init=opts["kmeans_n_init"],
-                                             seed=seed, progress=progress)
-            graph_iters, kept, refined = int(info["exchanges"]), bool(info["kept"]), True
-            chosen = str(info["chosen"])
-            if policy.refused > before:
-                notes.append(f"{policy.refused - before} partition(s) of the graph stage not sent, below the nodes' "
-                             f"refine-min-cluster-size = {policy.floor}: the graph refinement kept the lowest cut "
-                             f"met, a refused spectral candidate was not kept")
-    except FederationError as exc:  # a node lost during a refinement: the partition reached stands
-        error = f"{type(exc).__name__}: {exc}"
-        if "labels" in progress:  # the lowest cut the graph refinement had met before it
-            labels, refined = progress["labels"], True
-    if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
-        centers = embedding_centers(V, labels, opts["n_clusters"],
-                                          normalize_embedding=opts["normalize_embedding"])
+    labels, centers, report = finish_clustering(V, labels, centers, c, seed=seed, opts=opts, refine=refine,
+                                                graph=graph, spectral=spectral, both=both, policy=policy)
     write_labels_csv(out / "labels.csv", labels)
     save_npy_atomic(out / "centers.npy", centers)
-    return {**{k: v for k, v in opts.items()}, "n_components": int(V.shape[0]),
-            "cluster_sizes": np.bincount(labels, minlength=opts["n_clusters"]).tolist(),
-            "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"), "refine_iterations": iters,
-            "refine_start": index, "graph_iterations": graph_iters, "spectral_kept": kept,
-            **({"graph_chosen": chosen} if chosen else {}),
-            **({"refine_error": error} if error else {}), **({"refine_notes": notes} if notes else {})}
+    return {**opts, "n_components": int(V.shape[0]), "cluster_sizes": np.bincount(labels, minlength=c).tolist(),
+            "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"),
+            "refine_iterations": report["refine_iterations"], "refine_start": report["refine_start"],
+            "graph_iterations": report["graph_iterations"], "spectral_kept": report["spectral_kept"],
+            **({"graph_chosen": report["graph_chosen"]} if report["graph_chosen"] else {}),
+            **({"refine_error": report["error"]} if report["error"] else {}),
+            **({"refine_notes": report["notes"]} if report["notes"] else {})}
 
 
 # ----------------------------------------------------------------------------- the k-means refinement
@@ -422,108 +366,6 @@ def refine_exchange(transport, m: int, n_clusters: int, secure: bool,
                 np.asarray(out["score"], dtype=np.float64).reshape(S))
 
     return RefineExchange(send, n_clusters, policy)
-
-
-#: what a node's refusal under its ``refine-min-cluster-size`` policy says, then `` = <its minimum>``
-#: (:func:`_request_labels`); the server learns the minimum from it (:class:`NodePolicy`)
-SMALL_CLUSTER_REFUSAL = "refused by this node's policy refine-min-cluster-size"
-_POLICY_SHOWN = re.compile(re.escape(SMALL_CLUSTER_REFUSAL) + r" = (\d+)")
-
-
-class NodePolicy:
-    """What the server knows of the nodes' ``refine-min-cluster-size`` policies: per node (view
-    order) the minimum it announced at its hello or showed by refusing (``mins``; 1: none), and
-    ``floor``, the largest of them (what the notes report).
-
-    A node refuses a whole request when one partition in it has a nonempty cluster below its
-    minimum (:func:`_request_labels`).  Each node announces its minimum at the handshake, so the
-    server starts from it and no request is refused; a node that does not (another release) says its
-    minimum when it refuses, and the server learns it from that first refusal (for the node the
-    error names, else for every node) and sends the request again without the partitions below it.
-    Either way it then never sends them: their replies are NaN, the refinements' mark of a refused
-    partition (:mod:`fedsonmf.pipeline.refine`: a start stops at the last partition answered, the
-    seeding is dropped; :mod:`fedsonmf.pipeline.graph`: the search ends at the lowest cut met).  So
-    one partition with a small cluster no longer ends a refinement, and an honest server asks no node
-    twice (an announcing node never) for what it refuses.  Each node's minimum is checked against the
-    samples that node holds (``held``, per node its sample ids, None: all -- an incomplete view's node
-    replies from its own samples alone), which is what the node checks; a node with no minimum of its
-    own constrains nothing.  ``refused``: the partitions not sent."""
-
-    def __init__(self, n_clusters: int, announced=(), held=None):
-        self.n_clusters, self.refused = int(n_clusters), 0
-        self.mins = [max(1, int(k)) for k in announced]
-        self.held = list(held) if held is not None else [None] * len(self.mins)
-        if len(self.held) < len(self.mins):
-            self.held += [None] * (len(self.mins) - len(self.held))
-        self.shown = 1  # a minimum shown by a refusal that named no node: every node's
-
-    @property
-    def floor(self) -> int:
-        """The largest minimum known (announced or shown)."""
-        return max([1, self.shown, *self.mins])
-
-    def meets(self, rows) -> np.ndarray:
-        """Whether each partition of ``rows`` (S, n) meets every node's minimum among the samples
-        that node holds (the membership the server knows from the masked setup), (S,)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        ok = np.ones(rows.shape[0], dtype=bool)
-        if self.shown > 1:
-            ok &= _smallest_clusters(rows, self.n_clusters) >= self.shown
-        for k, h in zip(self.mins, self.held):
-            need = max(k, self.shown)
-            if need > 1:
-                ok &= _smallest_clusters(rows if h is None else rows[:, h], self.n_clusters) >= need
-        return ok
-
-    def learn(self, exc: FederationError) -> None:
-        """Take in the minimum a refusal shows (for the node it names, else for all); re-raise ``exc``
-        when it shows nothing new (a lost node, another refusal: not ours to work around)."""
-        shown = max((int(k) for k in _POLICY_SHOWN.findall(str(exc))), default=0)
-        p = exc.client
-        if p is not None and 0 <= p < len(self.mins):
-            if shown <= max(self.mins[p], self.shown):
-                raise exc
-            self.mins[p] = shown
-            return
-        if shown <= self.floor:
-            raise exc
-        self.shown = shown
-
-    def ask(self, rows, send: Callable):
-        """``(ok, send(ok))``: ``send`` the partitions of ``rows`` (S, n) that meet the floor (``ok``,
-        (S,)), again without those below a minimum a refusal shows; ``(ok, None)`` when none meets it.
-        Counts the partitions not sent."""
-        while (ok := self.meets(rows)).any():
-            try:
-                reply = send(ok)
-            except FederationError as exc:
-                self.learn(exc)
-                continue
-            break
-        else:
-            reply = None
-        self.refused += int(ok.size - ok.sum())
-        return ok, reply
-
-
-class RefineExchange:
-    """The refinement's exchange ``send`` kept inside the nodes' policies (:class:`NodePolicy`): only
-    the partitions that meet the floor are sent; the others' replies are NaN."""
-
-    def __init__(self, send: Callable, n_clusters: int, policy: NodePolicy | None = None):
-        self.send, self.n_clusters = send, int(n_clusters)
-        self.policy = NodePolicy(n_clusters) if policy is None else policy
-
-    def __call__(self, labels):
-        labels = np.asarray(labels, dtype=np.int64)
-        rows = labels.reshape(-1, labels.shape[-1])
-        S, n = rows.shape
-        D, score = np.full((S, n, self.n_clusters), np.nan), np.full(S, np.nan)
-        ok, reply = self.policy.ask(rows, lambda ok: self.send(labels if labels.ndim == 1 else rows[ok]))
-        if reply is not None:
-            D[ok] = np.asarray(reply[0], dtype=np.float64).reshape(int(ok.sum()), n, self.n_clusters)
-            score[ok] = np.asarray(reply[1], dtype=np.float64).reshape(int(ok.sum()))
-        return (D[0], score[:1]) if labels.ndim == 1 else (D, score)
 
 
 # ----------------------------------------------------------------------------- the graph refinement
@@ -624,20 +466,11 @@ def _request_labels(msg: Message, n: int, p: int, what: str, min_size: int = 1, 
         raise ProtocolError(f"client {p}: a block of {rows.shape[0]} {what} partitions, more than the "
                             f"{block(n, c)} one exchange may carry for {n} samples and {c} clusters")
     if min_size > 1 and labels.size:
-        small = int(_smallest_clusters(rows if held is None else rows[:, held], c).min())
+        small = int(smallest_clusters(rows if held is None else rows[:, held], c).min())
         if small < min_size:
             raise ProtocolError(f"client {p}: {what} labels with a cluster of {small} sample(s) "
                                 f"{SMALL_CLUSTER_REFUSAL} = {min_size}")
     return labels, c
-
-
-def _smallest_clusters(rows, n_clusters: int) -> np.ndarray:
-    """The size of the smallest nonempty cluster of each partition of ``rows`` (S, n), (S,): what a
-    node's ``refine-min-cluster-size`` checks (:func:`_request_labels`) and the server respects
-    (:class:`NodePolicy`)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    sizes = np.stack([np.bincount(row, minlength=int(n_clusters)) for row in rows])
-    return np.where(sizes > 0, sizes, rows.shape[1]).min(axis=1)
 
 
 def _graph_path(sdir: Path, p: int) -> Path:
