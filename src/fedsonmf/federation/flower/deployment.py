@@ -39,6 +39,8 @@ __all__ = ["LoopbackDeployment", "RunOutcome", "InsecureDeploymentWarning", "flo
            "failure_message", "stop_process_groups", "CONNECTION"]
 
 CONNECTION = "fedsonmf"
+#: the node loops a deployment can run (see :class:`LoopbackDeployment`)
+NODE_LOOPS = ("fedsonmf", "flower")
 #: ceiling (s) of the wait for the SuperLink's ``/health`` (an event; a dead SuperLink fails at once)
 STARTUP_TIMEOUT = 600.0
 #: ceiling (s) of the wait for the ServerApp's final status after ``flwr run`` returned
@@ -262,13 +264,27 @@ class LoopbackDeployment:
         Every node's policy (node config ``require-secure-aggregation``): True refuses runs
         whose uploads are not masked, as a real organisation's node does by default; False for a
         plain run (``run_flower`` passes the run's own choice).
+    node_loop : {"fedsonmf", "flower"} or None, default=None
+        What serves each view: ``"fedsonmf"``, the project's node loop (one process per node,
+        :mod:`.nodeloop`: Flower's Fleet connection, the gate's checks, the ClientApp in
+        process, pulls that wait on the SuperLink rather than fixed sleeps; a trivial exchange in
+        milliseconds); ``"flower"``, Flower's ``flower-supernode`` with the gate executor
+        (its loop sleeps 3 s after every empty pull: ≈ 4.5 s per exchange).  None: the
+        environment's ``FEDSONMF_NODE_LOOP``, else ``"fedsonmf"``.  Both keep every security
+        property (TLS, node keys and pins, the gate, signed single-use tokens).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
-                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True):
+                 client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True,
+                 node_loop: str | None = None):
+        node_loop = node_loop or os.environ.get("FEDSONMF_NODE_LOOP") or "fedsonmf"
+        if node_loop not in NODE_LOOPS:
+            raise InputError(f"node_loop must be one of {', '.join(NODE_LOOPS)}, got {node_loop!r}")
+        #: "fedsonmf" (the project's node loop) or "flower" (flower-supernode + the gate executor)
+        self.node_loop = node_loop
         #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
         self.tls: tuple[str, str, str] | None
         if tls is None:
@@ -422,14 +438,24 @@ class LoopbackDeployment:
             raise RuntimeError(f"SuperNode {p} is already running")
         if self.auth and p in self.nodes:
             self._register([p])
-        port = self._node_ports.get(p) or _free_port()
-        self._node_ports[p] = port
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
         node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p],
                                       require_secure=self.require_secure_aggregation)
         if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
             node_config += f' predict-path="{self.predict_paths[p]}"'
+        if self.node_loop == "fedsonmf":  # one process: connection, gate, ClientApp (no Runtime API port)
+            from fedsonmf.federation.flower.nodeloop import node_argv
+
+            gdir = self._gate_dir(p)
+            self.nodes[p] = self._spawn(
+                node_argv(f"127.0.0.1:{self.port}", ca_cert=self.tls[0] if self.tls else None,
+                          private_key=self.node_keys[p].private if self.auth else None, node_config=node_config,
+                          gate_dir=gdir, app=self.client_app, gate_log=gdir / "gate.log"),
+                ndir / "supernode.log")
+            return self.nodes[p]
+        port = self._node_ports.get(p) or _free_port()  # the node's Runtime API, which its executor dials
+        self._node_ports[p] = port
         self.nodes[p] = self._spawn(
             [_bin("flower-supernode"),
              *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,

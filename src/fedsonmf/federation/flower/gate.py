@@ -692,7 +692,8 @@ def run_serverapp_task(spec: dict) -> int:
     from flwr.proto.runtime_pb2 import PullTaskInputResponse, PushTaskOutputRequest
     from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.task_identity import TaskIdentity
-    from flwr.superlink.grid import HttpGrid
+
+    from fedsonmf.federation.flower.compat import ReplyGrid
 
     res = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
@@ -700,8 +701,8 @@ def run_serverapp_task(spec: dict) -> int:
     # the FAB's bytes were checked by the parent; only its declared default config is read (no code)
     context.run_config = get_fused_config_from_fab(fab.content, run)
     certs = Path(spec["root_certificates"]).read_bytes() if spec.get("root_certificates") else None
-    grid = HttpGrid(runtime_api_address=spec["runtime_api"], insecure=certs is None, root_certificates=certs,
-                    token=spec["token"])
+    grid = ReplyGrid(runtime_api_address=spec["runtime_api"], insecure=certs is None, root_certificates=certs,
+                     token=spec["token"])
     grid.set_run(run)
     client = _task_client(spec["runtime_api"], spec.get("root_certificates"), spec["token"], "flwr-serverapp")
     stop = StopSignals(run.run_id)
