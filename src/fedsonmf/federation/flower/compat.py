@@ -51,7 +51,7 @@ __all__ = ["CONTRACT", "check_contract", "resolve",
            "pull_and_inflate_object_from_tree", "push_objects", "get_object_tree", "get_all_nested_objects",
            "no_object_id_recompute", "TaskIdentity", "RunNotRunningException", "ErrorCode",
            "load_ssh_private_key", "FLOWER_RANGE", "FLEET_CALLBACKS", "OBJECT_BACKOFF", "OBJECT_BACKOFF_CAP",
-           "ReplyGrid"]
+           "ReplyGrid", "iterate_object_tree"]
 
 #: seconds before a second pull of an object that is not there yet (Flower's default: 1 s).  A
 #: message is listed as soon as its sender has pushed its head, before its objects: on loopback

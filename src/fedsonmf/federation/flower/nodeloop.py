@@ -168,6 +168,7 @@ class NodeLoop:
         run_id = int(message.metadata.run_id)
         t0 = time.perf_counter()
         parts = {}  # seconds per step, for the log line
+        pulled = pushed = 0
         try:
             run, fab = self._run_and_fab(calls, run_id)
             try:
@@ -184,6 +185,7 @@ class NodeLoop:
                     backoff_cap=compat.OBJECT_BACKOFF_CAP)
                 full.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message lacks its own id
                 parts["pull"] = time.perf_counter() - t0
+                pulled = sum(1 for _ in compat.iterate_object_tree(tree))
                 node_id = int(calls["node_id"])
                 context = self._context(run, fab, node_id)
                 ident = compat.TaskIdentity  # what a message made by the app is stamped with
@@ -198,7 +200,7 @@ class NodeLoop:
                                     reply_to=full)
                 parts["app"] = time.perf_counter() - t1
             t2 = time.perf_counter()
-            self._push(calls, run_id, reply, t2 - t0)
+            pushed = self._push(calls, run_id, reply, t2 - t0)
             parts["push"] = time.perf_counter() - t2
         except compat.RunNotRunningException:  # the run was stopped or finished meanwhile: nothing to answer
             self.log(f"run {run_id} is not running; message {message.metadata.message_id} ignored")
@@ -206,12 +208,14 @@ class NodeLoop:
             self.log(f"run {run_id}: message {message.metadata.message_id} failed: {error_reason(ex)}")
         else:
             steps = ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
-            steps += f"; {self.pulls[0]} empty pulls before it, {1e3 * self.pulls[1]:.1f} ms each"
+            steps += (f"; {pulled} objects in, {pushed} out; {self.pulls[0]} empty pulls before it, "
+                      f"{1e3 * self.pulls[1]:.1f} ms each")
             self.log(f"task handled in {time.perf_counter() - t0:.3f} s ({steps})")
 
     @staticmethod
-    def _push(calls, run_id: int, reply, runtime: float) -> None:
-        """Push ``reply`` and the objects the SuperLink asks for (Flower's own SuperNode sequence)."""
+    def _push(calls, run_id: int, reply, runtime: float) -> int:
+        """Push ``reply`` and the objects the SuperLink asks for (Flower's own SuperNode sequence);
+        return the number of objects pushed."""
         reply.metadata.__dict__["_message_id"] = reply.object_id
         with compat.no_object_id_recompute():
             tree = compat.get_object_tree(reply)
@@ -219,6 +223,7 @@ class NodeLoop:
             compat.push_objects(compat.get_all_nested_objects(reply),
                                 lambda oid, data: calls["push_object"](run_id, session, oid, data),
                                 object_ids_to_push=set(to_push))
+        return len(to_push)
 
 
 def node_argv(superlink: str, *, ca_cert, private_key, node_config: str, gate_dir, app: str | None = None,
