@@ -129,6 +129,19 @@ def wait_health(proc: subprocess.Popen, port: int, timeout: float, log, *, ca_ce
     raise TimeoutError(f"{what} not healthy at {url}; see {log}")
 
 
+def _end_group(proc: subprocess.Popen) -> None:
+    """TERM ``proc``'s process group and reap it (KILL after a second)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=1.0)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait()
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group ``pgid``, from /proc."""
     found = []
@@ -548,11 +561,18 @@ class LoopbackDeployment:
         ``timeout`` is a limit on *stalls*, not on the run: it restarts whenever the
         ServerApp's ``status.json`` changes (a phase or a round completed), so a loaded
         machine makes a run slower, never a failure.  Every new status is handed to
-        ``progress`` (the file is polled every ``poll`` s).
+        ``progress`` (the file is polled every ``poll`` s).  Returns as soon as the status is final
+        (``completed``, ``failed``, ``stopped``), ending ``flwr run``, which would still stream the
+        run's teardown for seconds.
         """
         deadline = time.monotonic() + timeout
         last, next_status = None, 0.0
         while proc.poll() is None:
+            if status_path is not None and _read_status(status_path).get("status") not in (None, "running"):
+                # the ServerApp's status is final (written after its last output): what `flwr run --stream`
+                # still does is the run's teardown and its own exit (seconds); end it, do not wait
+                _end_group(proc)
+                return
             if self.superlink is not None and self.superlink.poll() is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
