@@ -37,7 +37,8 @@ def test_the_contract_check_names_a_missing_symbol_and_a_changed_signature(monke
 def test_the_reply_grid_is_flowers_http_grid_with_only_the_pull_replaced():
     assert issubclass(compat.ReplyGrid, compat.HttpGrid)
     own = {k for k, v in vars(compat.ReplyGrid).items() if callable(v)}
-    assert own == {"pull_messages"}
+    assert own == {"pull_messages", "_pull_one"}  # Flower's Grid has no _pull_one: nothing else is overridden
+    assert not hasattr(compat.HttpGrid, "_pull_one")
     assert list(inspect.signature(compat.ReplyGrid.pull_messages).parameters) == \
         list(inspect.signature(compat.HttpGrid.pull_messages).parameters)
 

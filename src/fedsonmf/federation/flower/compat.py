@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.app import Message, Metadata
@@ -60,6 +61,10 @@ __all__ = ["CONTRACT", "check_contract", "resolve",
 OBJECT_BACKOFF = 0.002
 #: the longest wait between two pulls of an object that is not there yet, seconds (Flower: 10 s)
 OBJECT_BACKOFF_CAP = 0.25
+#: replies whose objects the ServerApp pulls at once (:class:`ReplyGrid`), and objects a node pushes at once
+#: (Flower's own helpers move at most as many objects at a time as the host has cores)
+MAX_PARALLEL_REPLIES = 8
+OBJECT_PUSH_WORKERS = 8
 
 #: the Flower versions this module was checked against
 FLOWER_RANGE = ">=1.42,<1.43"
@@ -155,33 +160,38 @@ class ReplyGrid(HttpGrid):
 
     A subclass, not a patch: ``pull_messages`` is the same sequence as Flower 1.42's (pull the
     replies' heads, pull each reply's objects, confirm it, inflate it; a reply whose objects
-    stay unavailable becomes a ``MESSAGE_UNAVAILABLE`` error reply), with the backoff given.
+    stay unavailable becomes a ``MESSAGE_UNAVAILABLE`` error reply), with the backoff given and
+    the replies pulled side by side (Flower pulls them one after the other).
     """
 
     def pull_messages(self, message_ids):
         run_id = self.run.run_id
         client = self._runtime_client
         res = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
-        out = []
-        for msg_proto, tree in zip(res.messages_list, res.message_object_trees, strict=True):
-            msg_id = msg_proto.metadata.message_id
-            try:
-                contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
-                                        make_pull_object_fn_protobuf(client.PullObject, self.node, run_id),
-                                        initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
-            except ObjectPullError as exc:
-                out.append(make_message(
-                    metadata=Metadata(run_id=run_id, message_id="", src_node_id=self.node.node_id,
-                                      dst_node_id=self.node.node_id, message_type=SYSTEM_MESSAGE_TYPE, group_id="",
-                                      ttl=0, reply_to_message_id=msg_proto.metadata.reply_to_message_id,
-                                      created_at=now().timestamp()),
-                    error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
-                                reason=f"Reply message objects are unavailable. {exc}")))
-                continue
-            client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=self.node, run_id=run_id,
-                                                                        message_object_id=msg_id))
-            message = inflate_object_from_contents(msg_id, contents)
-            assert isinstance(message, Message)  # the head of a reply's tree
-            message.metadata.__dict__["_message_id"] = msg_id
-            out.append(message)
-        return out
+        pairs = list(zip(res.messages_list, res.message_object_trees, strict=True))
+        if len(pairs) <= 1:
+            return [self._pull_one(run_id, *pair) for pair in pairs]
+        # the replies side by side (each pull of one reply's objects is itself at most 2 at a time)
+        with ThreadPoolExecutor(max_workers=min(len(pairs), MAX_PARALLEL_REPLIES)) as pool:
+            return list(pool.map(lambda pair: self._pull_one(run_id, *pair), pairs))
+
+    def _pull_one(self, run_id, msg_proto, tree):
+        client = self._runtime_client
+        msg_id = msg_proto.metadata.message_id
+        try:
+            contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
+                                    make_pull_object_fn_protobuf(client.PullObject, self.node, run_id),
+                                    initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
+        except ObjectPullError as exc:
+            return make_message(
+                metadata=Metadata(run_id=run_id, message_id="", src_node_id=self.node.node_id,
+                                  dst_node_id=self.node.node_id, message_type=SYSTEM_MESSAGE_TYPE, group_id="",
+                                  ttl=0, reply_to_message_id=msg_proto.metadata.reply_to_message_id,
+                                  created_at=now().timestamp()),
+                error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=f"Reply message objects are unavailable. {exc}"))
+        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=self.node, run_id=run_id,
+                                                                    message_object_id=msg_id))
+        message = inflate_object_from_contents(msg_id, contents)
+        assert isinstance(message, Message)  # the head of a reply's tree
+        message.metadata.__dict__["_message_id"] = msg_id
+        return message
