@@ -281,7 +281,7 @@ class LoopbackDeployment:
         What serves each view: ``"fedsonmf"``, the project's node loop (one process per node,
         :mod:`.nodeloop`: Flower's Fleet connection, the gate's checks, the ClientApp in
         process, pulls that wait on the SuperLink rather than fixed sleeps; a trivial exchange in
-        milliseconds); ``"flower"``, Flower's ``flower-supernode`` with the gate executor
+        0.3-0.7 s on a loaded 2-core machine); ``"flower"``, Flower's ``flower-supernode`` with the gate executor
         (its loop sleeps 3 s after every empty pull: ≈ 4.5 s per exchange).  None: the
         environment's ``FEDSONMF_NODE_LOOP``, else ``"fedsonmf"``.  Both keep every security
         property (TLS, node keys and pins, the gate, signed single-use tokens).

@@ -325,7 +325,7 @@ DRAIN_SECONDS = 30.0
 #: the longest wait between two pulls of an exchange's replies, seconds (:func:`_push_pull`)
 MAX_REPLY_POLL = 0.25
 #: the first wait for an exchange's replies, seconds: a node of the project's loop answers a
-#: trivial message in milliseconds (docs/flower.md, "The node loop")
+#: trivial message within tenths of a second (docs/flower.md, "The node loop")
 FIRST_REPLY_POLL = 0.002
 #: each later wait is this fraction of the time the exchange has taken so far (bounded by the two above)
 REPLY_POLL_FRACTION = 0.25
@@ -336,7 +336,7 @@ def reply_wait(elapsed: float, poll: float = MAX_REPLY_POLL) -> float:
 
     A quarter of the elapsed time, at least :data:`FIRST_REPLY_POLL` and at most
     ``max(poll, MAX_REPLY_POLL)``: a reply that arrives is seen within a quarter of the
-    exchange's own time (a few milliseconds for a fast one), and a slow exchange (a node's long
+    exchange's own time, and a slow exchange (a node's long
     local step, Flower's own node loop) costs a pull every quarter second at most."""
     return min(max(poll, MAX_REPLY_POLL), max(FIRST_REPLY_POLL, REPLY_POLL_FRACTION * elapsed))
 
