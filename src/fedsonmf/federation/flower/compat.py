@@ -3,8 +3,10 @@
 Flower's public API (``flwr.app``, ``flwr.serverapp``, ``flwr.clientapp``) covers the apps.
 Running a node of our own (:mod:`.nodeloop`) and the gate's executor (:mod:`.gate`) also
 needs pieces below it: the SuperNode's Fleet connection, the object (de)inflation helpers,
-the config fusion, the task identity.  They are imported here and nowhere else in the node
-loop, so that a Flower upgrade that renames or re-signs one of them fails in one place:
+the config fusion, the task identity, the Runtime API client and its messages.  They are
+imported here and nowhere else (the gate's simulation task imports ``flwr.simulation`` on use,
+as it needs the ``simulation`` extra; ``client_app``/``server_app`` use two constants of Flower's),
+so that a Flower upgrade that renames or re-signs one of them fails in one place:
 ``tests/test_flower_compat.py`` checks that every name of :data:`CONTRACT` exists with the
 parameters listed (``.venv/bin/python -m pytest tests/test_flower_compat.py -q``).
 
@@ -22,19 +24,33 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.app import Message, Metadata
 from flwr.app.error import Error
 from flwr.app.message import make_message
+from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import get_fused_config_from_fab, parse_config_args
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
 from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-from flwr.proto.runtime_pb2 import PullAppMessagesRequest
-from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
+from flwr.proto.node_pb2 import Node
+from flwr.proto.runtime_pb2 import (
+    AcquireTaskRequest,
+    PullAppMessagesRequest,
+    PullTaskInputRequest,
+    PullTaskInputResponse,
+    PushTaskOutputRequest,
+    SendTaskHeartbeatRequest,
+)
+from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE, TaskType
 from flwr.supercore.date import now
+from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.inflatable.inflatable_object import (
     get_all_nested_objects,
     get_object_tree,
     iterate_object_tree,
     no_object_id_recompute,
 )
-from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+    make_confirm_message_received_fn_protobuf,
+    make_pull_object_fn_protobuf,
+)
 from flwr.supercore.inflatable.inflatable_utils import (
     ObjectPullError,
     inflate_object_from_contents,
@@ -42,17 +58,37 @@ from flwr.supercore.inflatable.inflatable_utils import (
     pull_objects,
     push_objects,
 )
+from flwr.supercore.interceptors import (
+    RuntimeTokenHttpInterceptor,
+    RuntimeVersionHttpInterceptor,
+    SuperExecAuthHttpInterceptor,
+)
+from flwr.supercore.logger import mirror_output_to_queue, restore_output
+from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.run import RunNotRunningException
+from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
+from flwr.supercore.tls import validate_and_resolve_root_certificates
 from flwr.superlink.grid import HttpGrid
 from flwr.supernode.fleet_http_connection import http_request_response as fleet_connection
+from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
-__all__ = ["CONTRACT", "check_contract", "resolve",
-           "fleet_connection", "parse_config_args", "get_fused_config_from_fab",
-           "pull_and_inflate_object_from_tree", "push_objects", "get_object_tree", "get_all_nested_objects",
-           "no_object_id_recompute", "TaskIdentity", "RunNotRunningException", "ErrorCode",
-           "load_ssh_private_key", "FLOWER_RANGE", "FLEET_CALLBACKS", "OBJECT_BACKOFF", "OBJECT_BACKOFF_CAP",
-           "ReplyGrid", "iterate_object_tree"]
+__all__ = [
+    "CONTRACT", "check_contract", "resolve", "FLOWER_RANGE", "FLEET_CALLBACKS", "OBJECT_BACKOFF",
+    "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid",
+    # the node loop's
+    "fleet_connection", "parse_config_args", "get_fused_config_from_fab", "pull_and_inflate_object_from_tree",
+    "push_objects", "get_object_tree", "get_all_nested_objects", "iterate_object_tree", "no_object_id_recompute",
+    "TaskIdentity", "RunNotRunningException", "ErrorCode", "load_ssh_private_key",
+    # the gate's
+    "build_fab_from_disk", "SubStatus", "context_from_proto", "context_to_proto", "fab_from_proto", "run_from_proto",
+    "Node", "AcquireTaskRequest", "PullAppMessagesRequest", "PullTaskInputRequest", "PullTaskInputResponse",
+    "PushTaskOutputRequest", "SendTaskHeartbeatRequest", "TaskType", "HeartbeatSender",
+    "make_confirm_message_received_fn_protobuf", "make_pull_object_fn_protobuf", "RuntimeTokenHttpInterceptor",
+    "RuntimeVersionHttpInterceptor", "SuperExecAuthHttpInterceptor", "mirror_output_to_queue", "restore_output",
+    "make_simple_http_retry_invoker", "RuntimeHttpClient", "validate_and_resolve_root_certificates", "HttpGrid",
+    "push_message", "push_task_output",
+]
 
 #: seconds before a second pull of an object that is not there yet (Flower's default: 1 s).  A
 #: message is listed as soon as its sender has pushed its head, before its objects: on loopback
@@ -113,7 +149,24 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "flwr.proto.runtime_pb2:PullAppMessagesRequest": (),
     "flwr.supercore.constant:SYSTEM_MESSAGE_TYPE": (),
     "flwr.supercore.date:now": (),
-    "flwr.simulation.app:run_simulation_process": (),
+    "flwr.common.constant:SubStatus": (),
+    "flwr.common.serde:context_from_proto": (),
+    "flwr.common.serde:context_to_proto": (),
+    "flwr.common.serde:fab_from_proto": (),
+    "flwr.common.serde:run_from_proto": (),
+    "flwr.proto.node_pb2:Node": (),
+    "flwr.proto.runtime_pb2:AcquireTaskRequest": (),
+    "flwr.proto.runtime_pb2:PullTaskInputRequest": (),
+    "flwr.proto.runtime_pb2:PullTaskInputResponse": (),
+    "flwr.proto.runtime_pb2:PushTaskOutputRequest": (),
+    "flwr.proto.runtime_pb2:SendTaskHeartbeatRequest": (),
+    "flwr.supercore.constant:TaskType": (),
+    "flwr.supercore.inflatable.inflatable_protobuf_utils:make_confirm_message_received_fn_protobuf": (),
+    "flwr.supercore.logger:mirror_output_to_queue": (),
+    "flwr.supercore.logger:restore_output": (),
+    "flwr.simulation.app:run_simulation_process": (
+        "runtime_api_address", "log_queue", "token", "insecure", "certificates", "parent_pid",
+        "runtime_dependency_install"),
     "flwr.simulation.app:SimulationIoConnection": (),
 }
 
@@ -195,3 +248,4 @@ class ReplyGrid(HttpGrid):
         assert isinstance(message, Message)  # the head of a reply's tree
         message.metadata.__dict__["_message_id"] = msg_id
         return message
+
