@@ -1,26 +1,29 @@
-"""Flower loopback overhead, before and after: seconds per round beyond the in-process round, time to round 1.
+"""Flower loopback latency, before and after: seconds per exchange beyond the in-process round.
 
-For 3 and 10 SuperNodes (one synthetic view each: n=100, d=20, r=6, make_synthetic), the
-same views, config and seed run
+For each node count (one synthetic view per node: n=100, d=20, r=6, make_synthetic) the same
+views, config and seed run
 
 * in process (``run_inprocess``, BLAS pinned to one thread): the round time of the maths;
-* on a loopback Flower deployment (1 SuperLink + one SuperNode per view, separate processes,
-  the launcher's settings), once with the code of ``--before-src`` (a checkout's ``src``, e.g.
-  the commit before the changes) and once with this checkout's -- interleaved, in fresh
-  processes, in one run of this script, so both see the same machine load.
+* on a loopback Flower deployment with the secure defaults (TLS, node keys and pins, the gate,
+  signed single-use tokens, secure aggregation), once per node loop of ``--node-loops``:
+  ``flower`` (Flower's ``flower-supernode`` + the gate executor: its loop sleeps 3 s after every
+  empty pull) and ``fedsonmf`` (the project's node loop, :mod:`fedsonmf.federation.flower.nodeloop`),
+  and optionally with the code of ``--before-src`` (a checkout's ``src``) -- interleaved, in
+  fresh processes, in one run of this script, so all see the same machine load.
 
-Recorded per run: seconds per round (mean of the history's per-round seconds) and its excess
-over the in-process round; time to round 1 = seconds from the ``run_flower`` call to the start
-of round 1, measured the same way for both codes (``V.npy``'s modification time minus the
-rounds' seconds; the new code also records the exact time stamp in ``status.json``, reported as
-``time_to_round1_exact``); the deployment start (SuperLink + SuperNodes up); and whether V is
-bit-identical to the in-process V.
+A round of the fit is one exchange (the server's message to every node and their replies) plus
+the server's step, so the seconds per round of this tiny problem are a trivial exchange's
+latency.  Recorded per run: seconds per round (median, min, max of the history's per-round
+seconds) and the mean's excess over the in-process round; time to round 1 (``V.npy``'s
+modification time minus the rounds' seconds; ``time_to_round1_exact`` from ``status.json`` where
+the code records it); the deployment start; the wall time; whether V is bit-identical to the
+in-process V.
 
-    git -C . archive <before-commit> src | tar -x -C /tmp/before
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_flower.py --before-src /tmp/before/src \\
-        [--rounds 4] [--nodes 3,10] [--repeats 1] [--out benchmarks/results/flower.json]
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_flower.py --nodes 2 --rounds 6 \\
+        [--node-loops flower,fedsonmf] [--before-src /tmp/before/src] [--repeats 1] \\
+        [--out benchmarks/results/flower_exchange.json]
 
-Without ``--before-src`` only the current code runs.  Takes ≈10-15 min on 2 cores.
+The record is written atomically, 0600.  Two node loops, 2 nodes, 6 rounds: ≈ 2 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ SPEC = dict(n_samples=100, n_features=20, rank=6)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker(m: int, rounds: int, seed: int = 0) -> dict:
+def worker(m: int, rounds: int, seed: int = 0, secure_aggregation: bool = True) -> dict:
     """One Flower run with whatever ``fedsonmf`` is on the path (old or new API: only
-    ``run_flower(paths, cfg, run_dir=, max_rounds=, seed=)`` is used)."""
+    ``run_flower(paths, cfg, run_dir=, max_rounds=, seed=)`` is used); the node loop is the
+    environment's ``FEDSONMF_NODE_LOOP`` (code that predates it runs Flower's)."""
     import numpy as np
     from threadpoolctl import threadpool_limits
 
@@ -52,17 +56,20 @@ def worker(m: int, rounds: int, seed: int = 0) -> dict:
     from fedsonmf.protocol.config import FedConfig
 
     data = make_synthetic(n_clients=m, **SPEC, heterogeneity=0.6, random_state=seed)
-    cfg = FedConfig(n_components=SPEC["rank"])
+    import inspect
+
+    # the in-process reference runs the same protocol (secure aggregation or plain) as the deployment
+    secure_kw = ({"secure_aggregation": bool(secure_aggregation)}
+                 if "secure_aggregation" in inspect.signature(FedConfig).parameters else {})
+    cfg = FedConfig(n_components=SPEC["rank"], **secure_kw)
     with threadpool_limits(1):
         ref = run_inprocess(check_views(data.views, cfg.n_components), cfg, max_rounds=rounds, seed=seed)
     in_secs = [row["seconds"] for row in ref.history.rows]
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         paths = write_views(data.views, Path(tmp) / "views")
-        import inspect
-
-        # the same protocol as the in-process reference (plain uploads): the new run_flower defaults
-        # to secure aggregation, the old code has no such parameter
-        kw = {"secure_aggregation": False} if "secure_aggregation" in inspect.signature(run_flower).parameters else {}
+        # secure aggregation (the default) or the plain protocol; code without the parameter runs plain
+        kw = ({"secure_aggregation": bool(secure_aggregation)}
+              if "secure_aggregation" in inspect.signature(run_flower).parameters else {})
         t0 = time.time()
         res = run_flower(paths, cfg, run_dir=Path(tmp) / "run", max_rounds=rounds, seed=seed, **kw)
         wall = time.time() - t0
@@ -73,6 +80,9 @@ def worker(m: int, rounds: int, seed: int = 0) -> dict:
         "nodes": m, "rounds": rounds,
         "inprocess_seconds_per_round": float(np.mean(in_secs)),
         "seconds_per_round": float(np.mean(secs)), "round_seconds": secs,
+        "median_seconds_per_round": float(np.median(secs)), "min_seconds_per_round": float(np.min(secs)),
+        "max_seconds_per_round": float(np.max(secs)),
+        "secure_aggregation": bool(kw.get("secure_aggregation", False)),
         "extra_seconds_per_round": float(np.mean(secs) - np.mean(in_secs)),
         "time_to_round1": float(v_written - sum(secs) - t0),
         "deployment_start_seconds": float(fl["startup_seconds"]), "wall_seconds": wall,
@@ -84,60 +94,73 @@ def worker(m: int, rounds: int, seed: int = 0) -> dict:
     return out
 
 
-def _run_worker(src: Path, m: int, rounds: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(src))
+def _run_worker(src: Path, m: int, rounds: int, node_loop: str, secure_aggregation: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src), FEDSONMF_NODE_LOOP=node_loop)
     with tempfile.NamedTemporaryFile(suffix=".json") as fh:
         subprocess.run([sys.executable, __file__, "--worker", str(m), "--rounds", str(rounds), "--worker-out",
-                        fh.name], env=env, check=True, cwd=tempfile.gettempdir())
+                        fh.name, *([] if secure_aggregation else ["--plain"])], env=env, check=True,
+                       cwd=tempfile.gettempdir())
         return json.loads(Path(fh.name).read_text())
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--nodes", default="3,10")
+    ap.add_argument("--nodes", default="2")
+    ap.add_argument("--node-loops", default="flower,fedsonmf",
+                    help="comma-separated node loops to run side by side: flower, fedsonmf")
+    ap.add_argument("--plain", action="store_true", help="the plain protocol instead of secure aggregation")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--before-src", type=Path, default=None, help="src folder of the code to compare against")
     ap.add_argument("--after-src", type=Path, default=ROOT / "src", help="src folder of the new code (default: this "
                     "checkout's)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flower.json")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "flower_exchange.json")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
-        args.worker_out.write_text(json.dumps(worker(args.worker, args.rounds)))
+        args.worker_out.write_text(json.dumps(worker(args.worker, args.rounds, secure_aggregation=not args.plain)))
         return
-    codes = [("after", args.after_src.resolve())]
+    loops = [x.strip() for x in args.node_loops.split(",") if x.strip()]
+    if not loops or set(loops) - {"flower", "fedsonmf"}:
+        ap.error(f"--node-loops: give flower and/or fedsonmf, got {args.node_loops!r}")
+    codes = [(f"after/{loop}", args.after_src.resolve(), loop) for loop in loops]
     if args.before_src is not None:
         # else the installed code would run under the name "before"
         if not (args.before_src / "fedsonmf" / "__init__.py").is_file():
             ap.error(f"--before-src {args.before_src}: no fedsonmf package there (give a checkout's src folder)")
-        codes.insert(0, ("before", args.before_src.resolve()))
+        codes.insert(0, ("before", args.before_src.resolve(), "flower"))
     results = []
     for m in [int(x) for x in args.nodes.split(",")]:
         for rep in range(args.repeats):
-            for name, src in codes:
+            for name, src, loop in codes:
                 print(f"[{m} SuperNodes, {name}, repeat {rep + 1}] running ...", flush=True)
-                row = {"code": name, "repeat": rep, "load_average": os.getloadavg(), **_run_worker(src, m, args.rounds)}
-                print(f"  {row['seconds_per_round']:.2f} s/round ({row['extra_seconds_per_round']:+.2f} beyond "
-                      f"in-process {row['inprocess_seconds_per_round']:.3f}); time to round 1 "
-                      f"{row['time_to_round1']:.1f} s; bit-identical {row['bit_identical']}", flush=True)
+                row = {"code": name, "node_loop": loop, "repeat": rep, "load_average": os.getloadavg(),
+                       **_run_worker(src, m, args.rounds, loop, not args.plain)}
+                print(f"  {row['median_seconds_per_round']:.3f} s/round median ({row['extra_seconds_per_round']:+.3f} "
+                      f"mean beyond in-process {row['inprocess_seconds_per_round']:.4f}); time to round 1 "
+                      f"{row['time_to_round1']:.1f} s; wall {row['wall_seconds']:.1f} s; bit-identical "
+                      f"{row['bit_identical']}", flush=True)
                 results.append(row)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     import flwr
 
-    args.out.write_text(json.dumps({
+    from fedsonmf._io import write_json_atomic  # 0600, atomic
+
+    write_json_atomic(args.out, {
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "flwr": flwr.__version__,
                     "cpus": os.cpu_count()},
-        "spec": SPEC, "before_src": str(args.before_src) if args.before_src else None,
-        "after_src": str(args.after_src), "results": results,
-    }, indent=1))
+        "spec": SPEC, "command": " ".join(["benchmarks/bench_flower.py", *(argv or sys.argv[1:])]),
+        "before_src": str(args.before_src) if args.before_src else None,
+        "after_src": str(args.after_src), "secure_aggregation": not args.plain, "results": results,
+    })
     print(f"wrote {args.out}")
-    print("| SuperNodes | code | s/round | beyond in-process | time to round 1 (s) |")
-    print("|---|---|---|---|---|")
+    print("| nodes | code / node loop | s/exchange median (min-max) | beyond in-process (mean) | time to round 1 (s) "
+          "| wall (s) | V bit-identical |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['nodes']} | {r['code']} | {r['seconds_per_round']:.2f} | {r['extra_seconds_per_round']:.2f} | "
-              f"{r['time_to_round1']:.1f} |")
+        print(f"| {r['nodes']} | {r['code']} | {r['median_seconds_per_round']:.3f} ({r['min_seconds_per_round']:.3f}-"
+              f"{r['max_seconds_per_round']:.3f}) | {r['extra_seconds_per_round']:.3f} | {r['time_to_round1']:.1f} | "
+              f"{r['wall_seconds']:.1f} | {r['bit_identical']} |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ completed, a thread finished).  On a loaded machine it happens later, not never:
 each wait here fails only after ``STALL`` seconds in which the run showed no
 progress (its ``status.json`` or its checkpoint did not change), so a slow
 machine makes the tests slower, not red.
+
+``STALL`` is tens of seconds: with the project's node loop an exchange takes well under a
+second on loopback (docs/flower.md, "The node loop"), and the slowest step without progress
+is a deployment's start-up (the ServerApp's first status, ≈ 5-20 s on a loaded 2-core machine).
+A broken run so fails a test within a minute instead of stalling it for ten.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 from pathlib import Path
 
 #: seconds without any progress before a wait fails
-STALL = 600.0
+STALL = 60.0
 
 
 def run_progress(*paths):

@@ -35,8 +35,9 @@ R, N = 4, 60
 CFG = FedConfig(n_components=R, tau=3)
 ROUNDS, SEED = 3, 5
 
-FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with an injected fault (run config 'fault' =
-kind:client:round)."""
+FAULT_CLIENT = '''"""Test shim: the fedsonmf ClientApp with injected faults (run config 'fault' =
+kind:client:round[:path], comma-separated)."""
+import os
 import time
 
 from fedsonmf.federation.flower.client_app import make_client_app
@@ -46,12 +47,17 @@ def _fault(msg, context, job_id):
     spec = str(context.run_config.get("fault", ""))
     if not spec:
         return
-    kind, client, rnd = spec.split(":")
-    if int(context.node_config["partition-id"]) == int(client) and msg.kind == "round" and msg.round == int(rnd):
-        if kind == "raise":
-            raise RuntimeError(f"injected fault in client {client} round {rnd}")
-        if kind == "hang":
-            time.sleep(120)
+    for one in spec.split(","):
+        kind, client, rnd, *path = one.split(":", 3)
+        if int(context.node_config["partition-id"]) == int(client) and msg.kind == "round" and msg.round == int(rnd):
+            if kind == "raise":
+                raise RuntimeError(f"injected fault in client {client} round {rnd}")
+            if kind == "hang":
+                time.sleep(120)
+            if kind == "wait":  # hold this round until the test creates the file (at most 120 s)
+                end = time.monotonic() + 120
+                while not os.path.exists(path[0]) and time.monotonic() < end:
+                    time.sleep(0.01)
 
 
 app = make_client_app(before_handle=_fault)
@@ -189,12 +195,17 @@ def test_supernode_killed_in_round_k_restarted_in_round_k_plus_3_rejoins(deploym
 
     out = deployment.run_dir / "rejoin"
     k, rounds, timeout = 2, 8, 30.0  # a cold ClientApp start on a loaded 2-core machine can take > 8 s
+    # node 0 holds round k until node 2 is killed, and round k + 2 until node 2 is back: the kill and
+    # the restart land in those rounds however fast the rounds are
+    killed, back = out.parent / "rejoin-killed", out.parent / "rejoin-back"
     outcome = {}
     rc = _config("rejoin", **{"num-rounds": rounds, "round-timeout": timeout, "min-clients": 2.0,
-                              "rejoin": "refresh"})
+                              "rejoin": "refresh", "fault": f"wait:0:{k}:{killed},wait:0:{k + 2}:{back}"})
+
+    app = write_app_dir(deployment.run_dir / "app-fault", client_source=FAULT_CLIENT, extra_config={"fault": ""})
 
     def go():
-        outcome["o"] = deployment.run(rc, out_dir=out)
+        outcome["o"] = deployment.run(rc, out_dir=out, app_dir=app)
 
     def completed():
         try:
@@ -202,13 +213,21 @@ def test_supernode_killed_in_round_k_restarted_in_round_k_plus_3_rejoins(deploym
         except Exception:
             return 0
 
+    def connections():  # lines the node loop writes once its connection to the SuperLink is up
+        log = deployment.node_dir(2) / "gate" / "gate.log"
+        return log.read_text().count(" connected to ") if log.exists() else 0
+
     th = threading.Thread(target=go)
     th.start()
     wait_until(lambda: completed() >= k - 1, f"round {k - 1}", progress=status_progress(out), alive=th.is_alive)
+    before = connections()
     deployment.kill_node(2, signal.SIGKILL)  # during round k
-    wait_until(lambda: completed() >= k + 2, f"round {k + 2}", progress=status_progress(out), alive=th.is_alive)
-    assert completed() >= k + 2, "rounds k..k+2 never completed without the killed node"
-    deployment.start_node(2)  # in round k + 3
+    killed.touch()
+    wait_until(lambda: completed() >= k + 1, f"round {k + 1}", progress=status_progress(out), alive=th.is_alive)
+    assert completed() >= k + 1, "rounds k..k+1 never completed without the killed node"
+    deployment.start_node(2)  # in round k + 2, which node 0 holds until the node is back
+    wait_until(lambda: connections() > before, "node 2's new connection", alive=th.is_alive)
+    back.touch()
     join(th, progress=status_progress(out))
     st = outcome["o"].status
     assert st["status"] == "completed", st

@@ -433,6 +433,25 @@ def _processes_of(run_dir: Path) -> list[str]:
     return found
 
 
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its socket inodes matched in /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 @pytest.mark.slow
 @pytest.mark.deploy
 def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
@@ -446,21 +465,28 @@ def test_foreign_app_runs_on_no_node_and_reads_no_file(gated, tmp_path):
     assert info["status"] == "finished:failed"
     assert "refused by the fedsonmf gate" in info["status-details"] and "is not the fedsonmf app" in info[
         "status-details"]
-    # a stock flower-superexec on the node's host, without the node's SuperExec secret, acquires nothing
-    rogue_log = tmp_path / "rogue.log"
-    with open(rogue_log, "wb") as fh:
-        rogue = subprocess.Popen([_bin("flower-superexec"), "--insecure", "--runtime-api-address",
-                                  f"127.0.0.1:{gated._node_ports[0]}"], env={**gated.env, "FLWR_LOG_LEVEL": "INFO"},
-                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    if gated.node_loop == "fedsonmf":
+        # the project's node loop opens no Runtime API: nothing on the node's host can acquire its tasks
+        assert all(_listening_ports(proc.pid) == set() for proc in gated.nodes.values())
         outcome = _our_run(gated, "after-evil")
         assert outcome.ok, outcome.status
-        rogue.wait(timeout=STALL)  # its first AcquireTask is refused (401) and it shuts down
-    finally:
-        if rogue.poll() is None:
-            os.killpg(rogue.pid, signal.SIGKILL)
-            rogue.wait()
-    assert "flwr-clientapp" not in rogue_log.read_text()  # it launched no task
+    else:
+        # a stock flower-superexec on the node's host, without the node's SuperExec secret, acquires nothing
+        rogue_log = tmp_path / "rogue.log"
+        with open(rogue_log, "wb") as fh:
+            rogue = subprocess.Popen([_bin("flower-superexec"), "--insecure", "--runtime-api-address",
+                                      f"127.0.0.1:{gated._node_ports[0]}"],
+                                     env={**gated.env, "FLWR_LOG_LEVEL": "INFO"},
+                                     stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            outcome = _our_run(gated, "after-evil")
+            assert outcome.ok, outcome.status
+            rogue.wait(timeout=STALL)  # its first AcquireTask is refused (401) and it shuts down
+        finally:
+            if rogue.poll() is None:
+                os.killpg(rogue.pid, signal.SIGKILL)
+                rogue.wait()
+        assert "flwr-clientapp" not in rogue_log.read_text()  # it launched no task
     assert load_result(outcome.out_dir).n_rounds == 1
     assert list(markers.iterdir()) == []  # neither its ServerApp nor any ClientApp ran
     log = (gated.run_dir / "logs" / "gate-superlink.log").read_text()

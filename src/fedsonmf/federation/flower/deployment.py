@@ -39,6 +39,8 @@ __all__ = ["LoopbackDeployment", "RunOutcome", "InsecureDeploymentWarning", "flo
            "failure_message", "stop_process_groups", "CONNECTION"]
 
 CONNECTION = "fedsonmf"
+#: the node loops a deployment can run (see :class:`LoopbackDeployment`)
+NODE_LOOPS = ("fedsonmf", "flower")
 #: ceiling (s) of the wait for the SuperLink's ``/health`` (an event; a dead SuperLink fails at once)
 STARTUP_TIMEOUT = 600.0
 #: ceiling (s) of the wait for the ServerApp's final status after ``flwr run`` returned
@@ -125,6 +127,19 @@ def wait_health(proc: subprocess.Popen, port: int, timeout: float, log, *, ca_ce
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{what} not healthy at {url}; see {log}")
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """TERM ``proc``'s process group and reap it (KILL after a second)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=1.0)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait()
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -265,6 +280,14 @@ class LoopbackDeployment:
     server_app : str or None, default=None
         ``module:attr`` of an installed ServerApp the SuperLink host's gate runs instead of
         fedsonmf's (the nodes do not trust it: tests run a hostile one).
+    node_loop : {"fedsonmf", "flower"} or None, default=None
+        What serves each view: ``"fedsonmf"``, the project's node loop (one process per node,
+        :mod:`.nodeloop`: Flower's Fleet connection, the gate's checks, the ClientApp in
+        process, pulls that wait on the SuperLink rather than fixed sleeps; a trivial exchange in
+        0.3-0.7 s on a loaded 2-core machine); ``"flower"``, Flower's ``flower-supernode`` with the gate executor
+        (its loop sleeps 3 s after every empty pull: ≈ 4.5 s per exchange).  None: the
+        environment's ``FEDSONMF_NODE_LOOP``, else ``"fedsonmf"``.  Both keep every security
+        property (TLS, node keys and pins, the gate, signed single-use tokens).
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.
     """
@@ -272,7 +295,13 @@ class LoopbackDeployment:
     def __init__(self, run_dir, view_paths, *, pin_threads: bool = True, log_level: str = "WARNING",
                  superexec_poll: float = 0.05, tls: tuple | bool | None = True, auth: bool = True, mask_paths=None,
                  client_app: str | None = None, predict_paths=None, require_secure_aggregation: bool = True,
-                 server_app: str | None = None):
+                 server_app: str | None = None,
+                 node_loop: str | None = None):
+        node_loop = node_loop or os.environ.get("FEDSONMF_NODE_LOOP") or "fedsonmf"
+        if node_loop not in NODE_LOOPS:
+            raise InputError(f"node_loop must be one of {', '.join(NODE_LOOPS)}, got {node_loop!r}")
+        #: "fedsonmf" (the project's node loop) or "flower" (flower-supernode + the gate executor)
+        self.node_loop = node_loop
         #: (ca.crt, server.pem, server.key) as strings, or None (plain HTTP)
         self.tls: tuple[str, str, str] | None
         if tls is None:
@@ -442,8 +471,6 @@ class LoopbackDeployment:
             raise RuntimeError(f"SuperNode {p} is already running")
         if self.auth and p in self.nodes:
             self._register([p])
-        port = self._node_ports.get(p) or _free_port()
-        self._node_ports[p] = port
         ndir = self.node_dir(p)
         private_dir(ndir / "state")
         node_config = sec.node_config(p, len(self.view_paths), self.view_paths[p], ndir / "state", self.mask_paths[p],
@@ -451,6 +478,18 @@ class LoopbackDeployment:
                                       signing_key=self._signing_key(p))
         if self.predict_paths[p] is not None:  # new samples for a predict run: named by the node config only
             node_config += f' predict-path="{self.predict_paths[p]}"'
+        if self.node_loop == "fedsonmf":  # one process: connection, gate, ClientApp (no Runtime API port)
+            from fedsonmf.federation.flower.nodeloop import node_argv
+
+            gdir = self._gate_dir(p)
+            self.nodes[p] = self._spawn(
+                node_argv(f"127.0.0.1:{self.port}", ca_cert=self.tls[0] if self.tls else None,
+                          private_key=self.node_keys[p].private if self.auth else None, node_config=node_config,
+                          gate_dir=gdir, app=self.client_app, gate_log=gdir / "gate.log"),
+                ndir / "supernode.log")
+            return self.nodes[p]
+        port = self._node_ports.get(p) or _free_port()  # the node's Runtime API, which its executor dials
+        self._node_ports[p] = port
         self.nodes[p] = self._spawn(
             [_bin("flower-supernode"),
              *sec.supernode_args(f"127.0.0.1:{self.port}", self.tls[0] if self.tls else None,
@@ -543,11 +582,18 @@ class LoopbackDeployment:
         ``timeout`` is a limit on *stalls*, not on the run: it restarts whenever the
         ServerApp's ``status.json`` changes (a phase or a round completed), so a loaded
         machine makes a run slower, never a failure.  Every new status is handed to
-        ``progress`` (the file is polled every ``poll`` s).
+        ``progress`` (the file is polled every ``poll`` s).  Returns as soon as the status is final
+        (``completed``, ``failed``, ``stopped``), ending ``flwr run``, which would still stream the
+        run's teardown for seconds.
         """
         deadline = time.monotonic() + timeout
         last, next_status = None, 0.0
         while proc.poll() is None:
+            if status_path is not None and _read_status(status_path).get("status") not in (None, "running"):
+                # the ServerApp's status is final (written after its last output): what `flwr run --stream`
+                # still does is the run's teardown and its own exit (seconds); end it, do not wait
+                _end_group(proc)
+                return
             if self.superlink is not None and self.superlink.poll() is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

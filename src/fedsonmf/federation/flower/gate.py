@@ -109,7 +109,7 @@ def build_fab(app_dir) -> bytes:
     """The FAB ``flwr run APP_DIR`` submits (Flower's own builder: fixed zip dates, sorted files)."""
     import warnings
 
-    from flwr.cli.build import build_fab_from_disk
+    from fedsonmf.federation.flower.compat import build_fab_from_disk
 
     with warnings.catch_warnings():  # pathspec's 'gitwildmatch' deprecation, inside Flower's builder
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -398,9 +398,11 @@ def _load_object(ref: str):
 
 
 def _runtime_client(address: str, root_certificates: str | None, interceptors):
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from fedsonmf.federation.flower.compat import (
+        RuntimeHttpClient,
+        make_simple_http_retry_invoker,
+        validate_and_resolve_root_certificates,
+    )
 
     return RuntimeHttpClient.from_server_address(
         server_address=address, insecure=root_certificates is None,
@@ -409,7 +411,7 @@ def _runtime_client(address: str, root_certificates: str | None, interceptors):
 
 
 def _task_client(address: str, root_certificates: str | None, token: str, component: str):
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from fedsonmf.federation.flower.compat import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
 
     interceptors = [RuntimeVersionHttpInterceptor(component_name=component), RuntimeTokenHttpInterceptor(token)]
     return _runtime_client(address, root_certificates, interceptors)
@@ -419,7 +421,8 @@ def _heartbeat_fn(client, stopped: threading.Event):
     """Flower's task heartbeat, except that a stopped run sets ``stopped`` instead of
     signalling the whole process (which would end this long-lived executor)."""
     import httpx
-    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    from fedsonmf.federation.flower.compat import SendTaskHeartbeatRequest
 
     def fn() -> bool:
         try:
@@ -453,15 +456,19 @@ def pull_task_input(client, max_time: float = MESSAGE_PULL_SECONDS):
     waiting for one).
     """
     from flwr.app import Message
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+
+    from fedsonmf.federation.flower.compat import (
+        Node,
+        PullAppMessagesRequest,
+        PullTaskInputRequest,
+        TaskIdentity,
+        context_from_proto,
+        fab_from_proto,
         make_confirm_message_received_fn_protobuf,
         make_pull_object_fn_protobuf,
+        pull_and_inflate_object_from_tree,
+        run_from_proto,
     )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-    from flwr.supercore.task_identity import TaskIdentity
 
     res = client.PullTaskInput(PullTaskInputRequest())
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
@@ -492,8 +499,11 @@ class Executor:
     def __init__(self, role: str, runtime_api: str, gate: Gate, secret: bytes, *, app_ref: str | None = None,
                  root_certificates: str | None = None, parent_pid: int | None = None, poll: float = 0.05,
                  max_poll: float = MAX_POLL, log=None):
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+        from fedsonmf.federation.flower.compat import (
+            RuntimeVersionHttpInterceptor,
+            SuperExecAuthHttpInterceptor,
+            TaskType,
+        )
 
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, ROLES))}, got {role!r}")
@@ -522,7 +532,8 @@ class Executor:
         wait for the reply adds to every message anyway (it checks every 0.5 s).
         """
         import httpx
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+
+        from fedsonmf.federation.flower.compat import AcquireTaskRequest
 
         wait = self.poll
         while True:
@@ -556,11 +567,15 @@ class Executor:
         """Run one ClientApp task in this process, after the pin and authorisation checks."""
         from flwr.app import Message
         from flwr.app.error import Error
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender
-        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         from fedsonmf.federation.flower.codec import error_reason
+        from fedsonmf.federation.flower.compat import (
+            ErrorCode,
+            HeartbeatSender,
+            SubStatus,
+            push_message,
+            push_task_output,
+        )
 
         client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-clientapp")
         stopped = threading.Event()
@@ -602,9 +617,13 @@ class Executor:
     def handle_server_task(self, token: str) -> None:
         """Run one ServerApp task (role ``serverapp``) or one simulation run (role ``simulation``)
         in a child process, after the pin and authorisation checks."""
-        from flwr.common.constant import SubStatus
-        from flwr.common.serde import fab_from_proto, run_from_proto
-        from flwr.proto.runtime_pb2 import PullTaskInputRequest, PushTaskOutputRequest
+        from fedsonmf.federation.flower.compat import (
+            PullTaskInputRequest,
+            PushTaskOutputRequest,
+            SubStatus,
+            fab_from_proto,
+            run_from_proto,
+        )
 
         client = _task_client(self.runtime_api, self.root_certificates, token, "flwr-serverapp")
         try:
@@ -686,13 +705,19 @@ class StopSignals:
 
 def run_serverapp_task(spec: dict) -> int:
     """The child of a ServerApp task: run the installed ServerApp on the pulled input."""
-    from flwr.common.config import get_fused_config_from_fab
-    from flwr.common.constant import SubStatus
-    from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
-    from flwr.proto.runtime_pb2 import PullTaskInputResponse, PushTaskOutputRequest
-    from flwr.supercore.heartbeat import HeartbeatSender
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.superlink.grid import HttpGrid
+    from fedsonmf.federation.flower.compat import (
+        HeartbeatSender,
+        PullTaskInputResponse,
+        PushTaskOutputRequest,
+        ReplyGrid,
+        SubStatus,
+        TaskIdentity,
+        context_from_proto,
+        context_to_proto,
+        fab_from_proto,
+        get_fused_config_from_fab,
+        run_from_proto,
+    )
 
     res = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
@@ -700,8 +725,8 @@ def run_serverapp_task(spec: dict) -> int:
     # the FAB's bytes were checked by the parent; only its declared default config is read (no code)
     context.run_config = get_fused_config_from_fab(fab.content, run)
     certs = Path(spec["root_certificates"]).read_bytes() if spec.get("root_certificates") else None
-    grid = HttpGrid(runtime_api_address=spec["runtime_api"], insecure=certs is None, root_certificates=certs,
-                    token=spec["token"])
+    grid = ReplyGrid(runtime_api_address=spec["runtime_api"], insecure=certs is None, root_certificates=certs,
+                     token=spec["token"])
     grid.set_run(run)
     client = _task_client(spec["runtime_api"], spec.get("root_certificates"), spec["token"], "flwr-serverapp")
     stop = StopSignals(run.run_id)
@@ -758,9 +783,11 @@ def run_simulation_task(spec: dict) -> int:
     """
     from queue import Queue
 
-    from flwr.proto.runtime_pb2 import PullTaskInputResponse
+    # flwr.simulation needs the simulation extra (Ray): imported here, on use, not by compat (whose
+    # CONTRACT covers its two names)
     from flwr.simulation import app as sim_app
-    from flwr.supercore.logger import mirror_output_to_queue, restore_output
+
+    from fedsonmf.federation.flower.compat import PullTaskInputResponse, mirror_output_to_queue, restore_output
 
     pulled = PullTaskInputResponse.FromString(_unb64(spec["task_input"]))
 

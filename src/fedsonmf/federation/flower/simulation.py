@@ -52,6 +52,7 @@ from fedsonmf.federation.flower import security as sec
 from fedsonmf.federation.flower.deployment import (
     STARTUP_TIMEOUT,
     _bin,
+    _end_group,
     _free_port,
     _gate,
     _read_status,
@@ -439,6 +440,9 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
             while proc.poll() is None:
                 if t_server is None and (out_dir / "status.json").exists():
                     t_server = time.perf_counter() - t0
+                if _read_status(out_dir / "status.json").get("status") in ("completed", "failed"):
+                    _end_group(proc)  # final, and written after the last output: flwr run only streams teardown
+                    break
                 now = _mtime(out_dir / "status.json")
                 if now != stamp:
                     stamp, deadline = now, time.monotonic() + timeout

@@ -324,6 +324,21 @@ def _error_text(rep: FlwrMessage) -> str:
 DRAIN_SECONDS = 30.0
 #: the longest wait between two pulls of an exchange's replies, seconds (:func:`_push_pull`)
 MAX_REPLY_POLL = 0.25
+#: the first wait for an exchange's replies, seconds: a node of the project's loop answers a
+#: trivial message within tenths of a second (docs/flower.md, "The node loop")
+FIRST_REPLY_POLL = 0.002
+#: each later wait is this fraction of the time the exchange has taken so far (bounded by the two above)
+REPLY_POLL_FRACTION = 0.25
+
+
+def reply_wait(elapsed: float, poll: float = MAX_REPLY_POLL) -> float:
+    """Seconds before the next pull of an exchange that has waited ``elapsed`` seconds.
+
+    A quarter of the elapsed time, at least :data:`FIRST_REPLY_POLL` and at most
+    ``max(poll, MAX_REPLY_POLL)``: a reply that arrives is seen within a quarter of the
+    exchange's own time, and a slow exchange (a node's long
+    local step, Flower's own node loop) costs a pull every quarter second at most."""
+    return min(max(poll, MAX_REPLY_POLL), max(FIRST_REPLY_POLL, REPLY_POLL_FRACTION * elapsed))
 
 
 def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True):
@@ -337,12 +352,14 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     node's ClientApp task starts, no reply ever comes and the node never serves another run
     (measured: the deployment test after a raising client, "views [0] did not answer" in the next
     run's handshake). Waiting lets every node finish its task while the run is still running.
+
+    The pulls wait :func:`reply_wait` apart (every pull is a request to the SuperLink).
     """
     ids = list(grid.push_messages(msgs))
     by_id = dict(zip(ids, msgs))
     pending, got = set(ids), {}
-    deadline = time.monotonic() + timeout
-    wait = poll
+    start = time.monotonic()
+    deadline = start + timeout
     while pending:
         for rep in grid.pull_messages(list(pending)):
             rid = rep.metadata.reply_to_message_id
@@ -354,11 +371,7 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
             stop_on_error = False
         if not pending or time.monotonic() >= deadline:
             break
-        time.sleep(wait)
-        # every pull is a request to the SuperLink, and no reply comes back sooner than a node's
-        # pull, task and reply push (about a second, the node checking for its reply every 0.5 s):
-        # the first pulls are quick, later ones back off to MAX_REPLY_POLL
-        wait = min(2.0 * wait, max(poll, MAX_REPLY_POLL))
+        time.sleep(reply_wait(time.monotonic() - start, poll))
     return by_id, got, pending
 
 
