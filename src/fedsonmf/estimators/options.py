@@ -97,7 +97,8 @@ class RefineOptions(_Options):
 @dataclass(frozen=True)
 class PrivacyOptions(_Options):
     """Privacy options: ``secure_aggregation`` (the server learns only sums; always on in a Flower
-    deployment; ``secagg_threshold``: its threshold recovery of rounds that lose clients) and
+    deployment; ``secagg_threshold``: its threshold recovery of rounds that lose clients, used by runs
+    with partial participation -- ``run_inprocess``/``run_flower`` -- not by the estimators) and
     differential privacy of each client's whole view (``dp_epsilon`` or
     ``dp_noise_multiplier``, with ``dp_clip``, ``dp_clip_setup``, ``dp_delta``, ``dp_rounds``);
     docs/privacy.md says what each party learns in each mode."""
