@@ -8,7 +8,8 @@
   that drops before uploading gives the V of the plain run whose round had only the 4
   survivors (to the fixed point's exactness, <= 1e-9); two of five lost with threshold 4 fail
   the round, naming the threshold, before any sum is decoded;
-* a holder refuses an unmask request below the threshold and shares that do not authenticate.
+* a holder refuses an unmask request below the threshold and shares that do not authenticate;
+* the Flower apps (fake grid): a node lost at the unmask step, V bit for bit the in-process run.
 """
 
 from __future__ import annotations
@@ -282,3 +283,63 @@ def test_the_revealed_shares_rebuild_exactly_the_survivors_keys_and_nothing_of_t
         assert self_keys[p] == mine[0]
         assert pairs[(p, 1)] == mine[1 + [q for q in range(5) if q != p].index(1)]
     assert set(self_keys) == {0, 2, 3, 4} and {q for _, q in pairs} == {1}
+
+
+# ----------------------------------------------------------------------------- Flower apps (fake grid)
+
+
+@pytest.fixture
+def task_identity():
+    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+def _kinds(flw_msg) -> set[tuple[str, int]]:
+    """The (kind, round) of every fedsonmf message a Flower message carries (batched ones too)."""
+    from fedsonmf.federation.flower import codec
+
+    out = set()
+    for name, rec in flw_msg.content.items():
+        if name.endswith(codec.META):
+            out.add((str(rec["kind"]), int(rec["round"])))
+    return out
+
+
+def test_flower_apps_survive_a_node_lost_at_the_unmask_step(tmp_path, small_problem, task_identity):
+    """Over the Flower apps (fake grid, 3 nodes, t = 2): node 303 uploads its round-2 reply and
+    never answers that round's unmask request; the round completes with all three uploads and V
+    is bit for bit the in-process secure run in which nobody was lost."""
+    from fedsonmf.federation.flower.audit import audit_wire
+    from fedsonmf.federation.flower.client_app import make_client_app
+    from fedsonmf.federation.inprocess import run_inprocess
+    from test_flower_apps import FakeGrid, _nodes, _run_config, _server, _wire
+
+    class LostAtUnmask(FakeGrid):
+        def push_messages(self, messages):
+            ids = []
+            for msg in messages:
+                lost = msg.metadata.dst_node_id == 303 and ("unmask", 2) in _kinds(msg)
+                if lost:
+                    self.drop.add(303)
+                ids += super().push_messages([msg])
+                self.drop.discard(303)
+            return ids
+
+    views = check_views(small_problem.views[:3], R)
+    cfg = FedConfig(n_components=R, tau=3, mu=1.0, secure_aggregation=True)
+    grid = LostAtUnmask(make_client_app(), _nodes(tmp_path, small_problem.views[:3]))
+    rc = _run_config(tmp_path, **{"config-json": json.dumps(cfg.to_dict()), "secure-aggregation": True,
+                                  "num-rounds": 4, "round-timeout": 0.3, "min-clients": 2.0, "rejoin": "refresh"})
+    V, result = _server(grid, rc)
+    assert [r["participants"] for r in result["history"]] == [[0, 1, 2]] * 4
+    ref = run_inprocess(views, cfg, max_rounds=4, seed=9, participation=Participation(min_clients=2,
+                                                                                       rejoin="refresh"))
+    assert np.array_equal(V, ref.V)
+    summary = audit_wire(_wire(rc), "fedsonmf", cfg, views[0].shape[1], partial=True)
+    assert summary["up unmask"]["messages"] == 3 * 4 - 1  # node 303's round-2 answer never came
