@@ -229,7 +229,8 @@ def test_partial_rounds_with_dropouts_unmask_the_sum_of_those_who_replied(views)
     params = json.loads(unmask[0][1].scalars[secagg.SECAGG_KEY])
     assert params["cohort"] == [0, 1, 2] and params["survivors"] == [0, 2]
     revealed = [msg for d, p, msg in log if d == "up" and msg.kind == "unmask" and msg.round == 2]
-    assert all(msg.arrays[secagg.PAIR_KEYS].shape == (1, 32) for msg in revealed)  # keys with client 1 only
+    # per survivor (0, 2): a share of its self key and of its pair key with client 1 only (Shamir, 33 bytes)
+    assert all(msg.arrays[secagg.REVEALED_KEY].shape == (2, 2, 33) for msg in revealed)
     # the uploads of those who replied, self-masked, are uniform and uncorrelated with their plain values
     ups = [(msg.kind, msg.round, p, dict(msg.arrays)) for d, p, msg in log if d == "up" and msg.kind == "round"]
     for _kind, rnd, p, arrays in ups:

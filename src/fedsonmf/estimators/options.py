@@ -97,12 +97,15 @@ class RefineOptions(_Options):
 @dataclass(frozen=True)
 class PrivacyOptions(_Options):
     """Privacy options: ``secure_aggregation`` (the server learns only sums; always on in a Flower
-    deployment) and differential privacy of each client's whole view (``dp_epsilon`` or
+    deployment; ``secagg_threshold``: its threshold recovery of rounds that lose clients, used by runs
+    with partial participation -- ``run_inprocess``/``run_flower`` -- not by the estimators) and
+    differential privacy of each client's whole view (``dp_epsilon`` or
     ``dp_noise_multiplier``, with ``dp_clip``, ``dp_clip_setup``, ``dp_delta``, ``dp_rounds``);
     docs/privacy.md says what each party learns in each mode."""
 
     _group: ClassVar[str] = "privacy"
     secure_aggregation: bool = default("secure_aggregation")
+    secagg_threshold: int | None = default("secagg_threshold")
     dp_epsilon: float | None = default("dp_epsilon")
     dp_noise_multiplier: float | None = default("dp_noise_multiplier")
     dp_clip: float = default("dp_clip")

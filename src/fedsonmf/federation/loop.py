@@ -204,6 +204,8 @@ class ClientRuntime:
         dp_seed = self.state.arrays.get("dp_seed")
         if cfg.dp_enabled and dp_seed is None:
             raise ProtocolError("differential privacy: the client state holds no noise seed (set up without DP?)")
+        if secure:  # a threshold round completed without this client's unmask answer counted its upload
+            self.state = secagg.commit_counted(self.state, msg)
         old = self.state
         self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
         if secure:
@@ -216,7 +218,7 @@ class ClientRuntime:
         if secure:
             spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
             self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n,
-                                                   signer=self.signer)
+                                                   signer=self.signer, threshold_cfg=self.cfg.secagg_threshold)
         return reply
 
     def _privatise(self, msg: Message, reply: Message, cfg: FedConfig) -> Message:
@@ -437,7 +439,7 @@ def run_federation(
 
     secure = cfg.secure_aggregation
     if secure:
-        _check_secure(alg, m, participation)
+        _check_secure(alg, m, participation, cfg)
         secagg.warn_two_parties(m, cfg.dp_enabled)
     if resume is None:
         replies = transport.exchange(setup_messages(m, seed, cfg, alg.name))
@@ -511,7 +513,7 @@ def run_federation(
             replies, who, msgs, agg, extra_up = _partial_exchange(cast(PartialTransport, transport), alg, state, msg,
                                                                   participation, history,
                                                                   m, seed, round_spec if secure else None,
-                                                                  sa_exp_arr, V_s, echoes)
+                                                                  sa_exp_arr, V_s, echoes, cfg.secagg_threshold)
         for p, rep in zip(who, replies):
             if rep.round != s:
                 raise ProtocolError(f"client {p} answered round {rep.round} to round {s}")
@@ -643,7 +645,8 @@ def _last_rounds(history: History, m: int) -> np.ndarray:
 
 def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, state: ServerState, msg: Message,
                       participation: Participation,
-                      history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None, echoes=None):
+                      history: History, m: int, seed: int, spec=None, sa_exp=None, V_s=None, echoes=None,
+                      threshold_cfg=None):
     """One partial round (§15.2): ask the sampled clients, keep those that replied.
 
     Returns ``(replies, clients, messages_sent, aggregate, extra_up_bytes)`` with replies in
@@ -654,21 +657,30 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
     step then asks the clients that replied for this round's self-mask keys and their pair
     keys with the clients that did not, so the server removes exactly the masks of the sum of
     those who replied -- and a dropped client's upload, should it arrive late, stays hidden
-    behind its own self mask.  A client that drops during the unmask step fails the round
-    (no threshold shares: see docs/privacy.md).  The aggregate is None without secure
-    aggregation.
+    behind its own self mask.  Threshold recovery (Bonawitz et al.; docs/privacy.md): every
+    upload carries its client's Shamir shares (threshold t, :func:`fedsonmf.federation.secagg.threshold`
+    of ``threshold_cfg``) of this round's self-mask key and pair-mask keys, encrypted to each
+    peer; the unmask step relays them and any t survivors' shares rebuild the keys, so survivors
+    that drop during the unmask step do not fail the round.  Fewer than t uploads or t unmask
+    answers fail it, with the threshold named and nothing decoded.  The aggregate is None
+    without secure aggregation.
     """
     s = state.round
     asked = participation.asked(m, s, seed)
     last = _last_rounds(history, m)
     need = participation.quorum(m)
-    bits = nonce = None
+    bits = nonce = t = None
     if spec is not None:
         bits = secagg.server_bits(spec, int(sa_exp), float(np.sqrt(sqnorm(V_s))), len(asked))
         nonce = secrets.token_hex(8)
+        t = secagg.threshold(threshold_cfg, len(asked))
         # the key-list echoes go with the rounds of clients that have not checked them yet (no round so far)
         first = echoes is not None and any(last[p] == 0 for p in asked)
-        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True, **({"echoes": echoes} if first else {}))
+        # "counted": the last round the server counted each client's upload (public: the participants),
+        # so a client whose upload was summed without its unmask answer commits what it kept pending
+        counted = {str(p): int(last[p]) for p in asked}
+        msg = with_secagg(msg, asked, bits, nonce=nonce, self=True, threshold=t, counted=counted,
+                          **({"echoes": echoes} if first else {}))
     msgs = {}
     for p in asked:
         if s > 1 and last[p] < s - 1:
@@ -681,15 +693,35 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
     replies = [got[p] for p in who]
     if spec is None or bits is None:
         return replies, who, list(msgs.values()), None, 0
-    params = secagg.params_json(asked, bits, nonce=nonce, survivors=who)
-    keys = transport.exchange_some({p: Message("unmask", s, {}, {secagg.SECAGG_KEY: params}) for p in who})
-    missing = sorted(set(who) - set(keys))
-    if missing:
+    assert t is not None
+    if len(who) < t:
+        missing = sorted(set(asked) - set(who))
         raise FederationError(
-            f"round {s}: clients {missing} replied but did not answer the unmask step of secure aggregation; "
-            "without their self-mask keys the sum cannot be decoded (no threshold shares), so the round fails -- "
-            "resume from the last checkpoint", client=missing[0] if len(missing) == 1 else None, round=s)
-    agg = secagg.aggregate_masked(replies, who, "round", s, bits, unmask=keys, cohort=asked)
+            f"round {s}: {len(who)} of the {len(asked)} asked clients uploaded (missing {missing}), below the secure-"
+            f"aggregation threshold secagg_threshold = {t}: the masks cannot be removed, no sum is decoded and no "
+            "upload revealed; the round fails -- resume from the last checkpoint",
+            client=missing[0] if len(missing) == 1 else None, round=s)
+    params = secagg.params_json(asked, bits, nonce=nonce, survivors=who, threshold=t)
+    pos = {p: i for i, p in enumerate(asked)}  # row of holder p in each dealer's shares
+    try:
+        boxes = {d: np.asarray(got[d].arrays[secagg.SHARES_KEY], dtype=np.uint8) for d in who}
+    except KeyError:
+        raise ProtocolError(f"secure aggregation: round {s}: an upload carries no threshold shares") from None
+    width = {b.shape for b in boxes.values()}
+    if len(width) != 1 or next(iter(width))[0] != len(asked):
+        raise ProtocolError(f"secure aggregation: round {s}: the uploads' share arrays have shapes "
+                            f"{sorted(width)}, expected ({len(asked)}, ...) each")
+    keys = transport.exchange_some({
+        p: Message("unmask", s, {secagg.SHARES_IN_KEY: np.stack([boxes[d][pos[p]] for d in who])},
+                   {secagg.SECAGG_KEY: params}) for p in who})
+    if len(keys) < t:
+        missing = sorted(set(who) - set(keys))
+        raise FederationError(
+            f"round {s}: {len(keys)} of the {len(who)} clients that uploaded answered the unmask step (missing "
+            f"{missing}), below the secure-aggregation threshold secagg_threshold = {t}: the masks cannot be "
+            "removed, no sum is decoded and no upload revealed; the round fails -- resume from the last checkpoint",
+            client=missing[0] if len(missing) == 1 else None, round=s)
+    agg = secagg.aggregate_masked(replies, who, "round", s, bits, unmask=keys, cohort=asked, threshold=t)
     extra = sum(r.nbytes for r in keys.values())
     return replies, who, list(msgs.values()), agg, extra
 
@@ -811,8 +843,11 @@ def check_plain_bounds(replies: Sequence[Message], clients, spec: dict, kind: st
                     "or a run that blew up within one round; the round fails and no model is updated from it")
 
 
-def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation | None) -> None:
+def _check_secure(alg: FederatedAlgorithm, m: int, participation: Participation | None,
+                  cfg: FedConfig | None = None) -> None:
     """Refuse, before any message, a run that secure aggregation cannot protect."""
+    if participation is not None and cfg is not None:
+        secagg.threshold(cfg.secagg_threshold, participation.n_asked(m))  # a threshold the cohorts cannot use
     secagg.generate_keypair()  # the cryptography package is there (a clear error otherwise)
     if m < 2:
         raise ParameterError(f"secure_aggregation=True needs at least 2 clients (got {m}): the sum of one "

@@ -17,12 +17,21 @@ consistency check; ours in the details):
    label naming the run, the exchange kind, the round, the cohort and a fresh server nonce, and
    the item: no mask is ever used twice.  Summed over the cohort the masks cancel exactly,
    ``sum_p y_p = sum_p q_p``, and the server decodes ``sum_p x_p`` (to the quantisation error below).
-4. **Rounds that may lose clients** (partial participation): double masking -- each upload also
-   carries a self mask from a seed only its client knows; an ``unmask`` step asks the clients
-   that replied for this exchange's self-mask key and their pair keys with those that did not
-   (:func:`client_unmask`), which removes exactly the masks of the survivors' sum, while a
-   dropped client's late upload stays hidden behind its self mask.  No Shamir shares: a
-   survivor that drops during the unmask step fails the round.
+4. **Rounds that may lose clients** (partial participation): double masking with threshold
+   recovery (Bonawitz et al.'s, with per-exchange keys) -- each upload also carries a self mask
+   from a seed only its client knows, and the client's Shamir shares (threshold t,
+   :func:`threshold`; :mod:`fedsonmf.federation.shamir`) of the keys this exchange's masks
+   derive from -- its self-mask key and its pair-mask keys with every peer -- each holder's
+   shares encrypted with ChaCha20-Poly1305 under a key from their pair key (:func:`deal_shares`).
+   The server relays each holder its shares in an ``unmask`` step; a holder reveals, for each
+   survivor (an upload the server holds), its share of that survivor's self key and of its pair
+   keys with the clients that did not upload, never a share of a dropped client's self key
+   (:func:`client_unmask`).  Any t holders' shares rebuild the keys (:func:`reconstruct_keys`),
+   which remove exactly the masks of the survivors' sum: up to c - t clients of a cohort of c
+   may drop before uploading or during the unmask step; fewer than t uploads or answers fail
+   the round with nothing decoded.  A dropped client's late upload stays hidden behind its self
+   mask.  The shared keys are this exchange's only (HKDF-Expand of the long-term pair key and
+   self seed under the exchange's label), so a rebuild exposes no other round.
 
 Authenticated key agreement (Bonawitz et al.'s active variant, ours in the details): with a
 :class:`KeySigner` (each client's long-term Ed25519 key and the public keys of every client,
@@ -85,6 +94,7 @@ __all__ = [
     "decode", "mask_items", "ring_sum", "exchange_label", "exchange_key", "remove_revealed", "SECAGG_KEY",
     "MASKED_PREFIX", "HEADROOM_BITS", "warn_two_parties", "KeySigner", "KeyAgreementError", "UploadBoundError",
     "key_statement", "echo_statement", "key_list_digest", "upload_limit", "check_upload_bound",
+    "threshold", "exchange_secrets", "deal_shares", "open_shares", "reconstruct_keys", "commit_counted",
 ]
 
 #: the downlink scalar carrying an exchange's public secure-aggregation parameters (JSON)
@@ -477,6 +487,101 @@ def parse_params(text) -> dict:
     return d
 
 
+# ----------------------------------------------------------------------------- threshold recovery
+
+
+def threshold(value, cohort: int) -> int:
+    """The threshold t of an exchange of ``cohort`` clients: ``value`` (an int) or, None, the
+    default ``ceil(2 c / 3)``.
+
+    Refused (:class:`~fedsonmf.exceptions.ParameterError`): ``t > c`` (no exchange could
+    complete) and ``2 t <= c``: two disjoint groups of t clients would then exist, and a
+    server that showed them different survivor lists could collect the self-mask shares of a
+    client from one group and its pair-key shares from the other, i.e. unmask it."""
+    c = int(cohort)
+    t = math.ceil(2 * c / 3) if value is None else value
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise ParameterError(f"secagg_threshold must be None or an integer, got {value!r}")
+    t = int(t)
+    if t > c or 2 * t <= c:
+        raise ParameterError(f"secagg_threshold = {t} does not fit a cohort of {c} clients: it must exceed half "
+                             f"the cohort (so that no two disjoint groups of t clients exist) and not exceed it, "
+                             f"i.e. lie in [{c // 2 + 1}, {c}]")
+    return t
+
+
+def _share_key(root: bytes, label: str, dealer: int, holder: int) -> bytes:
+    """The ChaCha20-Poly1305 key of the shares ``dealer`` deals to ``holder`` in one exchange:
+    from their pair key (the dealer's self-mask seed for its own share), so only the holder
+    (and the dealer) can read them, never the server that relays them."""
+    return exchange_key(root, f"share|{label}|{int(dealer)}|{int(holder)}")
+
+
+def _share_aad(label: str, dealer: int, holder: int) -> bytes:
+    return f"fedsonmf-secagg-v1 share|{label}|{int(dealer)}|{int(holder)}".encode()
+
+
+def exchange_secrets(pairs: np.ndarray, self_seed: bytes, me: int, cohort: Sequence[int], label: str) -> list[bytes]:
+    """What client ``me`` shares in one exchange: its self-mask key, then its pair-mask keys
+    with every other client of the cohort (in cohort order) -- the exact keys its masks of this
+    exchange derive from (:func:`mask_items`), nothing long-term."""
+    out = [exchange_key(self_seed, "self|" + label)]
+    out += [exchange_key(pairs[q].tobytes(), "pair|" + label) for q in cohort if q != me]
+    return out
+
+
+def deal_shares(pairs: np.ndarray, self_seed: bytes, me: int, cohort: Sequence[int], label: str,
+                t: int) -> np.ndarray:
+    """Client ``me``'s Shamir shares (threshold ``t``) of :func:`exchange_secrets`, one
+    authenticated ciphertext per holder of the cohort (itself included), for the server to relay:
+    uint8 array (|C|, 33 |C| + 16), row i for ``cohort[i]`` (its x-coordinate: index + 1)."""
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    from fedsonmf.federation import shamir
+
+    cohort = sorted(int(q) for q in cohort)
+    xs = [q + 1 for q in cohort]
+    per_secret = [shamir.split(sec, t, xs) for sec in exchange_secrets(pairs, self_seed, me, cohort, label)]
+    rows = []
+    for i, h in enumerate(cohort):
+        plain = b"".join(shamir.to_bytes(ys[i]) for ys in per_secret)
+        root = bytes(self_seed) if h == me else pairs[h].tobytes()
+        rows.append(ChaCha20Poly1305(_share_key(root, label, me, h)).encrypt(bytes(12), plain,
+                                                                             _share_aad(label, me, h)))
+    return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(cohort), -1).copy()
+
+
+def open_shares(pairs: np.ndarray, self_seed: bytes, me: int, cohort: Sequence[int], label: str,
+                dealers: Sequence[int], inbox) -> list[list[int]]:
+    """Holder ``me`` decrypts the shares each of ``dealers`` dealt it (``inbox`` row i from
+    ``dealers[i]``): per dealer the |C| field elements, in :func:`exchange_secrets`' order.
+
+    Raises :class:`ProtocolError` naming the dealer when a ciphertext does not authenticate
+    (altered, or moved from another dealer, holder or exchange by the relay)."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    from fedsonmf.federation import shamir
+
+    c = len(cohort)
+    box = np.asarray(inbox) if inbox is not None else None
+    width = c * shamir.SHARE_BYTES + 16
+    if box is None or box.dtype != np.uint8 or box.shape != (len(dealers), width):
+        raise ProtocolError(f"secure aggregation: the unmask request carries no shares of shape "
+                            f"({len(dealers)}, {width}) for client {me}: refused")
+    out = []
+    for i, p in enumerate(dealers):
+        root = bytes(self_seed) if p == me else pairs[p].tobytes()
+        try:
+            plain = ChaCha20Poly1305(_share_key(root, label, p, me)).decrypt(bytes(12), box[i].tobytes(),
+                                                                             _share_aad(label, p, me))
+        except InvalidTag:
+            raise ProtocolError(f"secure aggregation: the shares relayed from client {p} to client {me} do not "
+                                "authenticate (altered or moved by the relay): refused, nothing revealed") from None
+        out.append([shamir.from_bytes(plain[k * shamir.SHARE_BYTES:(k + 1) * shamir.SHARE_BYTES]) for k in range(c)])
+    return out
+
+
 # ----------------------------------------------------------------------------- the client's side
 
 #: the client's private-state arrays of the protocol (never sent)
@@ -488,6 +593,12 @@ STATE_DIGEST, STATE_CHECKED = "secagg.digest", "secagg.checked"  # the key list'
 SIG_KEY, DIGEST_KEY, ECHO_KEY = "secagg_sig", "secagg_digest", "secagg_echo"
 #: reply arrays of the unmask step (partial rounds)
 SELF_KEY, PAIR_KEYS = MASKED_PREFIX + "self_key", MASKED_PREFIX + "pair_keys"
+#: threshold recovery: a round reply's encrypted shares (uint8 (|C|, |C| 33 + 16), row h for holder h),
+#: the unmask request's shares addressed to its holder (uint8 (|U|, same)), the revealed shares
+#: (uint8 (|U|, 1 + |D|, 33): per survivor its self key's share, then its pair keys' with the dropped)
+SHARES_KEY, SHARES_IN_KEY, REVEALED_KEY = MASKED_PREFIX + "shares", MASKED_PREFIX + "shares_in", \
+    MASKED_PREFIX + "revealed"
+_PROTOCOL_ARRAYS = (SELF_KEY, PAIR_KEYS, SHARES_KEY, SHARES_IN_KEY, REVEALED_KEY)
 
 
 def _bytes(a) -> bytes:
@@ -600,9 +711,15 @@ def client_init(state, msg, signer: KeySigner | None = None):
     return new, Message("init", 0, {MASKED_PREFIX + k: v for k, v in masked.items()}, scalars)
 
 
-def client_mask(state, reply, msg, spec, *, cols=None, n=None, signer: KeySigner | None = None):
+def client_mask(state, reply, msg, spec, *, cols=None, n=None, signer: KeySigner | None = None,
+                threshold_cfg=None):
     """Mask a round reply's summed items for the message's cohort (plus the self mask when the
     round may lose clients: ``"self": true`` in the parameters).
+
+    Threshold recovery (``"threshold": t`` in the parameters, which must be the t this client's
+    own ``threshold_cfg`` gives for the cohort: :func:`threshold`): the reply also carries the
+    client's Shamir shares of this exchange's mask keys, encrypted to each holder
+    (:func:`deal_shares`, :data:`SHARES_KEY`).
 
     With a ``signer``, the client's first masked round first runs the consistency check of the
     key agreement (:meth:`KeySigner.check_echoes` on the relayed ``echoes``)."""
@@ -626,9 +743,19 @@ def client_mask(state, reply, msg, spec, *, cols=None, n=None, signer: KeySigner
     label = exchange_label(str(seed), msg.kind, msg.round, params["cohort"], nonce)
     self_seed = _bytes(st[STATE_SELF]) if params.get("self") else None
     masked = mask_items(items, params["bits"], st[STATE_PAIRS], me, params["cohort"], label, self_seed=self_seed)
+    out = {MASKED_PREFIX + k: v for k, v in masked.items()}
+    t = params.get("threshold")
+    if t is not None:
+        if self_seed is None:
+            raise ProtocolError("secure aggregation: a threshold without self masks: refused")
+        mine = threshold(threshold_cfg, len(params["cohort"]))
+        if int(t) != mine:
+            raise ProtocolError(f"secure aggregation: the server asks for threshold {t}, this client's configuration "
+                                f"gives {mine} for a cohort of {len(params['cohort'])}: refused")
+        out[SHARES_KEY] = deal_shares(st[STATE_PAIRS], self_seed, me, params["cohort"], label, mine)
     st[STATE_LAST] = _json_bytes({"round": int(msg.round), "cohort": params["cohort"], "nonce": nonce,
-                                  "self": bool(params.get("self"))})
-    return type(state)(state.round, st), _with_arrays(plain, {MASKED_PREFIX + k: v for k, v in masked.items()})
+                                  "self": bool(params.get("self")), "threshold": t})
+    return type(state)(state.round, st), _with_arrays(plain, out)
 
 
 def client_unmask(state, msg):
@@ -663,6 +790,10 @@ def client_unmask(state, msg):
                                 f"{survivors} (first: {done['survivors']}) is refused")
     label = exchange_label(str(seed), "round", last["round"], last["cohort"], last["nonce"])
     dropped = [q for q in last["cohort"] if q not in survivors]
+    if last.get("threshold") is not None:
+        return _unmask_by_shares(state, st, msg, params, last, label, survivors, dropped)
+    if params.get("threshold") is not None:
+        raise ProtocolError("secure aggregation: a threshold unmask request for an exchange masked without one")
     self_key = np.frombuffer(exchange_key(_bytes(st[STATE_SELF]), "self|" + label), dtype=np.uint8).copy()
     pair = np.zeros((len(dropped), 32), dtype=np.uint8)
     for i, q in enumerate(dropped):
@@ -672,6 +803,66 @@ def client_unmask(state, msg):
     for k in [k for k in st if k.endswith(".pending")]:
         st[k[: -len(".pending")]] = st.pop(k)
     return type(state)(state.round, st), Message("unmask", msg.round, {SELF_KEY: self_key, PAIR_KEYS: pair})
+
+
+def _commit_pending(st: dict) -> None:
+    """The server counted this client's upload: commit what the algorithm kept pending on it."""
+    for k in [k for k in st if k.endswith(".pending")]:
+        st[k[: -len(".pending")]] = st.pop(k)
+
+
+def _unmask_by_shares(state, st: dict, msg, params: dict, last: dict, label: str, survivors: list[int],
+                      dropped: list[int]):
+    """Threshold recovery's unmask step at one holder: for every survivor (the ``survivors``,
+    whose uploads the server holds) this holder's share of its self-mask key, and of its
+    pair-mask keys with the ``dropped``; never a share of a dropped client's self-mask key, and
+    one survivor list per exchange (checked by the caller), so a client's self key and its
+    pair keys are never both revealed by this holder."""
+    from fedsonmf.federation import shamir
+    from fedsonmf.protocol.messages import Message
+
+    t = int(last["threshold"])
+    if params.get("threshold") is None or int(params["threshold"]) != t:
+        raise ProtocolError(f"secure aggregation: unmask request with threshold {params.get('threshold')}, the "
+                            f"exchange was masked with {t}: refused")
+    if len(survivors) < t:
+        raise ProtocolError(f"secure aggregation: unmask request with {len(survivors)} survivors, below the "
+                            f"threshold {t}: refused, nothing revealed")
+    me = int(st[STATE_ME])
+    opened = open_shares(st[STATE_PAIRS], _bytes(st[STATE_SELF]), me, last["cohort"], label, survivors,
+                         msg.arrays.get(SHARES_IN_KEY))
+    out = np.zeros((len(survivors), 1 + len(dropped), shamir.SHARE_BYTES), dtype=np.uint8)
+    for i, p in enumerate(survivors):
+        peers = [q for q in last["cohort"] if q != p]
+        picks = [0] + [1 + peers.index(q) for q in dropped]
+        for j, k in enumerate(picks):
+            out[i, j] = np.frombuffer(shamir.to_bytes(opened[i][k]), dtype=np.uint8)
+    st[STATE_REVEALED] = _json_bytes({"round": last["round"], "nonce": last["nonce"], "survivors": survivors})
+    _commit_pending(st)
+    return type(state)(state.round, st), Message("unmask", msg.round, {REVEALED_KEY: out})
+
+
+def commit_counted(state, msg):
+    """Before a round: commit the pending state of this client's last masked exchange when the
+    round message says the server counted it (``"counted": {client: last round counted}`` in its
+    parameters) -- a survivor whose upload was summed but that missed the unmask step, which a
+    threshold round completes without it."""
+    text = msg.scalars.get(SECAGG_KEY)
+    if state is None or text is None or STATE_LAST not in state.arrays:
+        return state
+    counted = parse_params(text).get("counted")
+    if not isinstance(counted, dict):
+        return state
+    st = dict(state.arrays)
+    last = _json_of(st[STATE_LAST])
+    try:
+        mine = int(counted.get(str(int(st[STATE_ME])), -1))
+    except (TypeError, ValueError):
+        raise ProtocolError("secure aggregation: malformed 'counted' parameter") from None
+    if mine != int(last["round"]) or not any(k.endswith(".pending") for k in st):
+        return state
+    _commit_pending(st)
+    return type(state)(state.round, st)
 
 
 def keep_protocol_state(old, new):
@@ -710,22 +901,27 @@ def fixed_point_sum(items: Sequence[np.ndarray], degree: int = 1, exp: int | Non
 
 def masked_names(reply) -> set[str]:
     return {k[len(MASKED_PREFIX):] for k in reply.arrays if k.startswith(MASKED_PREFIX)
-            and k not in (SELF_KEY, PAIR_KEYS)}
+            and k not in _PROTOCOL_ARRAYS}
 
 
 def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bits: Mapping[str, int],
-                     unmask: Mapping[int, Any] | None = None, cohort: Sequence[int] | None = None):
+                     unmask: Mapping[int, Any] | None = None, cohort: Sequence[int] | None = None,
+                     threshold: int | None = None):
     """The :class:`~fedsonmf.protocol.messages.Aggregate` of masked replies (one per client of
     ``clients``): ring sums, decoded at the exchange's scale.
 
     ``unmask`` (rounds with self masks): the unmask replies of the survivors ``clients``
     (``{client: reply}``), whose revealed keys remove every self mask and the pair masks with
-    the clients of ``cohort`` that dropped.
+    the clients of ``cohort`` that dropped.  With a ``threshold`` t the replies hold shares
+    instead (:func:`reconstruct_keys`) and any t of the survivors suffice.
     """
     from fedsonmf.protocol.messages import Aggregate
 
-    self_keys, pair_revealed = {}, {}
-    if unmask is not None:
+    self_keys: dict[int, bytes] = {}
+    pair_revealed: dict[tuple[int, int], bytes] = {}
+    if unmask is not None and threshold is not None:
+        self_keys, pair_revealed = reconstruct_keys(unmask, clients, cohort or clients, int(threshold), round)
+    elif unmask is not None:
         dropped = [q for q in sorted(cohort or clients) if q not in set(clients)]
         for p in clients:
             rep = unmask.get(p)
@@ -765,6 +961,38 @@ def aggregate_masked(replies, clients: Sequence[int], kind: str, round: int, bit
         # a scalar item travels as a shape-(1,) array (split_summed); every array item is 2-D
         sums[key] = float(total[0]) if total.shape == (1,) else total
     return Aggregate(kind, int(round), sums, tuple(int(p) for p in clients))
+
+
+def reconstruct_keys(unmask: Mapping[int, Any], survivors: Sequence[int], cohort: Sequence[int], t: int,
+                     round: int) -> tuple[dict[int, bytes], dict[tuple[int, int], bytes]]:
+    """The server's side of threshold recovery: from the holders' revealed shares (``unmask``,
+    ``{holder: reply}``, at least ``t`` of them) every survivor's self-mask key and its
+    pair-mask keys with the dropped clients of ``cohort``, by Lagrange interpolation of the
+    ``t`` holders of smallest index.  Raises :class:`ProtocolError` with fewer than ``t``
+    holders (nothing is decoded) or a reply of the wrong shape, naming the holder."""
+    from fedsonmf.federation import shamir
+
+    survivors = sorted(int(p) for p in survivors)
+    dropped = [q for q in sorted(int(q) for q in cohort) if q not in set(survivors)]
+    holders = sorted(int(h) for h in unmask)
+    if len(holders) < t:
+        raise ProtocolError(f"secure aggregation: round {round}: {len(holders)} clients answered the unmask step, "
+                            f"below the threshold {t}: the sum is not decoded")
+    want = (len(survivors), 1 + len(dropped), shamir.SHARE_BYTES)
+    shares = {}
+    for h in holders[:t]:
+        a = np.asarray(unmask[h].arrays.get(REVEALED_KEY))
+        if a.dtype != np.uint8 or a.shape != want:
+            raise ProtocolError(f"secure aggregation: client {h} revealed shares of shape {a.shape}, expected {want} "
+                                f"(round {round})")
+        shares[h] = a
+    self_keys, pair_revealed = {}, {}
+    for i, p in enumerate(survivors):
+        self_keys[p] = shamir.reconstruct({h + 1: shamir.from_bytes(a[i, 0].tobytes()) for h, a in shares.items()}, t)
+        for j, q in enumerate(dropped):
+            pair_revealed[(p, q)] = shamir.reconstruct(
+                {h + 1: shamir.from_bytes(a[i, 1 + j].tobytes()) for h, a in shares.items()}, t)
+    return self_keys, pair_revealed
 
 
 def check_sum_bound(total, bits: int, m_bits: int, count: int, name: str, kind: str, round: int) -> None:

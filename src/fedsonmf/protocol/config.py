@@ -109,6 +109,12 @@ class FedConfig:
         (:mod:`fedsonmf.federation.secagg`): the server learns the sums, not
         one client's upload.  Costs one extra exchange before round 1 (key
         agreement + the masked V-bar^1 upload).
+    secagg_threshold : int >= 1 or None
+        Threshold recovery of secure aggregation in rounds that may lose
+        clients (``participation``): any t of a round's c clients hold enough
+        Shamir shares to remove the masks of the uploads the server received.
+        None = ceil(2c/3); an exchange refuses t > c and t <= c/2
+        (:func:`fedsonmf.federation.secagg.threshold`).
     dp_epsilon, dp_noise_multiplier : float > 0 or None
         Differential privacy of each client's whole view
         (:mod:`fedsonmf.protocol.privacy`): the target epsilon of the run (the
@@ -140,6 +146,7 @@ class FedConfig:
     ustep: PenaltyOptions = field(default_factory=PenaltyOptions)
     mu_scale: float = default("mu_scale")
     secure_aggregation: bool = default("secure_aggregation")
+    secagg_threshold: int | None = default("secagg_threshold")
     dp_epsilon: float | None = default("dp_epsilon")
     dp_noise_multiplier: float | None = default("dp_noise_multiplier")
     dp_clip: float = default("dp_clip")
@@ -221,6 +228,8 @@ class FedConfig:
         set_("init_v", check_choice("init_v", self.init_v, ("projection", "random")))
         set_("diagnostics", check_bool("diagnostics", self.diagnostics))
         set_("secure_aggregation", check_bool("secure_aggregation", self.secure_aggregation))
+        if self.secagg_threshold is not None:
+            set_("secagg_threshold", check_int("secagg_threshold", self.secagg_threshold, min=1))
         for name in ("dp_epsilon", "dp_noise_multiplier"):
             value = getattr(self, name)
             if value is not None:

@@ -89,6 +89,11 @@ _TABLE = [
                                        "the uploads it averages (docs/privacy.md). Off in-process by default; ON by "
                                        "default in Flower deployments (run_flower, `fedsonmf flower run`).",
           ("bool",), group="privacy"),
+    Param("secagg_threshold", None, "Secure aggregation of rounds that may lose clients (participation): the "
+                                    "number t of a round's clients whose Shamir shares remove the masks; the round "
+                                    "completes while at least t uploaded and t answer the unmask step. None = "
+                                    "ceil(2c/3) of the c clients asked; t must exceed c/2 (docs/privacy.md).",
+          (None, ("int", 1, None)), group="privacy"),
     # -- differential privacy (fedsonmf.protocol.privacy; off unless dp_epsilon or dp_noise_multiplier is set)
     Param("dp_epsilon", None, "Differential privacy of each client's whole view: target epsilon of the run "
                               "(the noise is calibrated to it); None = no DP unless dp_noise_multiplier is set.",

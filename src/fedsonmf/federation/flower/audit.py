@@ -28,9 +28,10 @@ scalars): the setup reply carries the public key ``secagg_pk`` and the exponent
 ``secagg_exp`` instead of ``Vproj``/``x_sqnorm``; an ``init`` exchange (down: the scalar
 ``secagg``, the relayed public keys and scales; up: the masked setup items) precedes round 1;
 round messages carry the scalar ``secagg``; replies hold no plain upload or diagnostic;
-partial runs add an ``unmask`` step after every round (down: ``secagg``; up: the round's
-self-mask key ``secagg.self_key``, uint8 (32,), and the pair keys with the clients that did
-not reply, ``secagg.pair_keys``, uint8 (k, 32)).
+partial runs' round replies also carry ``secagg.shares`` (uint8 (c, 33 c + 16): the client's
+Shamir shares of the round's mask keys, encrypted to each of the c clients asked), and an
+``unmask`` step follows every round (down: ``secagg`` and the shares addressed to the node,
+``secagg.shares_in``; up: the revealed shares ``secagg.revealed``, uint8 (k, 1 + j, 33)).
 
 ``fedsonmf.meta`` (kind, round, client index, job id, partition-id) is
 transport metadata.  Note that ``d`` (a client's feature count) is disclosed
@@ -157,6 +158,9 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         down_scalars["rejoin"] = "scalar?"
     down_round[codec.SCALARS] = down_scalars
     round_up = {codec.ARRAYS: masked_items("round")}
+    if partial:
+        # threshold recovery: the client's encrypted Shamir shares of the round's mask keys
+        round_up[codec.ARRAYS][f"{MASKED_PREFIX}shares"] = "shares"
     if partial:  # rule (b) from sums: the change of the kept G_p, and the flag telling the clients to send it
         round_up[codec.ARRAYS][f"{MASKED_PREFIX}arrays.dG"] = "rn-u64?"
         down_scalars["kept_sum"] = "scalar?"
@@ -189,9 +193,9 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         ("up", "spectral"): {codec.ARRAYS: {f"{MASKED_PREFIX}arrays.L": "n*-u64"}},
     }
     if partial:
-        decl[("down", "unmask")] = {codec.SCALARS: {SECAGG_KEY: "scalar"}}
-        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "self_key": "key",
-                                                 MASKED_PREFIX + "pair_keys": "keys"}}
+        decl[("down", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "shares_in": "shares"},
+                                    codec.SCALARS: {SECAGG_KEY: "scalar"}}
+        decl[("up", "unmask")] = {codec.ARRAYS: {MASKED_PREFIX + "revealed": "revealed"}}
     return decl
 
 
@@ -207,6 +211,10 @@ def _shape_ok(kind: str, item: dict, r: int, n: int) -> bool:
         return shape == [32] and dtype == "uint8"
     if kind == "keys":
         return len(shape or []) == 2 and shape[1] == 32 and dtype == "uint8"
+    if kind == "shares":  # ciphertexts of Shamir shares: 33 bytes per secret + a 16-byte tag
+        return len(shape or []) == 2 and shape[1] > 16 and (shape[1] - 16) % 33 == 0 and dtype == "uint8"
+    if kind == "revealed":  # revealed Shamir shares, 33 bytes each
+        return len(shape or []) == 3 and shape[2] == 33 and dtype == "uint8"
     if kind == "rn":
         return shape == [r, n] and dtype == "float64"
     if kind == "r*":
