@@ -94,3 +94,16 @@ def assert_correction_identity(Vbar_next, clients, eta_tilde: float) -> None:
     np.testing.assert_allclose(Vbar_next, V_s - eta_tilde * G, atol=1e-9)
     C = [drift_correction(c.state.arrays["V_prev"], Vbar_next, eta_tilde, c.state.arrays["G_prev"]) for c in clients]
     assert np.abs(np.sum(C, axis=0)).max() <= 1e-9 * max(1.0, np.abs(C).max())
+
+
+@pytest.fixture
+def task_identity():
+    """Outside a Flower runtime, Message(...) needs the task identity set (internal API); tests that build
+    Flower messages by hand ask for it."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old

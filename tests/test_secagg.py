@@ -370,16 +370,6 @@ def test_inprocess_transcript_holds_no_clients_upload(views):
 
 # ----------------------------------------------------------------------------- Flower apps (fake grid)
 
-@pytest.fixture
-def task_identity():
-    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
-    pytest.importorskip("flwr")
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
 def test_flower_apps_secure_equal_inprocess_secure_and_pass_the_audit(tmp_path, small_problem, views, monkeypatch,

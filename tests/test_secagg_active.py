@@ -229,16 +229,6 @@ def secagg_echoes_key() -> str:
 # ----------------------------------------------------------------------------- Flower apps (fake grid)
 
 
-@pytest.fixture
-def task_identity():
-    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
-    pytest.importorskip("flwr")
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
 def _signed_flower_run(tmp_path, small_problem, grid_cls):

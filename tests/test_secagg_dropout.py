@@ -288,16 +288,6 @@ def test_the_revealed_shares_rebuild_exactly_the_survivors_keys_and_nothing_of_t
 # ----------------------------------------------------------------------------- Flower apps (fake grid)
 
 
-@pytest.fixture
-def task_identity():
-    """Outside a Flower runtime, Message(...) needs the task identity set (internal API)."""
-    pytest.importorskip("flwr")
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id = TaskIdentity.run_id = TaskIdentity.node_id = 1
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
 def _kinds(flw_msg) -> set[tuple[str, int]]:

@@ -21,7 +21,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, NoReturn, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -695,12 +695,7 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
         return replies, who, list(msgs.values()), None, 0
     assert t is not None
     if len(who) < t:
-        missing = sorted(set(asked) - set(who))
-        raise FederationError(
-            f"round {s}: {len(who)} of the {len(asked)} asked clients uploaded (missing {missing}), below the secure-"
-            f"aggregation threshold secagg_threshold = {t}: the masks cannot be removed, no sum is decoded and no "
-            "upload revealed; the round fails -- resume from the last checkpoint",
-            client=missing[0] if len(missing) == 1 else None, round=s)
+        _below_threshold(s, f"{len(who)} of the {len(asked)} asked clients uploaded", sorted(set(asked) - set(who)), t)
     params = secagg.params_json(asked, bits, nonce=nonce, survivors=who, threshold=t)
     pos = {p: i for i, p in enumerate(asked)}  # row of holder p in each dealer's shares
     try:
@@ -715,12 +710,8 @@ def _partial_exchange(transport: PartialTransport, alg: FederatedAlgorithm, stat
         p: Message("unmask", s, {secagg.SHARES_IN_KEY: np.stack([boxes[d][pos[p]] for d in who])},
                    {secagg.SECAGG_KEY: params}) for p in who})
     if len(keys) < t:
-        missing = sorted(set(who) - set(keys))
-        raise FederationError(
-            f"round {s}: {len(keys)} of the {len(who)} clients that uploaded answered the unmask step (missing "
-            f"{missing}), below the secure-aggregation threshold secagg_threshold = {t}: the masks cannot be "
-            "removed, no sum is decoded and no upload revealed; the round fails -- resume from the last checkpoint",
-            client=missing[0] if len(missing) == 1 else None, round=s)
+        _below_threshold(s, f"{len(keys)} of the {len(who)} clients that uploaded answered the unmask step",
+                         sorted(set(who) - set(keys)), t)
     agg = secagg.aggregate_masked(replies, who, "round", s, bits, unmask=keys, cohort=asked, threshold=t)
     extra = sum(r.nbytes for r in keys.values())
     return replies, who, list(msgs.values()), agg, extra
@@ -884,3 +875,12 @@ def _secure_init(transport, spec: dict, replies: Sequence[Message], m: int, shap
     echoes = [{"digest": str(rep.scalars.get(secagg.DIGEST_KEY, "")), "sig": str(rep.scalars.get(secagg.ECHO_KEY, ""))}
               for rep in replies]
     return Aggregate("setup", 0, agg.sums, agg.clients), exp, (echoes if any(e["sig"] for e in echoes) else None)
+
+
+def _below_threshold(s: int, what: str, missing: list, t: int) -> NoReturn:
+    """Fail round ``s`` of a secure partial run that fell below the threshold ``t`` (``what`` happened,
+    ``missing`` did not answer): no sum is decoded and no upload revealed."""
+    raise FederationError(
+        f"round {s}: {what} (missing {missing}), below the secure-aggregation threshold secagg_threshold = {t}: the "
+        "masks cannot be removed, no sum is decoded and no upload revealed; the round fails -- resume from the last "
+        "checkpoint", client=missing[0] if len(missing) == 1 else None, round=s)
