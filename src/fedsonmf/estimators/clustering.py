@@ -85,9 +85,9 @@ from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
 from fedsonmf.pipeline.graph import client_graph, client_links, client_products
 from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.pipeline.refine import client_refine, refine_stages, refine_view, score_weight
-from fedsonmf.pipeline.restarts import medoid_restart, resolve_n_init, restart_seeds
+from fedsonmf.pipeline.restarts import resolve_n_init, restart_seeds
 from fedsonmf.pipeline.row_norms import normalize_rows
-from fedsonmf.pipeline.stages import STAGE_OPTIONS, finish_clustering
+from fedsonmf.pipeline.stages import STAGE_OPTIONS, cluster_fits
 from fedsonmf.pipeline.steps import apply_view, assign_to_centers, kmeans_on_embedding, prepare_view, stop_rule
 from fedsonmf.protocol.params import CLUSTERING_SIGNATURE, FED_PARAMS, RUN_PARAMS, default
 
@@ -506,18 +506,22 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
                 pool.shutdown()
         else:
             done = [restart(i, model, s) for i, (model, s) in enumerate(zip(models, seeds))]
-        partitions = [labels for labels, _ in done]
         fits = [fit for _, fit in done]
-        # the medoid of the fits' partitions (k-means of each V), chosen from what the server has before
-        # any refinement exchange; only the kept fit is refined
-        best = medoid_restart(partitions, [res for _, res, _ in fits])
         self.fit_rounds_ = [int(res.n_rounds) for _, res, _ in fits]
-        if len(fits) > 1:
-            self._say(f"fit {best + 1} of {len(fits)} kept (the medoid of their partitions)")
+        # what follows the fits, as the Flower ServerApp runs it (pipeline.stages.cluster_fits): the medoid of
+        # the fits' partitions (k-means of each V, computed in each restart above), chosen from what the
+        # server has before any refinement exchange; only the kept fit is refined
+        stages = refine_stages(self.refine, dp=self._dp())
+        secure = bool(models[0].secure_aggregation)
+        best, labels, centers, km, report = cluster_fits(
+            [res.V for _, res, _ in fits], seeds, self.n_clusters,
+            opts={key: getattr(self._o, key) for key in STAGE_OPTIONS},
+            results=[res for _, res, _ in fits],
+            kmeans=[(lab, km.cluster_centers_, km) for lab, (_, _, km) in done],
+            exchanges=lambda best: self._stage_exchanges(views, masks, stages, secure=secure), say=self._say)
+        self._stage_attributes(report, stages)
         self.best_restart_ = best
-        model, res, km = fits[best]  # the fit whose V, bases and centres the model keeps
-        labels, centers = self._finish_inprocess(views, masks, res.V, partitions[best], km.cluster_centers_,
-                                                 seeds[best], secure=bool(models[0].secure_aggregation))
+        model, res, _ = fits[best]  # the fit whose V, bases and centres the model keeps
         self.factorization_: Any = model  # None on the Flower engine (the bases stay on the nodes)
         self.seeds_ = seeds
         self.mu_ = model.mu_
@@ -533,20 +537,17 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         self.privacy_ = model.privacy_
         return self
 
-    def _finish_inprocess(self, views, masks, V, labels, centers, seed: int, *, secure: bool):
-        """The stages after the fit (:func:`~fedsonmf.pipeline.stages.finish_clustering`, the Flower
-        ServerApp's too) over the in-process exchanges, from the kept fit's ``V``, its k-means
-        ``labels`` and ``centers`` and its ``seed``; sets the stages' attributes and returns the
-        final ``(labels, centers)``."""
-        stages = refine_stages(self.refine, dp=self._dp())
-        refine = self._refine_exchange(views, masks, secure=secure) if "kmeans" in stages else None
-        graph = products = both = None
+    def _stage_exchanges(self, views, masks, stages, *, secure: bool) -> dict:
+        """The in-process exchanges of the stages after the fit (:func:`~fedsonmf.pipeline.stages.finish_clustering`,
+        the Flower ServerApp's too): each client's reply from its own view, summed as the server sums them."""
+        ex: dict = {"refine": self._refine_exchange(views, masks, secure=secure) if "kmeans" in stages else None}
         if "graph" in stages:
-            graph, products, both = self._graph_exchanges(views, masks, secure=secure)
-        opts = {key: getattr(self._o, key) for key in STAGE_OPTIONS}
-        labels, centers, report = finish_clustering(V, labels, centers, self.n_clusters, seed=seed, opts=opts,
-                                                    refine=refine, graph=graph, spectral=products, both=both,
-                                                    say=self._say)
+            ex["graph"], ex["spectral"], ex["both"] = self._graph_exchanges(views, masks, secure=secure)
+        return ex
+
+    def _stage_attributes(self, report: dict, stages) -> None:
+        """``refine_iter_``, ``refine_start_``, ``graph_iter_``, ``spectral_kept_``, ``graph_chosen_`` from the
+        stages' report (one entry per refined fit, empty for a stage that did not run)."""
         if report["error"]:  # a client's exchange failed: the partition reached before it is kept
             warn(f"the clustering stages ended early ({report['error']}); the partition reached before is kept",
                  RuntimeWarning)
@@ -556,7 +557,6 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         self.graph_iter_ = [int(report["graph_iterations"])] if ran_graph else []
         self.spectral_kept_ = [bool(report["spectral_kept"])] if ran_graph else []
         self.graph_chosen_ = [str(report["graph_chosen"] or "refined")] if ran_graph else []
-        return labels, centers
 
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed

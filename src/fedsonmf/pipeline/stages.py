@@ -1,11 +1,12 @@
-"""The server's driver of the clustering stages after the fit, over whichever exchanges an engine has.
+"""The server's driver of the clustering after the fits, over whichever exchanges an engine has.
 
-Once the kept fit's V and its k-means partition are on the server, the rest of the pipeline is the
-same on both engines; only the way a request reaches the clients differs.  :func:`finish_clustering`
-runs it over exchanges the caller passes in -- the in-process estimator's local sums
-(:class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`) or the Flower transport's messages
-(:func:`fedsonmf.federation.flower.clustering.write_clustering_outputs`) -- so the partitions, the
-centres and the counts reported are one computation's:
+Once the fits' V are on the server, the rest of the pipeline is the same on both engines; only the
+way a request reaches the clients differs.  :func:`cluster_fits` runs k-means on every fit's V, keeps
+the medoid fit (:func:`~fedsonmf.pipeline.restarts.medoid_restart`) and hands it to
+:func:`finish_clustering`, which runs the stages over exchanges the caller passes in -- the
+in-process estimator's local sums (:class:`~fedsonmf.estimators.clustering.FedMultiViewClustering`)
+or the Flower transport's messages (the ServerApp, :mod:`fedsonmf.federation.flower.server_app`) --
+so the fit kept, the partitions, the centres and the counts reported are one computation's:
 
 1. the k-means refinement (:mod:`fedsonmf.pipeline.refine`): the fit's partition and
    ``refine_starts - 1`` k-means partitions of V (:func:`~fedsonmf.pipeline.steps.refine_starts`),
@@ -35,14 +36,46 @@ import numpy as np
 from fedsonmf.exceptions import FederationError, PartitionRefused
 from fedsonmf.pipeline.policy import NodePolicy
 from fedsonmf.pipeline.refine import refine_best, seeded_starts
+from fedsonmf.pipeline.restarts import medoid_restart
 from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
-from fedsonmf.pipeline.steps import embedding_centers, refine_starts
+from fedsonmf.pipeline.steps import cluster_embedding, embedding_centers, refine_starts
 
-__all__ = ["STAGE_OPTIONS", "finish_clustering"]
+__all__ = ["STAGE_OPTIONS", "cluster_fits", "finish_clustering"]
 
 #: the options :func:`finish_clustering` reads from its ``opts`` (the estimator's parameters of the same name)
 STAGE_OPTIONS = ("normalize_embedding", "kmeans_n_init", "kmeans_max_iter", "refine_starts", "refine_seeded_starts",
                  "refine_spectral_steps")
+
+
+def cluster_fits(Vs, seeds, n_clusters: int, *, opts: Mapping, results=None, kmeans=None,
+                 exchanges: Callable[[int], dict] | None = None, say: Callable[[str], None] | None = None):
+    """The clustering after the fits, on both engines: k-means on every fit's V, the medoid fit kept,
+    then :func:`finish_clustering` from its partition.
+
+    ``Vs`` (the fits' V, each (r, n)) and ``seeds`` (each fit's seed, which also seeds its k-means);
+    ``results`` (optional): the fits' :class:`~fedsonmf.protocol.history.FitResult`, whose final
+    objectives break a tie of the medoid; ``kmeans`` (optional): ``(labels, centers, km)`` of every
+    fit when the engine has computed them already (:func:`~fedsonmf.pipeline.steps.cluster_embedding`
+    with the same seed and options gives the same); ``exchanges(best) -> dict`` (optional): the
+    exchanges of :func:`finish_clustering` (``refine``, ``graph``, ``spectral``, ``both``, ``policy``)
+    for the kept fit, made once it is known (an engine points its clients at that fit's bases).
+
+    Returns ``(best, labels, centers, km, report)``: the index of the fit kept, the final partition
+    and centres, that fit's k-means and :func:`finish_clustering`'s report.
+    """
+    if kmeans is None:
+        kmeans = [cluster_embedding(V, n_clusters, seed=int(s), normalize_embedding=bool(opts["normalize_embedding"]),
+                                    kmeans_n_init=int(opts["kmeans_n_init"]),
+                                    kmeans_max_iter=int(opts["kmeans_max_iter"]))
+                  for V, s in zip(Vs, seeds)]
+    best = medoid_restart([k[0] for k in kmeans], results) if len(kmeans) > 1 else 0
+    if say is not None and len(kmeans) > 1:
+        say(f"fit {best + 1} of {len(kmeans)} kept (the medoid of their partitions)")
+    labels, centers, km = kmeans[best]
+    ex = exchanges(best) if exchanges is not None else {}
+    labels, centers, report = finish_clustering(Vs[best], labels, centers, n_clusters, seed=int(seeds[best]),
+                                                opts=opts, say=say, **ex)
+    return best, labels, centers, km, report
 
 
 def finish_clustering(V, labels, centers, n_clusters: int, *, seed: int, opts: Mapping, refine: Callable | None = None,

@@ -14,10 +14,10 @@ Fit run (run config ``n-clusters = c > 0``):
    view and the preprocessing info (means, scales, the statistic that decided the
    rule) in its job folder, written atomically with mode 0600; nothing of it is sent;
 3. rounds: the nodes factorise the prepared view (the ordinary rounds);
-4. the server runs ``cluster_embedding`` on the final V with the run seed, then the stages after
-   the fit over the nodes' exchanges (the estimator's driver,
-   :func:`~fedsonmf.pipeline.stages.finish_clustering`), and writes ``labels.csv`` and
-   ``centers.npy`` (:func:`write_clustering_outputs`).
+4. the server runs the estimator's driver of what follows the fits,
+   :func:`~fedsonmf.pipeline.stages.cluster_fits`: k-means on every fit's V with its seed, the
+   medoid fit kept, the stages after it over the nodes' exchanges; then it writes ``labels.csv``
+   and ``centers.npy`` (:func:`write_outputs`).
 
 Predict run (run config ``mode = "predict"``, ``model-dir`` = the fit's out-dir): one
 ``embed`` exchange with the fitted bases held fixed.  Each node reads its new samples
@@ -50,13 +50,14 @@ from fedsonmf.pipeline.graph import client_graph, client_links, client_products
 from fedsonmf.pipeline.policy import SMALL_CLUSTER_REFUSAL, NodePolicy, RefineExchange, smallest_clusters
 from fedsonmf.pipeline.rank_rule import resolve_rank
 from fedsonmf.pipeline.refine import batch_rows, client_refine, refine_view, score_weight
-from fedsonmf.pipeline.stages import finish_clustering
-from fedsonmf.pipeline.steps import apply_view, cluster_embedding, prepare_view
+from fedsonmf.pipeline.stages import cluster_fits
+from fedsonmf.pipeline.steps import apply_view, prepare_view
 from fedsonmf.protocol.messages import Message
 from fedsonmf.protocol.params import default
 
 __all__ = ["drop_prepared_view", "clustering_options", "setup_scalars", "resolve_rank_at_handshake",
-           "prepare_node_view", "prepared_view_path", "node_embed", "write_clustering_outputs", "write_labels_csv",
+           "prepare_node_view", "prepared_view_path", "node_embed", "write_clustering_outputs", "write_outputs",
+           "write_labels_csv",
            "read_labels_csv"]
 
 #: the setup-message scalar that carries the clustering options (JSON)
@@ -280,24 +281,22 @@ def read_labels_csv(path) -> np.ndarray:
 
 def write_clustering_outputs(out: Path, V: np.ndarray, opts: dict, seed: int, refine=None,
                              graph=None, spectral=None, both=None, policy: NodePolicy | None = None) -> dict:
-    """k-means on the final V (the estimator's seeding), the stages after it, ``labels.csv`` and
-    ``centers.npy`` in ``out``.
+    """One fit's clustering (:func:`~fedsonmf.pipeline.stages.cluster_fits` of ``V`` alone, the
+    estimator's), ``labels.csv`` and ``centers.npy`` in ``out``: the exchanges as for
+    :func:`~fedsonmf.pipeline.stages.finish_clustering`.  Returns :func:`write_outputs`' summary."""
+    _, labels, centers, km, report = cluster_fits(
+        [V], [seed], int(opts["n_clusters"]), opts=opts,
+        exchanges=lambda best: {"refine": refine, "graph": graph, "spectral": spectral, "both": both, "policy": policy})
+    return write_outputs(out, V, opts, labels, centers, km, report)
 
-    The stages are :func:`~fedsonmf.pipeline.stages.finish_clustering`'s, the estimator's, over the
-    nodes' exchanges: ``refine`` (:func:`refine_exchange`), ``graph`` and ``both``
-    (:func:`graph_exchange`), ``spectral`` (:func:`spectral_exchange`), each optional, and ``policy``
-    (:class:`NodePolicy`, shared by the exchanges): what the server learnt of the nodes'
-    ``refine-min-cluster-size``.  Returns the clustering summary for result.json: the options, the
-    sizes, the stages' report (``refine_iterations``, ``refine_start``, ``graph_iterations``,
-    ``spectral_kept``, ``graph_chosen``), ``refine_notes`` for partitions not sent and ``refine_error``
-    for a node lost during a stage (the partition reached before it is the one written).
-    """
+
+def write_outputs(out: Path, V: np.ndarray, opts: dict, labels, centers, km, report: dict) -> dict:
+    """``labels.csv`` and ``centers.npy`` of the clustering reached (:func:`~fedsonmf.pipeline.stages.cluster_fits`)
+    in ``out``.  Returns the clustering summary for result.json: the options, the sizes, the stages'
+    report (``refine_iterations``, ``refine_start``, ``graph_iterations``, ``spectral_kept``,
+    ``graph_chosen``), ``refine_notes`` for partitions not sent and ``refine_error`` for a node lost
+    during a stage (the partition reached before it is the one written)."""
     c = int(opts["n_clusters"])
-    labels, centers, km = cluster_embedding(
-        V, c, seed=seed, normalize_embedding=opts["normalize_embedding"],
-        kmeans_n_init=opts["kmeans_n_init"], kmeans_max_iter=opts["kmeans_max_iter"])
-    labels, centers, report = finish_clustering(V, labels, centers, c, seed=seed, opts=opts, refine=refine,
-                                                graph=graph, spectral=spectral, both=both, policy=policy)
     write_labels_csv(out / "labels.csv", labels)
     save_npy_atomic(out / "centers.npy", centers)
     return {**opts, "n_components": int(V.shape[0]), "cluster_sizes": np.bincount(labels, minlength=c).tolist(),

@@ -59,8 +59,9 @@ from fedsonmf.federation.flower.transport import (
 )
 from fedsonmf.federation.loop import run_federation
 from fedsonmf.pipeline.refine import refine_stages
-from fedsonmf.pipeline.restarts import final_objective, medoid_restart, resolve_n_init, restart_seeds
-from fedsonmf.pipeline.steps import assign_to_centers, cluster_embedding, stop_rule
+from fedsonmf.pipeline.restarts import final_objective, resolve_n_init, restart_seeds
+from fedsonmf.pipeline.stages import cluster_fits
+from fedsonmf.pipeline.steps import assign_to_centers, stop_rule
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.messages import Message
@@ -522,46 +523,54 @@ def server_main(grid: Grid, context: Context) -> None:
                 raise error
             for i, f in zip(todo, futures):
                 fits[i] = f.result()
-        best, restarts = 0, None
-        if n_init > 1:
-            assert copts is not None
-            partitions = [cluster_embedding(f.V, copts["n_clusters"], seed=s,
-                                                  normalize_embedding=copts["normalize_embedding"],
-                                                  kmeans_n_init=copts["kmeans_n_init"],
-                                                  kmeans_max_iter=copts["kmeans_max_iter"])[0]
-                          for f, s in zip(fits, seeds)]
-            best = int(medoid_restart(partitions, fits))
-            restarts = {"n_init": n_init, "seeds": seeds, "best_restart": best,
-                        "objectives": [F if np.isfinite(F) else None  # JSON: null when not reported
-                                       for F in map(final_objective, fits)],
-                        "n_rounds": [int(f.n_rounds) for f in fits]}
-            transport.job_id = job_ids[best]  # the refinement and later predict runs use the kept fit's bases
-            last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
-        res = fits[best]
-        save_npy_atomic(_inside(out / "V.npy", out), res.V)
-        res.extra["flower"]["wire_bytes"] = transport.wire_bytes  # every restart's and the refinement's
-        if participation is not None:
-            res.extra["flower"]["dropped"] = transport.dropped
-        if copts:
-            status.write(phase="clustering")
-            # the nodes' refine-min-cluster-size: as announced at their hellos, then as learnt from refusals
-            announced = [int(view_info.get(p, {}).get(nodeconfig.MIN_CLUSTER_SIZE, 1)) for p in range(m)]
-            for p, k in transport.min_cluster_sizes.items():  # a node adopted for view p: the stricter
-                announced[p] = max(announced[p], int(k))
-            # incomplete views: each node's sample ids, as the server knows them from the masked setup
-            held = None if last_state["state"] is None else alg.reply_columns(last_state["state"], range(m))
-            policy = fclust.NodePolicy(copts["n_clusters"], announced, held)
-            refine = (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation, policy)
-                      if "kmeans" in stages else None)
-            spectral = (fclust.spectral_exchange(transport, m, cfg.secure_aggregation)
-                        if "graph" in stages and copts["refine_spectral_steps"] > 0 else None)
-            graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
-                                                 policy=policy, products=spectral)
-                           if "graph" in stages else (None, None))
-            res.extra["clustering"] = {**fclust.write_clustering_outputs(out, res.V, copts, seeds[best], refine,
-                                                                         graph, spectral, both, policy),
-                                       "rank_message": rank_message,
-                                       **({"restarts": restarts} if restarts else {})}
+
+        def keep(res) -> None:
+            """The fit kept: its V saved, the wire counts of the whole run in its report."""
+            res.extra["flower"]["wire_bytes"] = transport.wire_bytes  # every restart's and the refinement's
+            if participation is not None:
+                res.extra["flower"]["dropped"] = transport.dropped
+            save_npy_atomic(_inside(out / "V.npy", out), res.V)
+
+        if not copts:  # a factorisation: its one fit
+            res = fits[0]
+            keep(res)
+        else:
+            kept: dict = {}
+
+            def exchanges(best: int) -> dict:
+                """The kept fit saved, the nodes pointed at its bases, the stages' exchanges."""
+                kept["res"] = fits[best]
+                keep(fits[best])
+                if n_init > 1:  # the refinement and later predict runs use the kept fit's bases
+                    transport.job_id = job_ids[best]
+                    last_state["state"] = ckpt.load_server_checkpoint(ckpt_dirs[best]).state
+                status.write(phase="clustering")
+                # the nodes' refine-min-cluster-size: as announced at their hellos, then as learnt from refusals
+                announced = [int(view_info.get(p, {}).get(nodeconfig.MIN_CLUSTER_SIZE, 1)) for p in range(m)]
+                for p, k in transport.min_cluster_sizes.items():  # a node adopted for view p: the stricter
+                    announced[p] = max(announced[p], int(k))
+                # incomplete views: each node's sample ids, as the server knows them from the masked setup
+                held = None if last_state["state"] is None else alg.reply_columns(last_state["state"], range(m))
+                policy = fclust.NodePolicy(copts["n_clusters"], announced, held)
+                spectral = (fclust.spectral_exchange(transport, m, cfg.secure_aggregation)
+                            if "graph" in stages and copts["refine_spectral_steps"] > 0 else None)
+                graph, both = (fclust.graph_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
+                                                     policy=policy, products=spectral)
+                               if "graph" in stages else (None, None))
+                return {"policy": policy, "graph": graph, "spectral": spectral, "both": both,
+                        "refine": (fclust.refine_exchange(transport, m, copts["n_clusters"], cfg.secure_aggregation,
+                                                          policy) if "kmeans" in stages else None)}
+
+            best, labels, centers, km, report = cluster_fits([f.V for f in fits], seeds, copts["n_clusters"],
+                                                             opts=copts, results=fits, exchanges=exchanges)
+            res = kept["res"]
+            restarts = None if n_init == 1 else {
+                "n_init": n_init, "seeds": seeds, "best_restart": best,
+                "objectives": [F if np.isfinite(F) else None  # JSON: null when not reported
+                               for F in map(final_objective, fits)],
+                "n_rounds": [int(f.n_rounds) for f in fits]}
+            res.extra["clustering"] = {**fclust.write_outputs(out, res.V, copts, labels, centers, km, report),
+                                       "rank_message": rank_message, **({"restarts": restarts} if restarts else {})}
         _write_json(out / "result.json", res.to_json_dict())
         status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
     except BaseException as exc:
