@@ -475,14 +475,14 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     out, home = tmp_path / "run", tmp_path / "h"
     found = np.array([0, 0, 1, 1, 1, 0])
 
-    def flwr_run(argv, **kw):  # what the ServerApp leaves in out-dir after a completed clustering run
+    def flwr_run(argv, *args, **kw):  # what the ServerApp leaves in out-dir after a completed clustering run
         out.mkdir()
         write_labels_csv(out / "labels.csv", found)
         (out / "result.json").write_text(json.dumps({"clustering": {"cluster_sizes": [3, 3], "n_components": 4}}))
         (out / "status.json").write_text(json.dumps({"status": "completed", "n_rounds": 3}))
         return subprocess.CompletedProcess(argv, 0)
 
-    monkeypatch.setattr(subprocess, "run", flwr_run)
+    monkeypatch.setattr("fedsonmf.cli.flower._submit_with_progress", flwr_run)
     (tmp_path / "y.txt").write_text("a\na\nb\nb\nb\nb\n")
     base = ["flower", "submit", "--superlink", "198.18.0.1:9092", "--insecure", "--out", str(out),
             "--home", str(home), "--coordinator-key", str(tmp_path / "c.key"), "--seed", "0"]
