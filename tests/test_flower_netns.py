@@ -300,12 +300,12 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     superlink_log = next(logs.glob("*-link-superlink.log")).read_text()
     assert "--enable-supernode-auth" in superlink_log and "--ssl-certfile" in superlink_log
     assert f"run {run_id}: refused by the fedsonmf gate" in superlink_log  # the SuperLink host's gate said no
-    for log in logs.glob("*-node*-supernode.log"):  # every daemon under its gate; no node saw the foreign run
+    for log in logs.glob("*-node*-supernode.log"):  # every node is the node loop under its gate; none saw it
         text = log.read_text()
-        assert "--isolation process" in text and "--superexec-auth-secret-file" in text and "gate executor" in text
-        assert f"run {run_id}" not in text
+        assert "-m fedsonmf.federation.flower.nodeloop" in text and "--pin" in text and "gate: only" in text
+        assert "--runtime-port" not in text and f"run {run_id}" not in text
     for h in ("node0", "node1"):
-        assert (dirs[h] / "supernode-home" / "gate" / "superexec.secret").stat().st_mode & 0o777 == 0o600
+        assert (dirs[h] / "supernode-home" / "gate" / "pin.json").stat().st_mode & 0o777 == 0o600
     # separate hosts: a node reaches the SuperLink only at the link's address, not on its own loopback
     assert hosts.reaches("node0", ADDRESSES["link"], 9092) and not hosts.reaches("node0", "127.0.0.1", 9092)
     res = load_result(dirs["link"] / "run1")
