@@ -6,9 +6,11 @@
 ``fedsonmf flower views DEST``       write synthetic view files (one per client) to try it out
 ``fedsonmf flower simulate DIR``     the same app in Flower's simulation engine, one simulated client per view
 
-Both runs check the view files before anything starts (exit 2 on bad input), show the
-progress the ServerApp writes to ``status.json`` (phase, round k of K, s/round, ETA) and
-print the time from the launch to the start of round 1.
+Both runs check the view files and the run folder (absent or empty, unless ``--resume`` or
+``--overwrite``) before anything starts (exit 2 on bad input), show the progress the ServerApp
+writes to ``status.json`` (phase, round k of K, s/round, ETA: a bar on a terminal, timestamped
+lines otherwise), print the time from the launch to the start of round 1, and end with the run
+folder's size, the nodes' copies of the views removed unless ``--keep-views``.
 
 Separate machines (docs/flower.md, "Real multiple machines"; each a thin wrapper that prints what it runs):
 
@@ -20,8 +22,11 @@ Separate machines (docs/flower.md, "Real multiple machines"; each a thin wrapper
 ``fedsonmf flower supernode --view FILE ...``  flower-supernode for one view with its own key + gate
 ``fedsonmf flower submit --superlink ...``     flwr run of the shipped app, signed, with the pins; the status
 
-superlink and supernode run the daemon with ``--isolation process`` and this host's gate
-executor (:mod:`fedsonmf.federation.flower.gate`) in the foreground, and stop both together.
+superlink runs the daemon with ``--isolation process`` and this host's gate executor
+(:mod:`fedsonmf.federation.flower.gate`) in the foreground, and stops both together; supernode runs
+the project's node loop (:mod:`fedsonmf.federation.flower.nodeloop`, the gate's checks in process,
+no port), or with ``FEDSONMF_NODE_LOOP=flower`` flower-supernode and the gate executor.  A daemon's
+port that is taken is named with its option before anything starts.
 
 Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
 uses secure aggregation unless ``--no-secure-aggregation`` is given.

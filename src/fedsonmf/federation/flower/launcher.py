@@ -8,7 +8,8 @@ Everything lives in one run folder::
 
     <run_dir>/flwr-home/      FLWR_HOME (config.toml with the "fedsonmf" connection, installed FABs)
     <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
-    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
+    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log; the copies of
+                              its view there are removed once the run completes (:func:`drop_view_copies`)
     <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
     <run_dir>/logs/           superlink.log, gate-superlink.log, flwr-run-<k>.log
     <run_dir>/gate/           the gate's files (all 0600)
