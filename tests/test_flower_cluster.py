@@ -781,12 +781,13 @@ def test_cli_cluster_aligns_files_of_different_samples_over_their_ids(tmp_path):
     out = tmp_path / "run"
     r = _cli("flower", "cluster", *paths, "-k", C, "--rounds", 3, "--tol", 0, "--seed", SEED, "--missing", "mask",
              "--n-init", 1, "--labels", tmp_path / "y.csv", "--labels-out", tmp_path / "clusters.csv", "--out", out,
-             "-q")
+             "-q", "--keep-views")
     assert r.exit_code == 0, r.output
     rows = (tmp_path / "clusters.csv").read_text().splitlines()
     assert rows == ["sample_id,cluster", *(f"{i},{k}" for i, k in zip(ds.ids, ref.labels_))]
     res = json.loads((out / "server" / "result.json").read_text())
     assert res["scores"] == clustering_scores(ds.labels, ref.labels_, ari=True)
+    assert any((out / "aligned").rglob("*.npy"))  # --keep-views: the aligned copies stay
     for f in (out / "aligned").rglob("*"):
         assert stat.S_IMODE(f.stat().st_mode) == (0o700 if f.is_dir() else 0o600), f
 

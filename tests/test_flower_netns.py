@@ -300,12 +300,12 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     superlink_log = next(logs.glob("*-link-superlink.log")).read_text()
     assert "--enable-supernode-auth" in superlink_log and "--ssl-certfile" in superlink_log
     assert f"run {run_id}: refused by the fedsonmf gate" in superlink_log  # the SuperLink host's gate said no
-    for log in logs.glob("*-node*-supernode.log"):  # every daemon under its gate; no node saw the foreign run
+    for log in logs.glob("*-node*-supernode.log"):  # every node is the node loop under its gate; none saw it
         text = log.read_text()
-        assert "--isolation process" in text and "--superexec-auth-secret-file" in text and "gate executor" in text
-        assert f"run {run_id}" not in text
+        assert "-m fedsonmf.federation.flower.nodeloop" in text and "--pin" in text and "gate: only" in text
+        assert "--runtime-port" not in text and f"run {run_id}" not in text
     for h in ("node0", "node1"):
-        assert (dirs[h] / "supernode-home" / "gate" / "superexec.secret").stat().st_mode & 0o777 == 0o600
+        assert (dirs[h] / "supernode-home" / "gate" / "pin.json").stat().st_mode & 0o777 == 0o600
     # separate hosts: a node reaches the SuperLink only at the link's address, not on its own loopback
     assert hosts.reaches("node0", ADDRESSES["link"], 9092) and not hosts.reaches("node0", "127.0.0.1", 9092)
     res = load_result(dirs["link"] / "run1")
@@ -475,14 +475,14 @@ def test_submit_clusters_signs_the_clustering_options_and_scores_the_labels(tmp_
     out, home = tmp_path / "run", tmp_path / "h"
     found = np.array([0, 0, 1, 1, 1, 0])
 
-    def flwr_run(argv, **kw):  # what the ServerApp leaves in out-dir after a completed clustering run
+    def flwr_run(argv, *args, **kw):  # what the ServerApp leaves in out-dir after a completed clustering run
         out.mkdir()
         write_labels_csv(out / "labels.csv", found)
         (out / "result.json").write_text(json.dumps({"clustering": {"cluster_sizes": [3, 3], "n_components": 4}}))
         (out / "status.json").write_text(json.dumps({"status": "completed", "n_rounds": 3}))
         return subprocess.CompletedProcess(argv, 0)
 
-    monkeypatch.setattr(subprocess, "run", flwr_run)
+    monkeypatch.setattr("fedsonmf.cli.flower._submit_with_progress", flwr_run)
     (tmp_path / "y.txt").write_text("a\na\nb\nb\nb\nb\n")
     base = ["flower", "submit", "--superlink", "198.18.0.1:9092", "--insecure", "--out", str(out),
             "--home", str(home), "--coordinator-key", str(tmp_path / "c.key"), "--seed", "0"]

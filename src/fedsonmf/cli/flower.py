@@ -6,9 +6,11 @@
 ``fedsonmf flower views DEST``       write synthetic view files (one per client) to try it out
 ``fedsonmf flower simulate DIR``     the same app in Flower's simulation engine, one simulated client per view
 
-Both runs check the view files before anything starts (exit 2 on bad input), show the
-progress the ServerApp writes to ``status.json`` (phase, round k of K, s/round, ETA) and
-print the time from the launch to the start of round 1.
+Both runs check the view files and the run folder (absent or empty, unless ``--resume`` or
+``--overwrite``) before anything starts (exit 2 on bad input), show the progress the ServerApp
+writes to ``status.json`` (phase, round k of K, s/round, ETA: a bar on a terminal, timestamped
+lines otherwise), print the time from the launch to the start of round 1, and end with the run
+folder's size, the nodes' copies of the views removed unless ``--keep-views``.
 
 Separate machines (docs/flower.md, "Real multiple machines"; each a thin wrapper that prints what it runs):
 
@@ -20,8 +22,11 @@ Separate machines (docs/flower.md, "Real multiple machines"; each a thin wrapper
 ``fedsonmf flower supernode --view FILE ...``  flower-supernode for one view with its own key + gate
 ``fedsonmf flower submit --superlink ...``     flwr run of the shipped app, signed, with the pins; the status
 
-superlink and supernode run the daemon with ``--isolation process`` and this host's gate
-executor (:mod:`fedsonmf.federation.flower.gate`) in the foreground, and stop both together.
+superlink runs the daemon with ``--isolation process`` and this host's gate executor
+(:mod:`fedsonmf.federation.flower.gate`) in the foreground, and stops both together; supernode runs
+the project's node loop (:mod:`fedsonmf.federation.flower.nodeloop`, the gate's checks in process,
+no port), or with ``FEDSONMF_NODE_LOOP=flower`` flower-supernode and the gate executor.  A daemon's
+port that is taken is named with its option before anything starts.
 
 Flower (``flwr``) is an optional extra: ``pip install "fedsonmf[flower]"``.  ``flower run``
 uses secure aggregation unless ``--no-secure-aggregation`` is given.
@@ -110,19 +115,17 @@ class FlowerProgress:
         elif phase == "clustering":
             self._clustering(st, done)
         elif phase == "round" or (done and phase not in self.PHASES):
-            spr = st.get("seconds_per_round")
-            status = f"round {st.get('round')} of {self.total}"
-            if st.get("fit_rounds"):  # a clustering run's fits at once: each one's rounds done, the bar the slowest's
-                n, rounds = int(st.get("n_restarts") or 0), st["fit_rounds"]
-                each = "/".join(str(rounds.get(str(i), 0)) for i in range(n))
-                status = f"{n} fits at once, rounds {each} of {self.total}"
-            if spr:
-                status += f", {spr:.1f} s/round, ETA {max(self.total - done, 0) * spr:.0f} s"
-            if st.get("n_restarts") and not st.get("fit_rounds"):  # the fits one after the other
-                status = f"fit {int(st.get('restart') or 0) + 1} of {st['n_restarts']}: {status}"
-            self._progress.update(self._task, description="rounds", completed=done, status=status)
+            self._progress.update(self._task, description="rounds", completed=done,
+                                  status=_rounds_text(st, self.total, done))
         elif phase in self.PHASES:
             self._progress.update(self._task, description=phase, completed=done, status=self.PHASES[phase])
+
+    def log(self, text: str) -> None:
+        """A line of other output (``flwr run``'s), printed above the bars."""
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            typer.echo(text, err=True)
 
     def _clustering(self, st: dict, done: int) -> None:
         """The clustering phase, on a bar of its own: the rounds' bar ends at the rounds that ran (an
@@ -170,6 +173,90 @@ class FlowerProgress:
         return False
 
 
+class PlainProgress:
+    """The progress of a Flower run as plain timestamped lines, for a stderr that is not a terminal
+    (``nohup``, CI, ``2> log``), fed like :class:`FlowerProgress` with the ServerApp's ``status.json``.
+
+    A line whenever the phase, the clustering stage, the fit (one after the other) or the final status
+    changes, and otherwise at most one every ``every`` seconds while rounds or exchanges go on: round k
+    of K with s/round and the ETA, or the stage, the exchange count and s/exchange.  A 200-round run
+    at 0.4 s/round thus writes a few dozen lines, not 200.  ``write(text)``: where a line goes
+    (default: stderr).
+    """
+
+    def __init__(self, total: int, *, every: float = 5.0, write=None, clock=time.monotonic):
+        self.total, self.every, self.clock = total, every, clock
+        self._write = write or (lambda text: typer.echo(text, err=True))
+        self._key: Optional[tuple] = None
+        self._text: Optional[str] = None
+        self._at = float("-inf")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def log(self, text: str) -> None:
+        """One timestamped line."""
+        self._write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}")
+
+    def update(self, st: dict) -> None:
+        """A line for the status ``st`` when it says something new (see the class docstring)."""
+        key = (st.get("status"), st.get("phase"), st.get("stage"), st.get("restart"))
+        text = self.describe(st)
+        now = self.clock()
+        if key != self._key or (text != self._text and now - self._at >= self.every):
+            self._key, self._text, self._at = key, text, now
+            self.log(text)
+
+    def describe(self, st: dict) -> str:
+        """The status ``st`` in one line (no time stamp)."""
+        done = int(st.get("rounds_done", 0) or 0)
+        status, phase = st.get("status"), st.get("phase")
+        if status == "completed":
+            ran = int(st.get("n_rounds") or done)
+            if not ran:
+                return "done: the new samples embedded"
+            text = f"done: {ran} rounds" + (f" (of at most {self.total})" if ran < self.total else "")
+            return text + (f", {st['exchanges']} clustering exchanges" if st.get("exchanges") else "")
+        if status in ("failed", "stopped"):
+            return f"{status}: {st.get('error') or st.get('report') or 'see the run folder'}"
+        if phase == "clustering":
+            stage = st.get("stage")
+            if not stage:
+                return f"clustering: {FlowerProgress.PHASES['clustering']}"
+            text = f"clustering: {FlowerProgress.STAGES.get(stage, stage)}, exchange {st.get('exchanges')}"
+            spe = st.get("seconds_per_exchange")
+            return text + (f", {spe:.2f} s/exchange" if spe else "")
+        if phase == "round" or (done and phase not in FlowerProgress.PHASES):
+            return _rounds_text(st, self.total, done)
+        return FlowerProgress.PHASES.get(str(phase), "starting: SuperLink + SuperNodes, submitting the run")
+
+
+def _rounds_text(st: dict, total: int, done: int) -> str:
+    """Round k of K (each fit's rounds when a clustering run's fits run at once), s/round, ETA."""
+    spr = st.get("seconds_per_round")
+    status = f"round {st.get('round')} of {total}"
+    if st.get("fit_rounds"):  # a clustering run's fits at once: each one's rounds done, the bar the slowest's
+        n, rounds = int(st.get("n_restarts") or 0), st["fit_rounds"]
+        each = "/".join(str(rounds.get(str(i), 0)) for i in range(n))
+        status = f"{n} fits at once, rounds {each} of {total}"
+    if spr:
+        status += f", {spr:.1f} s/round, ETA {max(total - done, 0) * spr:.0f} s"
+    if st.get("n_restarts") and not st.get("fit_rounds"):  # the fits one after the other
+        status = f"fit {int(st.get('restart') or 0) + 1} of {st['n_restarts']}: {status}"
+    return status
+
+
+def progress_display(total: int, quiet: bool = False):
+    """The progress display of a run: a rich bar when stderr is a terminal, plain timestamped lines
+    (:class:`PlainProgress`) when it is not, nothing with ``quiet``."""
+    if quiet:
+        return FlowerProgress(total, enabled=False)
+    return FlowerProgress(total) if sys.stderr.isatty() else PlainProgress(total)
+
+
 def _participation(min_clients, sample_clients, rejoin):
     if min_clients is None and sample_clients is None:
         if rejoin != "server":
@@ -188,6 +275,75 @@ def _check_out_folder(out: Path) -> None:
     """The run folder must be a folder (or not exist yet): a usage error before anything is written."""
     if out.exists() and not out.is_dir():
         raise typer.BadParameter(f"{out} is a file, not a folder", param_hint="--out")
+
+
+#: what a run folder holds (docs/flower.md, the launcher's layout): what --overwrite removes
+RUN_FOLDER_ENTRIES = ("flwr-home", "app", "nodes", "server", "logs", "gate", "job.json", "security", "aligned",
+                      "predict", ".lock")
+
+
+def _claim_out_folder(out: Path, *, resume: bool, overwrite: bool, can_resume: bool = True) -> None:
+    """The run folder ``--out`` before anything is written: absent or empty, or ``--resume`` (the run in
+    it goes on), or ``--overwrite`` (the previous run's files are removed here, refused while a launch
+    holds the folder, and only when the folder holds nothing but a run's entries).  Otherwise one
+    ``error:`` line and exit 2: a re-run must not silently mix with, or replace, an earlier run."""
+    import shutil
+
+    _check_out_folder(out)
+    if resume and overwrite:
+        raise typer.BadParameter("--resume continues the run in --out, --overwrite replaces it: give one",
+                                 param_hint="--overwrite")
+    if resume or not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        typer.echo(f"error: run folder {out} is not empty (an earlier run?): give "
+                   + ("--resume to continue its run, " if can_resume else "")
+                   + "--overwrite to replace it, or another --out", err=True)
+        raise typer.Exit(2)
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in RUN_FOLDER_ENTRIES)
+    if foreign:
+        typer.echo(f"error: --overwrite removes only a run's files, and {out} holds others too "
+                   f"({', '.join(foreign[:5])}): give another --out", err=True)
+        raise typer.Exit(2)
+    from fedsonmf.exceptions import FlowerRunError
+    from fedsonmf.federation.flower.deployment import _lock_run_dir
+
+    try:
+        lock = _lock_run_dir(out)  # not while a launch uses it
+    except FlowerRunError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        for e in out.iterdir():
+            if e.name != ".lock":
+                shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+    finally:
+        lock.release()
+
+
+def _tidy_and_size(out: Path, keep_views: bool) -> None:
+    """After a completed run: without ``--keep-views`` the aligned view copies of ``--missing mask`` go
+    too (the launcher has removed the nodes' own copies); then one line with the run folder's size."""
+    import shutil
+
+    from fedsonmf.federation.flower.launcher import folder_size
+
+    if not keep_views and (out / "aligned").is_dir():
+        shutil.rmtree(out / "aligned")
+    size = folder_size(out)
+    typer.echo(f"run folder {out.resolve()}: {size / 1e6:.1f} MB" +
+               ("" if keep_views else " (no copies of the views kept; --keep-views keeps them)"))
+
+
+def _keep_views_option():
+    return typer.Option(False, "--keep-views", help="Keep the nodes' copies of their views in the run folder "
+                        "after the run completes (a clustering run's prepared view per fit, binary copies of "
+                        "text views, --missing mask's aligned copies); removed by default.")
+
+
+def _overwrite_option():
+    return typer.Option(False, "--overwrite", help="Replace the run in a non-empty --out (its files are removed "
+                        "first); without it (or --resume) a non-empty --out is refused.")
 
 
 def _check_inputs_or_exit(fl, views, cfg, out: Path, rounds, tol, *, resume: bool = False, **kw):
@@ -218,7 +374,7 @@ def _launch(fl, views, out: Path, rounds: int, insecure: bool, quiet: bool, **ru
                    err=True)
     typer.echo(f"starting 1 SuperLink + {len(views)} SuperNodes on 127.0.0.1 (run folder {out})")
     try:
-        with FlowerProgress(rounds, enabled=not quiet) as prog:
+        with progress_display(rounds, quiet) as prog:
             return fl.run_flower(views, run_dir=out, max_rounds=rounds, progress=prog.update, **run_kw)
     except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -461,6 +617,8 @@ def register(app, reproduce_app) -> None:
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
         quiet: bool = _quiet_option(),
+        keep_views: bool = _keep_views_option(),
+        overwrite: bool = _overwrite_option(),
         params: Any = None,
     ):
         """Factorise on a loopback Flower deployment (one SuperNode per view file)."""
@@ -476,6 +634,7 @@ def register(app, reproduce_app) -> None:
             raise typer.BadParameter("--insecure and --tls exclude each other", param_hint="--tls")
         cfg = FedConfig(**params)
         mask_paths = _mask_paths(masks, len(views))
+        _claim_out_folder(out, resume=resume, overwrite=overwrite)
         given = list(views)  # the inputs of record (--json), also when the nodes get aligned copies
         views, mask_paths, _ = _apply_missing(views, mask_paths, missing, out)
         part = _participation(min_clients, sample_clients, rejoin)
@@ -486,10 +645,11 @@ def register(app, reproduce_app) -> None:
                       record_wire=record_wire, record_wire_arrays=record_wire_arrays,
                       secure_aggregation=secure_aggregation,
                       tls=False if insecure else (tuple(tls) if tls else True), auth=not insecure,
-                      mask_paths=mask_paths, participation=part)
+                      mask_paths=mask_paths, participation=part, keep_views=keep_views)
         _report(res)
         server = Path(out).resolve() / "server"
         typer.echo(f"V: {server / 'V.npy'}  history: {server / 'result.json'}")
+        _tidy_and_size(out, keep_views)
         if json_path is not None:
             res.save_json(json_path, inputs=[Path(v) for v in given])
             typer.echo(f"wrote {json_path}")
@@ -520,6 +680,8 @@ def register(app, reproduce_app) -> None:
         sample_clients: Optional[float] = _sample_clients_option(),
         rejoin: str = _rejoin_option(),
         quiet: bool = _quiet_option(),
+        keep_views: bool = _keep_views_option(),
+        overwrite: bool = _overwrite_option(),
         params: Any = None,
     ):
         """Cluster the samples on a loopback Flower deployment: FedMultiViewClustering's pipeline, one
@@ -536,6 +698,7 @@ def register(app, reproduce_app) -> None:
         part = _participation(min_clients, sample_clients, rejoin)
         cfg = FedConfig(**params)  # n_components: the rank rule decides (at the handshake)
         mask_paths = _mask_paths(masks, len(views))
+        _claim_out_folder(out, resume=False, overwrite=overwrite, can_resume=False)
         views, mask_paths, ids = _apply_missing(views, mask_paths, missing, out)
         shapes, rounds, tol = _check_inputs_or_exit(fl, views, cfg, out, rounds, tol, n_clusters=clusters,
                                                     mask_paths=mask_paths)
@@ -553,7 +716,7 @@ def register(app, reproduce_app) -> None:
                       round_timeout=round_timeout, node_timeout=node_timeout, record_wire=record_wire,
                       participation=part, n_clusters=clusters, clustering=options, labels=y,
                       secure_aggregation=secure_aggregation, tls=not insecure, auth=not insecure,
-                      mask_paths=mask_paths)
+                      mask_paths=mask_paths, keep_views=keep_views)
         _report(res)
         cl = res.extra["clustering"]
         typer.echo(f"{clusters} clusters of sizes {cl['cluster_sizes']} (rank r = {cl['n_components']}"
@@ -569,6 +732,7 @@ def register(app, reproduce_app) -> None:
 
             write_assignments(labels_out, None if ids is None else ids[0], res.extra["labels"])
             typer.echo(f"wrote {labels_out} ({shapes[0][0]} rows: sample_id,cluster)")
+        _tidy_and_size(out, keep_views)
 
     @flower_app.command("app")
     def app_dir(dest: Path = typer.Argument(..., help="Directory to write the shim app into.")):
@@ -773,6 +937,149 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     raise typer.Exit(0 if not code else (code if code > 0 else 1))
 
 
+def _submit_with_progress(argv: list[str], env: dict, status_path: Path, rounds: int, *, poll: float = 0.5):
+    """Run ``flwr run --stream`` (``argv``), its output passed on line by line, and show the progress of
+    the ServerApp's ``status_path`` while it runs (readable when submitting on the SuperLink host): a
+    bar on a terminal, timestamped lines otherwise (:func:`progress_display`).  A status file left by
+    an earlier run in the same out-dir is not shown until the new run rewrites it.  Returns the
+    finished process."""
+    import queue
+    import subprocess
+    import threading
+
+    from fedsonmf.federation.flower.deployment import _read_status
+
+    def stamp():
+        try:
+            return status_path.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    old, last = stamp(), None
+    lines: queue.Queue = queue.Queue()
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    stream = proc.stdout
+    assert stream is not None
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with progress_display(rounds) as prog:
+        while True:
+            ended = proc.poll() is not None
+            while not lines.empty():
+                prog.log(lines.get().rstrip("\n"))
+            now = stamp()
+            if now is not None and now != old:
+                st = _read_status(status_path)
+                if st and st.get("updated_at") != last:
+                    last = st.get("updated_at")
+                    prog.update(st)
+            if ended and not reader.is_alive() and lines.empty():
+                break
+            reader.join(timeout=poll) if ended else _wait_quietly(proc, poll)
+    return proc
+
+
+def _wait_quietly(proc, seconds: float) -> None:
+    import subprocess
+
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _node_loop_choice() -> str:
+    """``fedsonmf`` (the project's node loop) or ``flower`` (flower-supernode + the gate executor): the
+    environment's ``FEDSONMF_NODE_LOOP``, as :class:`~fedsonmf.federation.flower.deployment.LoopbackDeployment`
+    reads it."""
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.federation.flower.deployment import NODE_LOOPS
+
+    loop = os.environ.get("FEDSONMF_NODE_LOOP") or "fedsonmf"
+    if loop not in NODE_LOOPS:
+        raise InputError(f"FEDSONMF_NODE_LOOP must be one of {', '.join(NODE_LOOPS)}, got {loop!r}")
+    return loop
+
+
+def _check_port_free(host: str, port: int, option: str) -> None:
+    """An :class:`~fedsonmf.exceptions.InputError` naming ``option`` when something already listens on
+    ``host:port`` (a second daemon of the same kind on one host), before the daemon starts: Flower's
+    own answer is a traceback ending in ``address already in use``.  The probe binds as uvicorn does
+    (``SO_REUSEADDR``), so a port whose last connections linger in TIME_WAIT counts as free."""
+    import errno
+    import socket
+
+    from fedsonmf.exceptions import InputError
+
+    addr = str(host).strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, int(port)))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise InputError(f"{addr} is not an address of this host ({exc.strerror}): give one of its "
+                                 "own addresses (127.0.0.1 to rehearse on one host)") from None
+            raise InputError(f"port {port} on {addr} is not free ({exc.strerror}): another daemon (a second node "
+                             f"on this host?) uses it; choose another with {option}") from None
+
+
+def _run_node_loop(superlink_addr: str, ca_cert, private_key, node_config: str, home: Path,
+                   public_key: str) -> NoReturn:
+    """Run the project's node loop (:mod:`fedsonmf.federation.flower.nodeloop`) for one view in the
+    foreground, until it exits or this command gets SIGTERM/SIGINT/SIGHUP (it then deactivates at the
+    SuperLink).  Its gate files live in ``home/gate`` (0700): the pin (the installed app's FAB hash, the
+    coordinator's public key) and the ledger, kept across restarts (a run's authorisation stays
+    single-use).  It opens no port: nodes on one host need no option to tell them apart."""
+    import shlex
+    import subprocess
+
+    from fedsonmf._io import new_private_dir, private_dir
+    from fedsonmf.federation.flower import gate
+    from fedsonmf.federation.flower.deployment import flower_env, stop_process_groups
+    from fedsonmf.federation.flower.nodeloop import node_argv
+
+    home = new_private_dir(home.resolve())
+    fab_hash = gate.installed_fab_sha256()
+    gate_dir = private_dir(home / "gate")
+    gate.write_pin(gate_dir / "pin.json", [fab_hash], public_key)
+    argv = node_argv(superlink_addr, ca_cert=ca_cert, private_key=private_key, node_config=node_config,
+                     gate_dir=gate_dir)
+    typer.echo(f"FLWR_HOME={home} {shlex.join(argv)}", err=True)
+    typer.echo(f"gate: only the fedsonmf app with FAB sha256 {fab_hash}, authorised by the coordinator key "
+               f"{public_key}", err=True)
+
+    def on_signal(signum, _frame):
+        raise _Stop(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    proc = None
+    code = 0
+    try:
+        proc = subprocess.Popen(argv, env=flower_env(home), stdin=subprocess.DEVNULL,
+                                preexec_fn=_new_group_dying_with_parent, umask=0o077)
+        code = proc.wait()
+    except _Stop:
+        code = 0
+    finally:
+        for sig in old:  # no second signal in the middle of stopping
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None:
+            stop_process_groups([proc])
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    if code:
+        typer.echo(f"the node loop exited with code {code}", err=True)
+    raise typer.Exit(0 if not code else (code if code > 0 else 1))
+
+
 def _coordinator_public(path: Optional[Path]) -> str:
     from fedsonmf.federation.flower import gate
 
@@ -878,6 +1185,10 @@ def _register_machine_commands(flower_app) -> None:
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)
+        try:
+            _check_port_free(host, port, "--port")
+        except sec.InputError as exc:
+            _fail(exc)
         _run_gated("flower-superlink", args, home, role="serverapp", runtime_api=sec.superlink_runtime_api(host, port),
                    public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve())
 
@@ -923,7 +1234,9 @@ def _register_machine_commands(flower_app) -> None:
         ca: Optional[Path] = typer.Option(None, "--ca", help="The deployment's ca.crt."),
         state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Node-local private state."),
         mask: Optional[Path] = typer.Option(None, "--mask", help="Availability mask (incomplete views)."),
-        runtime_port: int = typer.Option(9094, "--runtime-port", help="The node's local runtime API port."),
+        runtime_port: int = typer.Option(9094, "--runtime-port", help="With FEDSONMF_NODE_LOOP=flower: the local "
+                                         "Runtime API port of flower-supernode (one per node on a host); the "
+                                         "default node loop opens no port."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of this node."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no key (warns)."),
         coordinator_key: Optional[Path] = typer.Option(None, "--coordinator-key", help="The coordinator's "
@@ -937,11 +1250,14 @@ def _register_machine_commands(flower_app) -> None:
                                                "features as --view) for `submit --predict-from`; restart the node "
                                                "with it, with the same --state-dir as the fit."),
     ):
-        """Run flower-supernode for one view, with TLS, its own key and the gate (foreground).
+        """Run the SuperNode of one view, with TLS, its own key and the gate (foreground).
 
-        The node starts no app itself (``--isolation process``): its gate executor runs the installed
-        fedsonmf ClientApp, only for the pinned app bundle and coordinator-signed runs.  It refuses
-        runs without secure aggregation unless given ``--allow-plain``."""
+        By default the project's node loop (``python -m fedsonmf.federation.flower.nodeloop``: Flower's
+        Fleet connection, the gate's checks on every message, the installed fedsonmf ClientApp in
+        process; it opens no port).  With ``FEDSONMF_NODE_LOOP=flower`` in the environment: Flower's
+        flower-supernode with ``--isolation process`` and the gate executor on its Runtime API
+        (``--runtime-port``, one per node on a host).  Either runs only the pinned app bundle and
+        coordinator-signed runs, and refuses runs without secure aggregation unless given ``--allow-plain``."""
         sec = _sec()
         try:
             for what, path in (("view", view), ("new-sample", predict)):
@@ -955,14 +1271,20 @@ def _register_machine_commands(flower_app) -> None:
                     raise typer.BadParameter("give --key and --ca, or --insecure", param_hint="--key/--ca")
                 private = sec.load_node_key(key).private  # refuses a group/world-readable key
                 ca_cert = ca.resolve()
-            args = sec.supernode_args(superlink_addr, ca_cert, private,
-                                      sec.node_config(partition, partitions, view, state_dir, mask,
-                                                      require_secure=not allow_plain,
-                                                      min_cluster_size=min_cluster_size, predict=predict),
-                                      port=runtime_port)
+            ncfg = sec.node_config(partition, partitions, view, state_dir, mask, require_secure=not allow_plain,
+                                   min_cluster_size=min_cluster_size, predict=predict)
+            args = sec.supernode_args(superlink_addr, ca_cert, private, ncfg, port=runtime_port)
+            loop = _node_loop_choice()
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)
+        try:
+            if loop == "flower":  # its Runtime API port must be free (two nodes on one host: one each)
+                _check_port_free("127.0.0.1", runtime_port, "--runtime-port")
+        except sec.InputError as exc:
+            _fail(exc)
+        if loop == "fedsonmf":
+            _run_node_loop(superlink_addr, ca_cert, private, ncfg, home, public)
         _run_gated("flower-supernode", args, home, role="clientapp", runtime_api=f"127.0.0.1:{runtime_port}",
                    public_key=public)
 
@@ -1008,7 +1330,6 @@ def _register_machine_commands(flower_app) -> None:
         partition with the nodes); --preprocess and --normalize-embedding apply only then.  With
         --predict-from RUN it assigns new samples to RUN's clusters (one exchange, the bases fixed)."""
         import json
-        import subprocess
 
         from fedsonmf.federation.flower.deployment import CONNECTION, _bin, _read_status, flower_env
         from fedsonmf.federation.flower.template import _toml_value, write_app_dir
@@ -1084,9 +1405,10 @@ def _register_machine_commands(flower_app) -> None:
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
         write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
         typer.echo(f"flwr run {app_dir} {CONNECTION} --stream --run-config {overrides}", err=True)
-        proc = subprocess.run([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config",
-                               str(overrides)], env=flower_env(home), stdin=subprocess.DEVNULL)
         out = out.resolve()
+        proc = _submit_with_progress([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config",
+                                      str(overrides)], flower_env(home), out / "status.json",
+                                     0 if predict_from is not None else rounds)
         status = _read_status(out / "status.json")  # readable when submitting on the SuperLink host
         if not status:
             typer.echo(f"flwr run exited {proc.returncode}; the ServerApp's status is {out}/status.json on the "

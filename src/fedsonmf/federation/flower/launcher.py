@@ -8,7 +8,8 @@ Everything lives in one run folder::
 
     <run_dir>/flwr-home/      FLWR_HOME (config.toml with the "fedsonmf" connection, installed FABs)
     <run_dir>/app/            the shim Flower app (written fresh; nothing else goes here)
-    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log
+    <run_dir>/nodes/p<i>/     node-local state of SuperNode i (state files), its log; the copies of
+                              its view there are removed once the run completes (:func:`drop_view_copies`)
     <run_dir>/server/         the ServerApp's out-dir: status.json, result.json, V.npy, checkpoint/
     <run_dir>/logs/           superlink.log, gate-superlink.log, flwr-run-<k>.log
     <run_dir>/gate/           the gate's files (all 0600)
@@ -22,6 +23,7 @@ The deployment's processes, security and gate are described in :mod:`.deployment
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -52,7 +54,7 @@ from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION, default
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "FlowerRunError", "InsecureDeploymentWarning", "flower_env",
            "run_flower", "load_result", "write_views", "write_masks", "check_inputs", "predict_flower",
-           "PredictOutcome", "CLUSTERING_DEFAULTS", "clustering_run_config"]
+           "PredictOutcome", "CLUSTERING_DEFAULTS", "clustering_run_config", "drop_view_copies", "folder_size"]
 
 
 def load_result(out_dir) -> FitResult:
@@ -127,7 +129,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                startup_timeout: float | None = None, mask_paths=None, participation=None,
                secure_aggregation: bool | None = None, record_wire_arrays: bool = False,
                n_clusters: int | None = None, clustering: dict | None = None, labels=None,
-               progress=None) -> FitResult:
+               progress=None, keep_views: bool = False) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per view file (separate processes on
@@ -206,6 +208,11 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     progress : callable or None, default=None
         ``progress(status)`` with the ServerApp's ``status.json`` as the run goes
         (phase, round k of K, seconds per round; :class:`.server_app.StatusFile`).
+    keep_views : bool, default=False
+        Keep the nodes' copies of their views in the run folder after a completed run (a
+        clustering run's prepared view per fit, the binary copy of a view parsed from text;
+        :func:`drop_view_copies`).  They are needed until the run completes (a resume reads
+        them) and never after; a run that fails keeps them whatever this says.
 
     Returns
     -------
@@ -270,6 +277,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         wall = time.perf_counter() - t0
         if not outcome.ok:
             raise FlowerRunError(failure_message(outcome.status), outcome.status)
+        if not keep_views:  # completed: no resume will read them
+            drop_view_copies(run_dir, len(view_paths))
         res = load_result(outcome.out_dir)
         fl = res.extra.setdefault("flower", {})
         fl.update({"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds,
@@ -297,6 +306,45 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         return res
     finally:
         lock.release()
+
+
+def drop_view_copies(run_dir, n_views: int) -> int:
+    """Remove the nodes' copies of their views from the run folder ``run_dir``; the bytes freed.
+
+    A node keeps, in its state folder (``nodes/p<i>/state/``), a clustering run's prepared view
+    for every fit (``<job>[-restart-<k>]/view-<i>.npy|.npz``: dense, (n, max(d_p', r)) float64)
+    and the binary copy of a view parsed from text or MATLAB (``view-copy-<i>.*``).  A resume
+    reads them (the prepared view is the clustering's input, and its fingerprint is checked);
+    after a completed run nothing does.  Everything else is kept: the fitted transforms and
+    bases (predict needs them), the checkpoints, the logs and the results.
+    """
+    from fedsonmf.federation.flower.clustering import drop_prepared_view
+
+    freed = 0
+    for p in range(int(n_views)):
+        base = Path(run_dir) / "nodes" / f"p{p}" / "state"
+        if not base.is_dir():
+            continue
+        found = [f for d in base.iterdir() if d.is_dir() for f in d.glob(f"view-{p}.np[yz]")]
+        found += [f for f in base.glob(f"view-copy-{p}.*") if f.is_file()]
+        freed += sum(f.stat().st_size for f in found)
+        for d in {f.parent for f in found if f.parent != base}:
+            drop_prepared_view(d, p)
+        for f in found:
+            f.unlink(missing_ok=True)
+    return freed
+
+
+def folder_size(path) -> int:
+    """Bytes of the files below ``path`` (symbolic links not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 @dataclass
