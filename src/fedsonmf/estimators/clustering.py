@@ -25,9 +25,9 @@ feature exclusive to one component, it steals them from the others.
   sample is scaled to unit norm again (after centring, outlying samples would
   carry most of the energy the fit maximises; ``docs/clustering.md``).  Degenerate
   views (constant, near-constant features, mostly all-zero rows) warn, naming the view.
-* ``normalize_views=True``: each view divided by its Frobenius norm (the paper's step).
-* ``mu="auto"`` (library-wide): the server sets the l2,1 weight from V-bar^1.
-* ``normalize_embedding=True``: each sample's row of V^T scaled to unit norm
+* ``MethodOptions(normalize_views=True)``: each view divided by its Frobenius norm (the paper's step).
+* ``MethodOptions(mu="auto")`` (library-wide): the server sets the l2,1 weight from V-bar^1.
+* ``MethodOptions(normalize_embedding=True)``: each sample's row of V^T scaled to unit norm
   before k-means (its direction over the components, not its length).
 * ``n_init="auto"``: five federated fits with different seeds, and the fit whose
   partition (k-means of its V) the others agree with most is kept and refined
