@@ -21,14 +21,12 @@ import signal
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
@@ -421,7 +419,6 @@ def test_a_returning_node_is_adopted_only_if_the_launcher_repinned_its_view(tmp_
     """Partial rounds: a restarted node (new key, new node id) takes its view back once the
     launcher has rewritten the pins file; an unpinned newcomer claiming it is left out."""
     import test_flower_apps as apps
-    from fedsonmf.federation.flower.server_app import server_main
 
     views = make_synthetic(n_clients=3, n_samples=N, n_features=8, rank=R, random_state=1).views
     pins_path = tmp_path / "pins.json"

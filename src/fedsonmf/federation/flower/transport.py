@@ -462,7 +462,6 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
         cannot block the run.
     """
     deadline = time.monotonic() + timeout
-    complete_at = None  # when every view had its pinned node
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     kind = codec.SETUP_AT_HELLO if setup else "hello"
