@@ -698,7 +698,7 @@ class _DaemonExited(Exception):
 
 
 def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_api: str, public_key: str,
-               root_certificates=None, out_root: Optional[Path] = None) -> None:
+               root_certificates=None, out_root: Optional[Path] = None, front: Optional[tuple] = None) -> None:
     """Run ``program args`` (a Flower daemon) with this host's gate executor (``gate.py``) in the
     foreground, until the daemon exits or this command gets SIGTERM/SIGINT/SIGHUP.
 
@@ -707,7 +707,8 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     dies, and (Linux) both get SIGTERM when this command is killed with -9.  The pin (the installed
     app's FAB hash, the coordinator's public key) and a fresh SuperExec secret are written to
     ``home/gate`` (0700, files 0600); the ledger there is kept across restarts, so a run id's
-    authorisation stays single-use."""
+    authorisation stays single-use.  ``front`` = (argv, HOST:PORT): a process started once the
+    daemon listens (the SuperLink's Fleet-only proxy, :mod:`.fleetproxy`), stopped with it."""
     import shlex
     import subprocess
 
@@ -740,6 +741,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
                                   umask=0o077)
         procs.append(daemon)
         _wait_port(runtime_api, daemon)
+        front_proc = _start_front(front, env, procs)
         ex_argv = gate.executor_argv(role, runtime_api, gate_dir, parent_pid=daemon.pid,
                                      root_certificates=root_certificates)
         typer.echo(f"gate executor: {shlex.join(ex_argv)}", err=True)
@@ -747,6 +749,11 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
                                     preexec_fn=_new_group_dying_with_parent, umask=0o077)
         procs.append(executor)
         while daemon.poll() is None:
+            if front_proc is not None and front_proc.poll() is not None:
+                typer.echo(f"error: the Fleet API proxy exited with code {front_proc.returncode}; stopping "
+                           f"{program}", err=True)
+                program, code = "the Fleet API proxy", 1
+                break
             if executor.poll() is not None:  # a daemon without its gate would run nothing: say so, stop
                 typer.echo(f"error: the gate executor exited with code {executor.returncode}; stopping "
                            f"{program}", err=True)
@@ -771,6 +778,39 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     if code:
         typer.echo(f"{program} exited with code {code}", err=True)
     raise typer.Exit(0 if not code else (code if code > 0 else 1))
+
+
+def _start_front(front: Optional[tuple], env: dict, procs: list):
+    """Start ``front`` = (argv, HOST:PORT) (see :func:`_run_gated`) and wait until it listens; None without one."""
+    if front is None:
+        return None
+    import shlex
+    import subprocess
+
+    argv, address = front
+    typer.echo(f"Fleet API proxy: {shlex.join(argv)}", err=True)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
+                            umask=0o077)
+    procs.append(proc)
+    host, _, port = address.rpartition(":")
+    _wait_port(f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}", proc)
+    return proc
+
+
+def _submitted_failure(home: Path, app_dir: Path) -> Optional[str]:
+    """Why the run just submitted from ``home`` ended without a ServerApp status, from Flower's own
+    record of it (the newest run of this app bundle, ``flwr ls``): the gate's refusal (a stale,
+    forged or copied token, an app the SuperLink host has not pinned) or another early end; None
+    while it runs or when the record cannot be read."""
+    from fedsonmf.federation.flower import gate
+    from fedsonmf.federation.flower.deployment import failed_run_status, flower_env, flower_runs
+
+    fab_hash = gate.fab_sha256(gate.build_fab(app_dir))
+    ours = [r for r in flower_runs(flower_env(home)) if fab_hash.startswith(str(r.get("fab-hash") or "-"))]
+    if not ours:
+        return None
+    newest = max(ours, key=lambda r: str(r.get("pending-at") or ""))
+    return failed_run_status(newest).get("error")
 
 
 def _coordinator_public(path: Optional[Path]) -> str:
@@ -848,8 +888,11 @@ def _register_machine_commands(flower_app) -> None:
 
     @flower_app.command("superlink")
     def superlink(
-        host: str = typer.Option(..., "--host", help="Address to listen on (Fleet AND Control API: firewall it)."),
-        port: int = typer.Option(9092, "--port", help="The one HTTPS port."),
+        host: str = typer.Option(..., "--host", help="Address the nodes dial (the Fleet API only)."),
+        port: int = typer.Option(9092, "--port", help="The nodes' HTTPS port (the Fleet API only)."),
+        control_port: int = typer.Option(9093, "--control-port", help="The SuperLink's own port, on 127.0.0.1 "
+                                         "only: the Control API (register, submit, flwr ls/stop); reach it from "
+                                         "another host through an SSH tunnel."),
         tls_dir: Optional[Path] = typer.Option(None, "--tls", help="Folder with ca.crt, server.pem, server.key."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the SuperLink."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no node authentication (warns)."),
@@ -860,6 +903,8 @@ def _register_machine_commands(flower_app) -> None:
     ):
         """Run flower-superlink with TLS, SuperNode authentication and the gate (foreground).
 
+        The SuperLink listens on 127.0.0.1:--control-port only (Flower OSS's Control API has no user
+        authentication); a proxy on --host:--port passes the Fleet API to it and refuses the rest.
         The SuperLink starts no app itself (``--isolation process``): this host's gate executor
         runs the installed fedsonmf ServerApp, only for the pinned app bundle and coordinator-signed runs."""
         sec = _sec()
@@ -874,12 +919,20 @@ def _register_machine_commands(flower_app) -> None:
                                              param_hint="--tls")
                 key = sec.check_private_file(tls_dir / "server.key", "TLS server key")
                 tls = (tls_dir.resolve() / "ca.crt", tls_dir.resolve() / "server.pem", key)
-            args = sec.superlink_args(host, port, tls, auth=not insecure)
+            if control_port == port and host in ("127.0.0.1", "0.0.0.0", "localhost", ""):
+                raise sec.InputError(f"--control-port {control_port} is --port: give the Control API its own port")
+            args = sec.superlink_args("127.0.0.1", control_port, tls, auth=not insecure)
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)
-        _run_gated("flower-superlink", args, home, role="serverapp", runtime_api=sec.superlink_runtime_api(host, port),
-                   public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve())
+        from fedsonmf.federation.flower import fleetproxy
+
+        front = (fleetproxy.argv(f"{host}:{port}", f"{'https' if tls else 'http'}://127.0.0.1:{control_port}", tls),
+                 f"{host}:{port}")
+        _run_gated("flower-superlink", args, home, role="serverapp",
+                   runtime_api=sec.superlink_runtime_api("127.0.0.1", control_port),
+                   public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve(),
+                   front=front)
 
     @flower_app.command("register")
     def register_cmd(
@@ -1088,6 +1141,8 @@ def _register_machine_commands(flower_app) -> None:
                                str(overrides)], env=flower_env(home), stdin=subprocess.DEVNULL)
         out = out.resolve()
         status = _read_status(out / "status.json")  # readable when submitting on the SuperLink host
+        if not status and (failure := _submitted_failure(home, app_dir)):
+            _fail(failure)  # refused by the gate (its reason), or ended before the ServerApp's first status
         if not status:
             typer.echo(f"flwr run exited {proc.returncode}; the ServerApp's status is {out}/status.json on the "
                        "SuperLink host")
