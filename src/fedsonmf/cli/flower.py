@@ -862,10 +862,13 @@ def _register_machine_commands(flower_app) -> None:
         dest: Path = typer.Argument(..., help="Folder for the key pair."),
         name: str = typer.Option("node", "--name", help="File name of the private key (public: NAME.pub)."),
     ):
-        """A SuperNode key pair (ECDSA P-384, private key 0600): send only NAME.pub to the coordinator."""
+        """A SuperNode key pair (ECDSA P-384, private key 0600) and the node's secure-aggregation signing
+        key (Ed25519, NAME-secagg.pem, 0600): send only NAME.pub and NAME-secagg.pub to the coordinator."""
         sec = _sec()
         key = sec.make_node_key(dest, name)
-        typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}")
+        _, signing_pub, signing = sec.node_signing_key(key.private)
+        typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}\n{signing_pub}\n"
+                   f"secure-aggregation signing key {signing}")
 
     @keys_app.command("coordinator")
     def keys_coordinator(
@@ -944,6 +947,10 @@ def _register_machine_commands(flower_app) -> None:
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the coordinator."),
         replace: bool = typer.Option(False, "--replace", help="Re-pin a view that is already pinned (the old "
                                      "node is unregistered: its key can no longer connect)."),
+        signing_key: Optional[Path] = typer.Option(None, "--signing-key", help="The node's NAME-secagg.pub: "
+                                                   "recorded beside --pins, pinned by `submit` in every run it "
+                                                   "signs (the nodes check each other's secure-aggregation keys "
+                                                   "with it)."),
     ):
         """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
         sec = _sec()
@@ -951,6 +958,7 @@ def _register_machine_commands(flower_app) -> None:
 
         try:
             line = public_key.read_text()
+            signing = sec.read_signing_public(signing_key) if signing_key is not None else None
             sec.write_connection(home, CONNECTION, superlink_addr, ca)
             old = sec.read_pins(pins).get(partition) if pins.exists() else None
             if old is not None and not replace:  # before registering anything
@@ -961,6 +969,8 @@ def _register_machine_commands(flower_app) -> None:
             sec.add_pin(pins, partition, sec.Pin(nid, sec.key_fingerprint(line)), replace=replace)
             if old is not None and old.node_id != nid:  # the replaced key can no longer connect
                 sec.unregister_node(_bin("flwr"), old.node_id, CONNECTION, env=env)
+            if signing is not None:
+                sec.add_peer_key(pins, partition, signing)
         except (OSError, sec.InputError, sec.FederationError) as exc:
             _fail(exc)
         typer.echo(f"view {partition} pinned to node {nid} (key {sec.key_fingerprint(line)}) in {pins}")
@@ -1008,12 +1018,16 @@ def _register_machine_commands(flower_app) -> None:
                     raise typer.BadParameter("give --key and --ca, or --insecure", param_hint="--key/--ca")
                 private = sec.load_node_key(key).private  # refuses a group/world-readable key
                 ca_cert = ca.resolve()
+                signing_key, signing_pub, signing = sec.node_signing_key(private)  # made once, kept
+                typer.echo(f"secure-aggregation signing key {signing_key}; the coordinator pins its public half "
+                           f"{signing} ({signing_pub}: `flower register --signing-key`)", err=True)
             args = sec.supernode_args(superlink_addr, ca_cert, private,
                                       sec.node_config(partition, partitions, view, state_dir, mask,
                                                       require_secure=not allow_plain,
-                                                      min_cluster_size=min_cluster_size, predict=predict),
+                                                      min_cluster_size=min_cluster_size, predict=predict,
+                                                      signing_key=None if insecure else signing_key),
                                       port=runtime_port)
-        except sec.InputError as exc:
+        except (sec.InputError, OSError) as exc:  # OSError: the signing key cannot be written
             _fail(exc)
         public = _coordinator_public(coordinator_key)
         _run_gated("flower-supernode", args, home, role="clientapp", runtime_api=f"127.0.0.1:{runtime_port}",
@@ -1132,6 +1146,15 @@ def _register_machine_commands(flower_app) -> None:
             conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                     "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
                     "resume": resume, **common, **cluster_rc}
+        from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
+
+        plain = not conf.get("secure-aggregation", FLOWER_SECURE_AGGREGATION)  # no masks: no keys to authenticate
+        if not insecure and pins is not None and not plain:  # the views' signing keys, under the coordinator's
+            # signature: the nodes check each other's secure-aggregation keys with them, whatever the server relays
+            try:
+                conf[sec.PEERS_KEY] = sec.peer_keys_for_run(pins.resolve(), clients if predict_from is None else None)
+            except sec.InputError as exc:
+                _fail(exc)
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
