@@ -519,6 +519,33 @@ def test_a_node_that_has_not_pinned_the_app_refuses_its_tasks_with_the_reason(ga
 
 @pytest.mark.slow
 @pytest.mark.deploy
+def test_a_run_the_superlink_gate_refuses_is_reported_with_the_reason(gated, tmp_path):
+    """The SuperLink host trusts another coordinator key: the gate refuses our token, and the
+    launcher reports the gate's reason (Flower's status details of the run) as soon as Flower
+    records the run as failed, instead of waiting for a status the ServerApp never writes."""
+    gated._gate_run_config(write_app_dir(gated.run_dir / "app"), {"out-dir": str(gated.run_dir / "x")})  # pinned
+    pin = gated.run_dir / "gate" / "pin.json"
+    saved = gate.Pin.load(pin)
+    gate.write_pin(pin, saved.fab_sha256, gate.Authority.create(tmp_path / "other.key").public_key)
+    seen: list[dict] = []
+    try:
+        rc = {"num-rounds": 1, "seed": 5, "config-json": json.dumps(CFG.to_dict()), "job-id": "refused",
+              "round-timeout": STALL, "node-timeout": STALL}
+        # without the reason, the wait would end after FINAL_STATUS_TIMEOUT with "wrote no status"
+        outcome = gated.run(rc, out_dir=gated.run_dir / "refused", progress=seen.append)
+    finally:
+        gate.write_pin(pin, saved.fab_sha256, saved.public_key)
+    st = outcome.status
+    assert st["status"] == "failed" and st["refused"], st
+    assert "refused by the fedsonmf gate: the run's authorisation is not signed by this deployment's coordinator" \
+        in st["error"], st
+    assert f"Flower run {st['run_id']}" in st["error"] and "wrote no status" not in st["error"]
+    assert seen and seen[-1] == st  # the progress callback got the reason too
+    assert _our_run(gated, "after-refused").ok  # the deployment is unharmed
+
+
+@pytest.mark.slow
+@pytest.mark.deploy
 def test_outsider_resubmitting_our_own_app_is_refused(gated, tmp_path):
     """(b) Our FAB (anyone can write the same shim: same sha256) without, or with a copied, token."""
     first = _our_run(gated, "own")

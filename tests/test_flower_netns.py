@@ -199,11 +199,11 @@ class Outsider:
         self.hosts, self.host, self.home = hosts, host, home
         self.env = {**env, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 
-    def flwr(self, *args) -> str:
+    def flwr(self, *args, check: bool = True) -> str:
         p = subprocess.run(["ip", "netns", "exec", self.hosts.ns[self.host], str(Path(sys.executable).parent / "flwr"),
                             *args], env=self.env, cwd=self.home, capture_output=True, text=True, timeout=180)
-        assert p.returncode == 0, p.stdout + p.stderr
-        return p.stdout
+        assert p.returncode == 0 or not check, p.stdout + p.stderr
+        return p.stdout if check else p.stdout + p.stderr + f"\n(exit {p.returncode})"
 
     def submit(self, app_dir) -> int:
         out = self.flwr("run", str(app_dir), "x", "--format", "json")
@@ -273,11 +273,18 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     assert "assigned 12 new samples" in last.read_text()
     fits = sorted(logs.glob("*-link-submit.log"))[:2]
     assert "completed 3 rounds" in fits[1].read_text() and f"{c} clusters of sizes" in fits[1].read_text()
-    # a foreign app, submitted with stock `flwr run` from the link's namespace, runs on no host
+    # the Control API from another host, with the CA certificate: its port is closed there, and the
+    # nodes' port answers only the Fleet API (403), so an outsider can neither list, stop nor register
+    assert not hosts.reaches("node0", ADDRESSES["link"], 9093) and hosts.reaches("node0", ADDRESSES["link"], 9092)
+    eve = Outsider(hosts, "node0", tmp_path / "eve", f"{ADDRESSES['link']}:9092", dirs["node0"] / "ca.crt", env)
+    for args in (("ls", "x", "--format", "json"), ("stop", "1", "x"),
+                 ("supernode", "register", str(dirs["node0"] / "key" / "node0.pub"), "x")):
+        said = eve.flwr(*args, check=False)
+        assert '"success": true' not in said and ("403 Forbidden" in said or "(exit 0)" not in said), said
+    # a foreign app, submitted with stock `flwr run` by a local user of the SuperLink host, runs on no host
     markers = tmp_path / "markers"  # one folder every namespace sees: a marker from any host would land here
     markers.mkdir(mode=0o777)
-    mallory = Outsider(hosts, "link", tmp_path / "mallory", f"{ADDRESSES['link']}:9092",
-                       dirs["link"] / "tls" / "ca.crt", env)
+    mallory = Outsider(hosts, "link", tmp_path / "mallory", "127.0.0.1:9093", dirs["link"] / "tls" / "ca.crt", env)
     run_id = mallory.submit(write_evil_app(tmp_path / "evil", markers))
     info = mallory.wait_finished(run_id)
     assert info["status"] == "finished:failed", info
@@ -297,6 +304,13 @@ def test_docs_recipe_on_separate_network_namespaces(hosts, tmp_path):
     # the security actually in force: key files 0600, nodes only on their own address
     assert (dirs["node0"] / "key" / "node0").stat().st_mode & 0o777 == 0o600
     assert (dirs["link"] / "pins.json").stat().st_mode & 0o777 == 0o600
+    # each node's secure-aggregation signing key (0600, beside its node key) pinned in the runs submit signs
+    import tomllib
+
+    assert (dirs["node0"] / "key" / "node0-secagg.pem").stat().st_mode & 0o777 == 0o600
+    peers = json.loads(tomllib.loads((dirs["link"] / "coordinator-home" / "run-config.toml").read_text())[
+        sec.PEERS_KEY])
+    assert peers == [(dirs[f"node{p}"] / "key" / f"node{p}-secagg.pub").read_text().strip() for p in (0, 1)]
     superlink_log = next(logs.glob("*-link-superlink.log")).read_text()
     assert "--enable-supernode-auth" in superlink_log and "--ssl-certfile" in superlink_log
     assert f"run {run_id}: refused by the fedsonmf gate" in superlink_log  # the SuperLink host's gate said no
@@ -349,7 +363,8 @@ def test_daemon_command_stops_its_gate_executor_with_it(tmp_path):
     def start(name):
         home, log = tmp_path / name, tmp_path / f"{name}.log"
         argv = [str(Path(sys.executable).parent / "fedsonmf"), "flower", "superlink", "--host", "127.0.0.1", "--port",
-                str(_free_port()), "--tls", str(tmp_path / "tls"), "--coordinator-key", str(tmp_path / "c.pub"),
+                str(_free_port()), "--control-port", str(_free_port()), "--tls", str(tmp_path / "tls"),
+                "--coordinator-key", str(tmp_path / "c.pub"),
                 "--home", str(home), "--out-root", str(tmp_path)]
         with open(log, "wb") as fh:
             cmd = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -862,7 +862,7 @@ class _DaemonExited(Exception):
 
 
 def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_api: str, public_key: str,
-               root_certificates=None, out_root: Optional[Path] = None) -> None:
+               root_certificates=None, out_root: Optional[Path] = None, front: Optional[tuple] = None) -> None:
     """Run ``program args`` (a Flower daemon) with this host's gate executor (``gate.py``) in the
     foreground, until the daemon exits or this command gets SIGTERM/SIGINT/SIGHUP.
 
@@ -871,7 +871,8 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     dies, and (Linux) both get SIGTERM when this command is killed with -9.  The pin (the installed
     app's FAB hash, the coordinator's public key) and a fresh SuperExec secret are written to
     ``home/gate`` (0700, files 0600); the ledger there is kept across restarts, so a run id's
-    authorisation stays single-use."""
+    authorisation stays single-use.  ``front`` = (argv, HOST:PORT): a process started once the
+    daemon listens (the SuperLink's Fleet-only proxy, :mod:`.fleetproxy`), stopped with it."""
     import shlex
     import subprocess
 
@@ -904,6 +905,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
                                   umask=0o077)
         procs.append(daemon)
         _wait_port(runtime_api, daemon)
+        front_proc = _start_front(front, env, procs)
         ex_argv = gate.executor_argv(role, runtime_api, gate_dir, parent_pid=daemon.pid,
                                      root_certificates=root_certificates)
         typer.echo(f"gate executor: {shlex.join(ex_argv)}", err=True)
@@ -911,6 +913,11 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
                                     preexec_fn=_new_group_dying_with_parent, umask=0o077)
         procs.append(executor)
         while daemon.poll() is None:
+            if front_proc is not None and front_proc.poll() is not None:
+                typer.echo(f"error: the Fleet API proxy exited with code {front_proc.returncode}; stopping "
+                           f"{program}", err=True)
+                program, code = "the Fleet API proxy", 1
+                break
             if executor.poll() is not None:  # a daemon without its gate would run nothing: say so, stop
                 typer.echo(f"error: the gate executor exited with code {executor.returncode}; stopping "
                            f"{program}", err=True)
@@ -1080,6 +1087,39 @@ def _run_node_loop(superlink_addr: str, ca_cert, private_key, node_config: str, 
     raise typer.Exit(0 if not code else (code if code > 0 else 1))
 
 
+def _start_front(front: Optional[tuple], env: dict, procs: list):
+    """Start ``front`` = (argv, HOST:PORT) (see :func:`_run_gated`) and wait until it listens; None without one."""
+    if front is None:
+        return None
+    import shlex
+    import subprocess
+
+    argv, address = front
+    typer.echo(f"Fleet API proxy: {shlex.join(argv)}", err=True)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
+                            umask=0o077)
+    procs.append(proc)
+    host, _, port = address.rpartition(":")
+    _wait_port(f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}", proc)
+    return proc
+
+
+def _submitted_failure(home: Path, app_dir: Path) -> Optional[str]:
+    """Why the run just submitted from ``home`` ended without a ServerApp status, from Flower's own
+    record of it (the newest run of this app bundle, ``flwr ls``): the gate's refusal (a stale,
+    forged or copied token, an app the SuperLink host has not pinned) or another early end; None
+    while it runs or when the record cannot be read."""
+    from fedsonmf.federation.flower import gate
+    from fedsonmf.federation.flower.deployment import failed_run_status, flower_env, flower_runs
+
+    fab_hash = gate.fab_sha256(gate.build_fab(app_dir))
+    ours = [r for r in flower_runs(flower_env(home)) if fab_hash.startswith(str(r.get("fab-hash") or "-"))]
+    if not ours:
+        return None
+    newest = max(ours, key=lambda r: str(r.get("pending-at") or ""))
+    return failed_run_status(newest).get("error")
+
+
 def _coordinator_public(path: Optional[Path]) -> str:
     from fedsonmf.federation.flower import gate
 
@@ -1129,10 +1169,13 @@ def _register_machine_commands(flower_app) -> None:
         dest: Path = typer.Argument(..., help="Folder for the key pair."),
         name: str = typer.Option("node", "--name", help="File name of the private key (public: NAME.pub)."),
     ):
-        """A SuperNode key pair (ECDSA P-384, private key 0600): send only NAME.pub to the coordinator."""
+        """A SuperNode key pair (ECDSA P-384, private key 0600) and the node's secure-aggregation signing
+        key (Ed25519, NAME-secagg.pem, 0600): send only NAME.pub and NAME-secagg.pub to the coordinator."""
         sec = _sec()
         key = sec.make_node_key(dest, name)
-        typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}")
+        _, signing_pub, signing = sec.node_signing_key(key.private)
+        typer.echo(f"{key.private}\n{key.public}\nfingerprint {key.fingerprint}\n{signing_pub}\n"
+                   f"secure-aggregation signing key {signing}")
 
     @keys_app.command("coordinator")
     def keys_coordinator(
@@ -1155,8 +1198,11 @@ def _register_machine_commands(flower_app) -> None:
 
     @flower_app.command("superlink")
     def superlink(
-        host: str = typer.Option(..., "--host", help="Address to listen on (Fleet AND Control API: firewall it)."),
-        port: int = typer.Option(9092, "--port", help="The one HTTPS port."),
+        host: str = typer.Option(..., "--host", help="Address the nodes dial (the Fleet API only)."),
+        port: int = typer.Option(9092, "--port", help="The nodes' HTTPS port (the Fleet API only)."),
+        control_port: int = typer.Option(9093, "--control-port", help="The SuperLink's own port, on 127.0.0.1 "
+                                         "only: the Control API (register, submit, flwr ls/stop); reach it from "
+                                         "another host through an SSH tunnel."),
         tls_dir: Optional[Path] = typer.Option(None, "--tls", help="Folder with ca.crt, server.pem, server.key."),
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the SuperLink."),
         insecure: bool = typer.Option(False, "--insecure", help="Plain HTTP, no node authentication (warns)."),
@@ -1167,6 +1213,8 @@ def _register_machine_commands(flower_app) -> None:
     ):
         """Run flower-superlink with TLS, SuperNode authentication and the gate (foreground).
 
+        The SuperLink listens on 127.0.0.1:--control-port only (Flower OSS's Control API has no user
+        authentication); a proxy on --host:--port passes the Fleet API to it and refuses the rest.
         The SuperLink starts no app itself (``--isolation process``): this host's gate executor
         runs the installed fedsonmf ServerApp, only for the pinned app bundle and coordinator-signed runs."""
         sec = _sec()
@@ -1181,16 +1229,25 @@ def _register_machine_commands(flower_app) -> None:
                                              param_hint="--tls")
                 key = sec.check_private_file(tls_dir / "server.key", "TLS server key")
                 tls = (tls_dir.resolve() / "ca.crt", tls_dir.resolve() / "server.pem", key)
-            args = sec.superlink_args(host, port, tls, auth=not insecure)
+            if control_port == port and host in ("127.0.0.1", "0.0.0.0", "localhost", ""):
+                raise sec.InputError(f"--control-port {control_port} is --port: give the Control API its own port")
+            args = sec.superlink_args("127.0.0.1", control_port, tls, auth=not insecure)
         except sec.InputError as exc:
             _fail(exc)
         public = _coordinator_public(coordinator_key)
         try:
             _check_port_free(host, port, "--port")
+            _check_port_free("127.0.0.1", control_port, "--control-port")
         except sec.InputError as exc:
             _fail(exc)
-        _run_gated("flower-superlink", args, home, role="serverapp", runtime_api=sec.superlink_runtime_api(host, port),
-                   public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve())
+        from fedsonmf.federation.flower import fleetproxy
+
+        front = (fleetproxy.argv(f"{host}:{port}", f"{'https' if tls else 'http'}://127.0.0.1:{control_port}", tls),
+                 f"{host}:{port}")
+        _run_gated("flower-superlink", args, home, role="serverapp",
+                   runtime_api=sec.superlink_runtime_api("127.0.0.1", control_port),
+                   public_key=public, root_certificates=tls[0] if tls else None, out_root=out_root.resolve(),
+                   front=front)
 
     @flower_app.command("register")
     def register_cmd(
@@ -1202,6 +1259,10 @@ def _register_machine_commands(flower_app) -> None:
         home: Path = typer.Option(DEFAULT_HOME, "--home", help="FLWR_HOME of the coordinator."),
         replace: bool = typer.Option(False, "--replace", help="Re-pin a view that is already pinned (the old "
                                      "node is unregistered: its key can no longer connect)."),
+        signing_key: Optional[Path] = typer.Option(None, "--signing-key", help="The node's NAME-secagg.pub: "
+                                                   "recorded beside --pins, pinned by `submit` in every run it "
+                                                   "signs (the nodes check each other's secure-aggregation keys "
+                                                   "with it)."),
     ):
         """Register a node's public key with the SuperLink and pin --partition to the node id it gets."""
         sec = _sec()
@@ -1209,6 +1270,7 @@ def _register_machine_commands(flower_app) -> None:
 
         try:
             line = public_key.read_text()
+            signing = sec.read_signing_public(signing_key) if signing_key is not None else None
             sec.write_connection(home, CONNECTION, superlink_addr, ca)
             old = sec.read_pins(pins).get(partition) if pins.exists() else None
             if old is not None and not replace:  # before registering anything
@@ -1219,6 +1281,8 @@ def _register_machine_commands(flower_app) -> None:
             sec.add_pin(pins, partition, sec.Pin(nid, sec.key_fingerprint(line)), replace=replace)
             if old is not None and old.node_id != nid:  # the replaced key can no longer connect
                 sec.unregister_node(_bin("flwr"), old.node_id, CONNECTION, env=env)
+            if signing is not None:
+                sec.add_peer_key(pins, partition, signing)
         except (OSError, sec.InputError, sec.FederationError) as exc:
             _fail(exc)
         typer.echo(f"view {partition} pinned to node {nid} (key {sec.key_fingerprint(line)}) in {pins}")
@@ -1271,11 +1335,15 @@ def _register_machine_commands(flower_app) -> None:
                     raise typer.BadParameter("give --key and --ca, or --insecure", param_hint="--key/--ca")
                 private = sec.load_node_key(key).private  # refuses a group/world-readable key
                 ca_cert = ca.resolve()
+                signing_key, signing_pub, signing = sec.node_signing_key(private)  # made once, kept
+                typer.echo(f"secure-aggregation signing key {signing_key}; the coordinator pins its public half "
+                           f"{signing} ({signing_pub}: `flower register --signing-key`)", err=True)
             ncfg = sec.node_config(partition, partitions, view, state_dir, mask, require_secure=not allow_plain,
-                                   min_cluster_size=min_cluster_size, predict=predict)
+                                   min_cluster_size=min_cluster_size, predict=predict,
+                                   signing_key=None if insecure else signing_key)
             args = sec.supernode_args(superlink_addr, ca_cert, private, ncfg, port=runtime_port)
             loop = _node_loop_choice()
-        except sec.InputError as exc:
+        except (sec.InputError, OSError) as exc:  # OSError: the signing key cannot be written
             _fail(exc)
         public = _coordinator_public(coordinator_key)
         try:
@@ -1400,6 +1468,15 @@ def _register_machine_commands(flower_app) -> None:
             conf = {"num-clients": clients, "num-rounds": rounds, "tol": tol, "seed": seed, "algorithm": algorithm,
                     "config-json": json.dumps(cfg.to_dict()), "diagnostics": bool(cfg.diagnostics), "job-id": job_id,
                     "resume": resume, **common, **cluster_rc}
+        from fedsonmf.protocol.params import FLOWER_SECURE_AGGREGATION
+
+        plain = not conf.get("secure-aggregation", FLOWER_SECURE_AGGREGATION)  # no masks: no keys to authenticate
+        if not insecure and pins is not None and not plain:  # the views' signing keys, under the coordinator's
+            # signature: the nodes check each other's secure-aggregation keys with them, whatever the server relays
+            try:
+                conf[sec.PEERS_KEY] = sec.peer_keys_for_run(pins.resolve(), clients if predict_from is None else None)
+            except sec.InputError as exc:
+                _fail(exc)
         # sign the run for the FAB `flwr run` submits (Flower's builder is deterministic)
         conf = gate.sign_run_config(authority, gate.fab_sha256(gate.build_fab(app_dir)), conf)
         overrides = home / "run-config.toml"  # 0600: holds this run's authorisation
@@ -1410,6 +1487,8 @@ def _register_machine_commands(flower_app) -> None:
                                       str(overrides)], flower_env(home), out / "status.json",
                                      0 if predict_from is not None else rounds)
         status = _read_status(out / "status.json")  # readable when submitting on the SuperLink host
+        if not status and (failure := _submitted_failure(home, app_dir)):
+            _fail(failure)  # refused by the gate (its reason), or ended before the ServerApp's first status
         if not status:
             typer.echo(f"flwr run exited {proc.returncode}; the ServerApp's status is {out}/status.json on the "
                        "SuperLink host")

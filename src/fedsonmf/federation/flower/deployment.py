@@ -13,6 +13,7 @@ import atexit
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -589,6 +590,9 @@ class LoopbackDeployment:
         deadline = time.monotonic() + timeout
         last, next_status = None, 0.0
         while proc.poll() is None:
+            if status_path is not None and last is None and self._gate_refused(log):
+                _end_group(proc)  # the gate refused the run: no ServerApp will write a status
+                return
             if status_path is not None and _read_status(status_path).get("status") not in (None, "running"):
                 # the ServerApp's status is final (written after its last output): what `flwr run --stream`
                 # still does is the run's teardown and its own exit (seconds); end it, do not wait
@@ -611,6 +615,32 @@ class LoopbackDeployment:
                 proc.wait()
                 raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; see {log}")
             time.sleep(0.1)
+
+    def _gate_refused(self, run_log: Path) -> str | None:
+        """The SuperLink gate's refusal of the run ``flwr run`` started (its id in ``run_log``), or None."""
+        try:
+            run_id = started_run_id(run_log.read_text(errors="replace"))
+        except OSError:
+            return None
+        if run_id is None:
+            return None
+        return refusal_in_log(self.run_dir / "logs" / "gate-superlink.log", run_id)
+
+    def _flower_failure(self, run_log: Path) -> dict:
+        """A failed status for a run whose ServerApp wrote none: the gate refused it (its token is
+        stale, forged or copied; the app is not pinned) or it died before its first status --
+        with Flower's own status details as the reason.  {} while the run is not over."""
+        try:
+            run_id = started_run_id(run_log.read_text(errors="replace"))
+        except OSError:
+            return {}
+        if run_id is None:
+            return {}
+        runs = flower_runs(self.env, run_id=run_id, cwd=self.run_dir)
+        status = failed_run_status(runs[0]) if runs else {}
+        if not status and (line := self._gate_refused(run_log)):
+            status = {"status": "failed", "run_id": run_id, "refused": True, "error": f"Flower run {run_id}: {line}"}
+        return status
 
     def _failure_report(self, status: dict, status_path: Path) -> dict:
         """The status of a run whose SuperLink died: signal, round, last checkpoint; also
@@ -681,7 +711,13 @@ class LoopbackDeployment:
         # ServerApp may still be writing its last status: wait for it, returning as soon as it is there)
         status = _read_status(status_path)
         deadline = time.monotonic() + FINAL_STATUS_TIMEOUT
+        next_ask = time.monotonic()
         while status.get("status") in (None, "running") and time.monotonic() < deadline:
+            if not status and time.monotonic() >= next_ask:  # refused or dead before its first status?
+                status = self._flower_failure(log)
+                if status:
+                    break
+                next_ask = time.monotonic() + 2.0
             time.sleep(0.2)
             status = _read_status(status_path)
         if not status:
@@ -815,3 +851,51 @@ def _read_status(path: Path) -> dict:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+#: what ``flwr run`` prints once the SuperLink accepted the run (Flower 1.42, ``flwr/cli/run/run.py``)
+_STARTED_RUN = re.compile(r"Successfully started run (\d+)")
+#: how the gate words a refused run (:meth:`.gate.Executor.handle_server_task`)
+GATE_REFUSAL = "refused by the fedsonmf gate: "
+
+
+def started_run_id(text: str) -> int | None:
+    """The run id ``flwr run`` printed in ``text`` (its output), or None before it did."""
+    found = _STARTED_RUN.search(text)
+    return int(found.group(1)) if found else None
+
+
+def flower_runs(env: dict, *, run_id: int | None = None, cwd=None, timeout: float = 60.0) -> list[dict]:
+    """Flower's own record of the runs (``flwr ls CONNECTION --format json [--run-id N]``):
+    dicts with ``run-id``, ``status`` (``finished:failed`` ...), ``status-details``, ``fab-hash``,
+    ``pending-at``; [] when the Control API cannot be read."""
+    args = [_bin("flwr"), "ls", CONNECTION, "--format", "json", *(["--run-id", str(run_id)] if run_id else [])]
+    try:
+        p = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        return list(json.loads(p.stdout[p.stdout.index("{"):]).get("runs") or [])
+    except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
+        return []
+
+
+def failed_run_status(run: dict) -> dict:
+    """A ``status.json``-like failure for a run Flower records as finished but whose ServerApp
+    wrote no status (the gate refused its token or app, or the ServerApp died before its first
+    status): Flower's status details are the reason.  {} for a run not finished."""
+    if not str(run.get("status", "")).startswith("finished"):
+        return {}
+    details = str(run.get("status-details") or "no details")
+    return {"status": "failed", "run_id": run.get("run-id"), "refused": GATE_REFUSAL in details,
+            "error": f"Flower run {run.get('run-id')} ended {run.get('status')} before the ServerApp wrote a status: "
+                     f"{details}"}
+
+
+def refusal_in_log(log: Path, run_id: int) -> str | None:
+    """The gate's refusal line for ``run_id`` in its log ``log`` (``run N: refused by ...``), or None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    mark = f"run {run_id}: {GATE_REFUSAL}"
+    at = text.find(mark)
+    return text[at + len(f"run {run_id}: "):].splitlines()[0] if at >= 0 else None

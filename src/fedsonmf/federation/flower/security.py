@@ -64,6 +64,7 @@ __all__ = [
     "unregister_node", "superlink_args", "supernode_args", "node_config", "write_connection", "write_pins",
     "read_pins", "read_retired", "add_pin", "check_pin", "gate_daemon_args", "superlink_runtime_api",
     "make_signing_key", "load_signing_key", "signing_public_key", "parse_peer_keys", "SIGNING_KEY", "PEERS_KEY",
+    "node_signing_key", "read_signing_public", "peers_file", "add_peer_key", "peer_keys_for_run",
 ]
 
 #: node-config key: the node's Ed25519 signing key for secure aggregation (:func:`make_signing_key`)
@@ -349,6 +350,75 @@ def parse_peer_keys(text: str) -> list[bytes]:
     if any(len(k) != 32 for k in keys):
         raise InputError("run config 'secagg-peers' holds a key that is not 32 bytes (Ed25519)")
     return keys
+
+
+def node_signing_key(node_key) -> tuple[Path, Path, str]:
+    """The secure-aggregation signing key kept beside the SuperNode key ``node_key``
+    (``NAME-secagg.pem``, 0600; made on first use, kept after: peers pin it for the deployment's
+    lifetime) and its public half's file ``NAME-secagg.pub``, which travels to the coordinator like
+    ``NAME.pub``.  Returns (private path, public path, public key)."""
+    node_key = Path(node_key)
+    private = node_key.with_name(f"{node_key.name}-secagg.pem")
+    public = node_key.with_name(f"{node_key.name}-secagg.pub")
+    key = make_signing_key(private) if not private.is_file() else signing_public_key(private)
+    if not public.is_file() or public.read_text().strip() != key:
+        _write_public(public, (key + "\n").encode())
+    return private, public, key
+
+
+def read_signing_public(path) -> str:
+    """A node's public signing key file (``NAME-secagg.pub``: one base64url line of 32 bytes);
+    InputError naming the file otherwise (a private key is refused: it must not travel)."""
+    path = Path(path)
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise InputError(f"signing key file {path} cannot be read: {exc}") from None
+    if "PRIVATE" in text:
+        raise InputError(f"{path} is a private key: give the node's NAME-secagg.pub")
+    try:
+        parse_peer_keys(json.dumps([text]))
+    except InputError:
+        raise InputError(f"{path} is not a secure-aggregation public signing key (NAME-secagg.pub from "
+                         "`fedsonmf flower keys node` or `supernode`)") from None
+    return text
+
+
+def peers_file(pins_path) -> Path:
+    """The coordinator's record of every view's public signing key, beside the pins file
+    (``PINS-secagg.json``, 0600): written by ``flower register --signing-key``, read by ``submit``."""
+    pins_path = Path(pins_path)
+    return pins_path.with_name(f"{pins_path.stem}-secagg.json")
+
+
+def add_peer_key(pins_path, partition: int, public: str) -> Path:
+    """Record view ``partition``'s public signing key ``public`` (replacing the view's old one)."""
+    path = peers_file(pins_path)
+    keys = json.loads(check_private_file(path, "signing keys file").read_text()) if path.exists() else {}
+    keys[str(int(partition))] = public
+    return write_private(path, json.dumps(dict(sorted(keys.items(), key=lambda kv: int(kv[0]))), indent=1).encode())
+
+
+def peer_keys_for_run(pins_path, n_views: int | None) -> str:
+    """The run config's ``secagg-peers`` (JSON list by view) from the record beside ``pins_path``;
+    InputError naming the views without a key (``n_views`` None: the views 0..max recorded)."""
+    path = peers_file(pins_path)
+    if not path.exists():
+        raise InputError(f"no secure-aggregation signing keys are recorded ({path} does not exist): register each "
+                         "node with `fedsonmf flower register ... --signing-key NAME-secagg.pub`")
+    try:
+        body = json.loads(check_private_file(path, "signing keys file").read_text())
+        keys = {int(p): str(k) for p, k in body.items()}
+    except (ValueError, AttributeError) as exc:
+        raise InputError(f"signing keys file {path} is malformed: {exc}") from None
+    n = n_views if n_views is not None else (max(keys) + 1 if keys else 0)
+    missing = [p for p in range(n) if p not in keys]
+    if missing or n == 0:
+        raise InputError(f"views {missing or 'all'} have no secure-aggregation signing key in {path}: register "
+                         "them with `fedsonmf flower register ... --signing-key NAME-secagg.pub --replace`")
+    text = json.dumps([keys[p] for p in range(n)])
+    parse_peer_keys(text)
+    return text
 
 
 def _register_args(flwr: str, public_key, connection: str) -> list[str]:

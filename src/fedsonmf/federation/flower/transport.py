@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from fedsonmf.federation.flower import codec
 from fedsonmf.federation.flower.nodeconfig import MIN_CLUSTER_SIZE
 from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
 from fedsonmf.protocol.messages import Message
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
            "WireRecorder", "BatchingGrid"]
@@ -375,8 +378,18 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     return by_id, got, pending
 
 
-#: seconds the handshake waits for an unpinned online node's claim once every view is found
-UNKNOWN_NODE_GRACE = 10.0
+def leave_out_unpinned(online: set[int], pinned: set[int], noted: set[int]) -> set[int]:
+    """The nodes of ``online`` that hold a pinned key (``pinned``: node ids of the pins file).
+
+    Any other node (a key registered with the SuperLink by someone else: Flower OSS's Control
+    API has no user authentication) is left out of the run -- never asked, never sent a view's
+    messages -- and logged once (``noted`` collects the node ids already logged).
+    """
+    for nid in sorted(online - pinned - noted):
+        _log.warning("node %d is online but holds no pinned key (registered with the SuperLink by someone "
+                     "else): left out of the run", nid)
+    noted |= online - pinned
+    return online & pinned
 
 
 def check_claim(pins: dict[int, Pin] | None, owner: dict[int, int], node_id: int, partition: int,
@@ -444,18 +457,23 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     ------
     FederationError
         Two nodes claim one view, a node claims a view outside 0..n_clients-1, a node holds a
-        view not pinned to it, or not every view answered within ``timeout``.
+        view not pinned to it, or not every view answered within ``timeout``.  A node whose key
+        is pinned to no view is left out (logged), not an error: a rogue with a registered key
+        cannot block the run.
     """
     deadline = time.monotonic() + timeout
-    complete_at = None  # when every view had its pinned node
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     kind = codec.SETUP_AT_HELLO if setup else "hello"
     content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": -1, "job-id": job_id})})
     if setup:
         content[codec.SCALARS] = ConfigRecord({k: codec._scalar(v) for k, v in setup.items()})
+    pinned = {pin.node_id for pin in pins.values()} if pins is not None else None
+    left_out: set[int] = set()  # online nodes with no pinned key: never asked
     while True:
         online = set(grid.get_node_ids()) - set(retired)
+        if pinned is not None:
+            online = leave_out_unpinned(online, pinned, left_out)
         new = sorted(online - set(asked.values()))
         if new:
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="handshake",
@@ -486,17 +504,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                     info[pid]["setup"] = dataclasses.replace(rep_msg, kind="setup")
                     info[pid]["setup_bytes"] = _array_bytes(rep.content)
         if len(owner) == n_clients:
-            unknown = sorted(set(grid.get_node_ids()) - set(owner.values()) - set(retired)) if pins is not None else []
-            if not unknown:
-                return [owner[p] for p in range(n_clients)]
-            # an unpinned node is online: give its answer a few seconds, so that the error names the view
-            # it claims (check_claim above); a silent one is refused as it is
-            grace = min(deadline, (complete_at := complete_at or time.monotonic()) + UNKNOWN_NODE_GRACE)
-            if time.monotonic() >= grace:
-                raise FederationError(
-                    f"node {unknown[0]} is online but pinned to no view (a key registered with the SuperLink "
-                    f"by someone else{'; also nodes ' + str(unknown[1:]) if unknown[1:] else ''}): refused",
-                    round=0, node_id=unknown[0])
+            return [owner[p] for p in range(n_clients)]
         if time.monotonic() >= deadline:
             missing = sorted(set(range(n_clients)) - set(owner))
             silent = len(online) >= n_clients  # online but not answering: wedged, not gone
@@ -505,7 +513,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                 f"({len(online)} node(s) online, views found: {sorted(owner)})"
                 + ("; a node that is online but silent may still be waiting for the reply to a message of "
                    "an earlier run that was stopped or failed (a Flower 1.42 behaviour, docs/flower.md): "
-                   "restart its SuperNode" if silent else ""),
+                   "restart its SuperNode" if silent else "")
+                + (f"; left out, holding no pinned key: nodes {sorted(left_out)}" if left_out else ""),
                 client=missing[0] if len(missing) == 1 else None, round=0)
         time.sleep(poll)
 
@@ -573,6 +582,7 @@ class FlowerTransport:
         self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
         self.dropped: list[dict] = []  # partial rounds: {"round", "client", "node_id", "reason"}
         self._seen = set(self.node_ids)  # node ids already asked for their view
+        self._left_out: set[int] = set()  # online nodes with no pinned key (logged once, never asked)
         self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
         #: {view: refine-min-cluster-size} announced by the nodes adopted after the handshake
         self.min_cluster_sizes: dict[int, int] = {}
@@ -606,6 +616,9 @@ class FlowerTransport:
         unseen = set(self.grid.get_node_ids()) - self._seen
         if unseen and self.pins_path is not None:
             unseen -= read_retired(self.pins_path)  # this deployment's replaced keys: dead, not asked
+            # re-read: a restarted node has a new key; a node with no pinned key is never asked
+            unseen = leave_out_unpinned(unseen, {pin.node_id for pin in read_pins(self.pins_path).values()},
+                                        self._left_out)
         new = sorted(unseen)
         if new:
             content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
