@@ -56,12 +56,12 @@ def _submit(tmp_path, monkeypatch, *extra):
         gate.Authority.create(tmp_path / "c.key")
     out = tmp_path / "run"
 
-    def flwr_run(argv, **kw):
+    def flwr_run(argv, *args, **kw):
         out.mkdir(exist_ok=True)
         (out / "status.json").write_text(json.dumps({"status": "completed", "n_rounds": 1}))
         return subprocess.CompletedProcess(argv, 0)
 
-    monkeypatch.setattr(subprocess, "run", flwr_run)
+    monkeypatch.setattr("fedsonmf.cli.flower._submit_with_progress", flwr_run)
     tls = sec.make_tls(tmp_path / "tls")
     return CliRunner().invoke(app, ["flower", "submit", "--superlink", "127.0.0.1:9093", "--ca", str(tls.ca_cert),
                                     "--pins", str(tmp_path / "pins.json"), "--out", str(out), "--clients", "2",
