@@ -126,8 +126,9 @@ def test_a_taken_port_is_named_with_its_option_before_a_daemon_starts(tmp_path, 
                                      str(key.private), "--ca", str(tmp_path / "tls" / "ca.crt"), "--coordinator-key",
                                      str(tmp_path / "c.pub"), "--home", str(tmp_path / "h"), "--runtime-port",
                                      str(port)])
-        assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
-        assert "choose another with --runtime-port" in r.output
+        errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+        assert r.exit_code == 2 and len(errors) == 1 and "Traceback" not in r.output, r.output
+        assert "choose another with --runtime-port" in errors[0]
     assert not (tmp_path / "h").exists()  # nothing started
 
 
@@ -155,7 +156,7 @@ def test_two_supernode_commands_on_one_host_both_register(tmp_path):
     link.mkdir()
     sec.make_tls(link / "tls", ["127.0.0.1"])
     gate.Authority.create(link / "c.key").write_public(link / "c.pub")
-    port = _free_port()
+    port, control = _free_port(), _free_port()  # the Fleet API (the nodes') and the Control API (loopback)
     procs = []
 
     def start(argv, cwd, log):
@@ -167,8 +168,8 @@ def test_two_supernode_commands_on_one_host_both_register(tmp_path):
 
     try:
         sl_log = tmp_path / "superlink.log"
-        sl = start(["superlink", "--host", "127.0.0.1", "--port", str(port), "--tls", "tls", "--coordinator-key",
-                    "c.pub", "--home", "superlink-home"], link, sl_log)
+        sl = start(["superlink", "--host", "127.0.0.1", "--port", str(port), "--control-port", str(control), "--tls",
+                    "tls", "--coordinator-key", "c.pub", "--home", "superlink-home"], link, sl_log)
         _wait_for_text(sl_log, "gate executor:", sl)
         deadline = time.monotonic() + STALL
         while True:  # the port answers (an event)
@@ -185,7 +186,7 @@ def test_two_supernode_commands_on_one_host_both_register(tmp_path):
             np.save(host / f"view{i}.npy", np.random.default_rng(i).random((20, 5)))
             key = sec.make_node_key(host / "key", f"node{i}")
             r = CliRunner().invoke(app, ["flower", "register", str(key.public), "--partition", str(i), "--superlink",
-                                         f"127.0.0.1:{port}", "--ca", str(link / "tls" / "ca.crt"), "--pins",
+                                         f"127.0.0.1:{control}", "--ca", str(link / "tls" / "ca.crt"), "--pins",
                                          str(link / "pins.json"), "--home", str(link / "coordinator-home")],
                                    env=env)
             assert r.exit_code == 0, r.output
