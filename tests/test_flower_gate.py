@@ -576,7 +576,7 @@ def test_second_launch_on_the_same_out_fails_at_once_naming_the_lock(gated, view
     proc = subprocess.run([sys.executable, "-c", "from fedsonmf.cli.app import main; main()", "flower", "run",
                            *map(str, views), "--out", str(gated.run_dir), "--rounds", "1"],
                           capture_output=True, text=True, timeout=STALL, env={**os.environ})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # refused before anything starts
     assert f"lock {gated.run_dir / '.lock'}" in proc.stderr and f"pid {os.getpid()}" in proc.stderr
     assert "in use by a running launch" in proc.stderr
     assert gated.superlink.poll() is None and _our_run(gated, "still-mine").ok  # the first launch is untouched

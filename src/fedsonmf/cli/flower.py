@@ -295,6 +295,15 @@ def _claim_out_folder(out: Path, *, resume: bool, overwrite: bool, can_resume: b
                                  param_hint="--overwrite")
     if resume or not out.is_dir() or not any(out.iterdir()):
         return
+    from fedsonmf.exceptions import FlowerRunError
+    from fedsonmf.federation.flower.deployment import _lock_run_dir
+
+    if (out / ".lock").exists():  # a launch running on it is named first, whatever the folder holds
+        try:
+            _lock_run_dir(out).release()
+        except FlowerRunError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     if not overwrite:
         typer.echo(f"error: run folder {out} is not empty (an earlier run?): give "
                    + ("--resume to continue its run, " if can_resume else "")
@@ -305,9 +314,6 @@ def _claim_out_folder(out: Path, *, resume: bool, overwrite: bool, can_resume: b
         typer.echo(f"error: --overwrite removes only a run's files, and {out} holds others too "
                    f"({', '.join(foreign[:5])}): give another --out", err=True)
         raise typer.Exit(2)
-    from fedsonmf.exceptions import FlowerRunError
-    from fedsonmf.federation.flower.deployment import _lock_run_dir
-
     try:
         lock = _lock_run_dir(out)  # not while a launch uses it
     except FlowerRunError as exc:
