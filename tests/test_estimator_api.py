@@ -354,3 +354,27 @@ def test_training_error_counts_only_the_samples_a_view_holds(data):
     eb = FedSONMF(3, random_state=0, **FAST).fit(b, masks=masks)
     assert np.array_equal(ea.embedding_, eb.embedding_)
     assert ea.reconstruction_err_ == eb.reconstruction_err_
+
+
+def test_option_fields_are_searchable_as_nested_parameters(data):
+    """scikit-learn's nested names reach an option object's fields: set_params(method__tau=...) checks
+    the value, a clone gets its own object, and a search over one field runs."""
+    from sklearn.base import clone
+
+    from fedsonmf.model_selection import GridSearchCV
+
+    est = FedMultiViewClustering(3, method=MethodOptions(tau=3), max_rounds=3, tol=0, n_init=1, random_state=0)
+    twin = clone(est)
+    assert twin.method is not est.method and twin.method == est.method
+    est.set_params(method__tau=5, refinement=RefineOptions(starts=2))
+    assert (est.method.tau, twin.method.tau, est.refinement.starts) == (5, 3, 2)
+    with pytest.raises(ParameterError, match="'tau' parameter of MethodOptions"):
+        est.set_params(method__tau=0)
+    with pytest.raises(ParameterError, match="has no field 'bogus'"):
+        est.set_params(method__bogus=1)
+    est.method.tau = -1  # assigned past the checks: refused when the estimator fits with it
+    with pytest.raises(ParameterError, match="'tau' parameter of MethodOptions"):
+        est.fit(data.views)
+    est.method.tau = 5
+    search = GridSearchCV(est, {"method__tau": [2, 5]}, cv=2).fit(data.views)
+    assert search.best_params_["method__tau"] in (2, 5) and est.method.tau == 5

@@ -300,8 +300,12 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
     def _resolve(self) -> SimpleNamespace:
         """Check every parameter against its declared constraints (before any computation) and open the
         option objects: ``self._o`` holds every table name's value for this fit."""
-        check_params(type(self).__name__, self.get_params(deep=False), self._parameter_constraints)
-        self._o = SimpleNamespace(**flat(self.get_params(deep=False)))
+        params = self.get_params(deep=False)
+        check_params(type(self).__name__, params, self._parameter_constraints)
+        for key in ("method", "refinement", "privacy", "federation"):
+            if params[key] is not None:  # a field may have been assigned since the object was made
+                params[key].check()
+        self._o = SimpleNamespace(**flat(params))
         return self._o
 
     def _validate(self, n_samples: int) -> None:

@@ -11,10 +11,11 @@ The estimator takes the choices most fits make as its own parameters; the others
 * :class:`InProcess` / :class:`Flower` -- where the federation runs (``federation=``).
 
 Every field's default and accepted values are the table's; an option object checks its fields
-when it is made, with the same messages as the estimator's own parameters (scikit-learn's
-``_parameter_constraints`` form, :func:`constraints`).  They are frozen dataclasses, so
-``clone``, ``get_params`` and a search over ``refinement=[RefineOptions(starts=5), ...]`` work as
-for any scikit-learn parameter.  :func:`from_flat` turns the table's flat names (a CLI's options,
+when it is made, changed (``set_params``) and fitted with, with the same messages as the
+estimator's own parameters (scikit-learn's ``_parameter_constraints`` form, :func:`constraints`).
+They follow scikit-learn's parameter protocol, so ``clone``, ``get_params`` and searches over whole
+objects (``{"refinement": [RefineOptions(starts=5), ...]}``) or single fields
+(``{"refinement__starts": [5, 10]}``) work as for nested estimators.  :func:`from_flat` turns the table's flat names (a CLI's options,
 a benchmark's ``--params``) into the estimator's keyword arguments, :func:`flat` the other way.
 """
 
@@ -41,17 +42,39 @@ __all__ = ["MethodOptions", "RefineOptions", "PrivacyOptions", "InProcess", "Flo
 
 
 class _Options:
-    """An option object: its fields are the parameters of one ``group`` of the table."""
+    """An option object: its fields are the parameters of one ``group`` of the table.
+
+    It checks its fields when it is made, when :meth:`set_params` changes them and when an estimator
+    fits with it (:meth:`check`); ``get_params``/``set_params`` make its fields searchable as
+    scikit-learn's nested parameters (``GridSearchCV(model, {"method__tau": [5, 10]})``)."""
 
     _group: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Check every field against the table (a :class:`ParameterError` names the field)."""
         params = {p.key: p for p in grouped(self._group)}
-        check_params(type(self).__name__, {f.name: getattr(self, f.name) for f in fields(self)},  # type: ignore[arg-type]
-                     {k: _constraint_list(p) for k, p in params.items()})
+        check_params(type(self).__name__, self.get_params(), {k: _constraint_list(p) for k, p in params.items()})
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The fields, by name (scikit-learn's protocol; ``deep`` changes nothing)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def set_params(self, **params) -> _Options:
+        """Set fields by name, checked (scikit-learn's protocol: ``estimator.set_params(method__tau=5)``)."""
+        known = self.get_params()
+        for name in params:
+            if name not in known:
+                raise ParameterError(f"{type(self).__name__} has no field {name!r}; its fields: {sorted(known)}")
+        for name, value in params.items():
+            setattr(self, name, value)
+        self.check()
+        return self
 
 
-@dataclass(frozen=True)
+@dataclass
 class MethodOptions(_Options):
     """The method's options: the factorisation, the views' scaling, k-means on V, the stopping rule.
 
@@ -81,7 +104,7 @@ class MethodOptions(_Options):
     early_stop: str = default("early_stop")
 
 
-@dataclass(frozen=True)
+@dataclass
 class RefineOptions(_Options):
     """The refinement's options (``refine`` chooses its stages): ``starts`` (the fit's partition and
     ``starts - 1`` partitions of k-means on V), ``seeded_starts`` (federated k-means++ starts once a
@@ -94,7 +117,7 @@ class RefineOptions(_Options):
     spectral_steps: int = default("refine_spectral_steps")
 
 
-@dataclass(frozen=True)
+@dataclass
 class PrivacyOptions(_Options):
     """Privacy options: ``secure_aggregation`` (the server learns only sums; always on in a Flower
     deployment; ``secagg_threshold``: its threshold recovery of rounds that lose clients, used by runs
@@ -114,7 +137,7 @@ class PrivacyOptions(_Options):
     dp_rounds: int = default("dp_rounds")
 
 
-@dataclass(frozen=True)
+@dataclass
 class InProcess(_Options):
     """The federation in this process (the default): every client in turn, or up to ``n_jobs`` fits at
     once in threads; ``blas_threads`` limits BLAS during the fit ("auto": one thread where that is
@@ -124,7 +147,7 @@ class InProcess(_Options):
     blas_threads: Any = default("blas_threads")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Flower(_Options):
     """The federation on a loopback Flower deployment (a SuperLink and one SuperNode per view, separate
     processes; needs ``fedsonmf[flower]``): each view is written to its own client folder under
