@@ -15,8 +15,9 @@ when it is made, changed (``set_params``) and fitted with, with the same message
 estimator's own parameters (scikit-learn's ``_parameter_constraints`` form, :func:`constraints`).
 They follow scikit-learn's parameter protocol, so ``clone``, ``get_params`` and searches over whole
 objects (``{"refinement": [RefineOptions(starts=5), ...]}``) or single fields
-(``{"refinement__starts": [5, 10]}``) work as for nested estimators.  :func:`from_flat` turns the table's flat names (a CLI's options,
-a benchmark's ``--params``) into the estimator's keyword arguments, :func:`flat` the other way.
+(``{"refinement__starts": [5, 10]}``) work as for nested estimators.  :func:`from_flat` turns the
+table's flat names (a CLI's options, a benchmark's ``--params``) into the estimator's keyword
+arguments, :func:`flat` the other way.
 """
 
 from __future__ import annotations
