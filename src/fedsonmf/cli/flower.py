@@ -147,11 +147,7 @@ class FlowerProgress:
 
     def _clustering_status(self, st: dict) -> str:
         """The clustering phase: the stage and exchange count, with s/exchange once known."""
-        stage = st.get("stage")
-        if not stage:  # no exchange yet: the server's k-means of V
-            return self.PHASES["clustering"]
-        status = f"{self.STAGES.get(stage, stage)}, exchange {st.get('exchanges')}"
-        spe = st.get("seconds_per_exchange")
+        status, spe = _clustering_text(st)
         return (status + f" ({spe:.1f} s/exchange)") if spe else status
 
     def _completed(self, st: dict, done: int) -> None:
@@ -223,15 +219,21 @@ class PlainProgress:
         if status in ("failed", "stopped"):
             return f"{status}: {st.get('error') or st.get('report') or 'see the run folder'}"
         if phase == "clustering":
-            stage = st.get("stage")
-            if not stage:
-                return f"clustering: {FlowerProgress.PHASES['clustering']}"
-            text = f"clustering: {FlowerProgress.STAGES.get(stage, stage)}, exchange {st.get('exchanges')}"
-            spe = st.get("seconds_per_exchange")
-            return text + (f", {spe:.2f} s/exchange" if spe else "")
+            text, spe = _clustering_text(st)
+            return f"clustering: {text}" + (f", {spe:.2f} s/exchange" if spe else "")
         if phase == "round" or (done and phase not in FlowerProgress.PHASES):
             return _rounds_text(st, self.total, done)
         return FlowerProgress.PHASES.get(str(phase), "starting: SuperLink + SuperNodes, submitting the run")
+
+
+def _clustering_text(st: dict) -> tuple[str, Optional[float]]:
+    """The clustering phase of the status ``st``: the stage and its exchange count (before the first
+    exchange, the server's k-means of V) and the seconds per exchange once known (else None)."""
+    stage = st.get("stage")
+    if not stage:
+        return FlowerProgress.PHASES["clustering"], None
+    return (f"{FlowerProgress.STAGES.get(stage, stage)}, exchange {st.get('exchanges')}",
+            st.get("seconds_per_exchange") or None)
 
 
 def _rounds_text(st: dict, total: int, done: int) -> str:

@@ -313,16 +313,20 @@ def make_signing_key(path) -> str:
     key = Ed25519PrivateKey.generate()
     write_private(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    return _public_b64(key)
 
 
 def signing_public_key(path) -> str:
     """The public half (base64url) of the signing key at ``path`` (:func:`load_signing_key`)."""
-    from cryptography.hazmat.primitives import serialization
+    return _public_b64(load_signing_key(path))
 
-    raw = load_signing_key(path).public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+def _public_b64(key) -> str:
+    """The raw public half of an Ed25519 private key (:meth:`~fedsonmf.federation.secagg.KeySigner.public_bytes`,
+    what the nodes verify against), base64url without padding."""
+    from fedsonmf.federation.secagg import KeySigner
+
+    return base64.urlsafe_b64encode(KeySigner.public_bytes(key)).decode("ascii").rstrip("=")
 
 
 def load_signing_key(path):
