@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from fedsonmf._io import new_private_dir, write_atomic
 from fedsonmf._validation import check_views
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.federation import loop as fed_loop
@@ -236,9 +237,9 @@ def main(argv=None) -> int:
                                        "with_checks": poisoned(views, attack, True)}
     text = json.dumps(out, indent=1)
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    if args.out is not None:  # like every results file: atomically, 0600 in a 0700 folder
+        new_private_dir(args.out.parent)
+        write_atomic(args.out, (text + "\n").encode())
     return 0
 
 
