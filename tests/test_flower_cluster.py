@@ -182,6 +182,8 @@ def test_flower_clustering_equals_the_estimator_and_keeps_preprocessing_on_the_n
     assert result["clustering"]["refine_start"] == ref.refine_start_[0]
     assert result["clustering"]["refine_iterations"] == ref.refine_iter_[0]
     assert result["clustering"]["graph_iterations"] == ref.graph_iter_[0] > 0  # then the same graph exchanges
+    assert result["clustering"]["exchanges"] == ref.fit_report_["stage_exchanges"]  # kind by kind
+    assert result["clustering"]["spectral_steps"] == ref.fit_report_["spectral_steps"]
     assert result["clustering"]["graph_chosen"] == ref.graph_chosen_[0]  # and the same end of the stage
     # every node kept its prepared view and its preprocessing info, private (0600)
     for p in range(3):
@@ -678,6 +680,7 @@ def test_estimator_on_flower_equals_inprocess_and_predicts_new_samples(tmp_path)
         assert "clustering" not in fit  # only the kept fit is refined
     assert (model.refine_iter_, model.refine_start_, model.graph_iter_, model.graph_chosen_) == \
         (ref.refine_iter_, ref.refine_start_, ref.graph_iter_, ref.graph_chosen_) and ref.graph_iter_[0] > 0
+    assert model.fit_report_["stage_exchanges"] == ref.fit_report_["stage_exchanges"]
     assert np.array_equal(model.result_.V, ref.result_.V)
     assert np.array_equal(model.labels_, ref.labels_) and np.array_equal(model.cluster_centers_, ref.cluster_centers_)
     assert model.n_components_ == ref.n_components_ and model.mu_ == ref.mu_ and model.preprocessing_ is None

@@ -149,7 +149,7 @@ def test_the_candidate_is_kept_only_when_it_lowers_the_cut_clearly_and_the_score
     assert len(first) == 1 and np.array_equal(first[0], exchange(start))  # the start's links, kept for the step
     kept, info = spectral_refine(start, first[0], refined, cut, exchange, products, 4, steps=20, seed=0)
     assert info["kept"] and clustering_scores(y, kept)["acc"] == 1.0
-    assert info["cut"] < (1 - SPECTRAL_MARGIN) * cut and info["exchanges"] >= 20
+    assert info["cut"] < (1 - SPECTRAL_MARGIN) * cut and info["exchanges"] > 0  # fewer than 20 once settled
     # a score that says the candidate is worse keeps the refined partition; both scores in one exchange
     asked = []
 

@@ -7,7 +7,7 @@ from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.options import RefineOptions, flat
 from fedsonmf.exceptions import FederationError
 from fedsonmf.pipeline.policy import NodePolicy, RefineExchange
-from fedsonmf.pipeline.stages import STAGE_OPTIONS, finish_clustering
+from fedsonmf.pipeline.stages import STAGE_EXCHANGES, STAGE_OPTIONS, finish_clustering
 from fedsonmf.pipeline.steps import cluster_embedding
 
 C = 3
@@ -48,7 +48,8 @@ def test_without_exchanges_the_fits_partition_and_centres_stand():
     out, out_centers, report = finish_clustering(V, labels, centers, C, seed=0, opts=opts)
     assert out is labels and out_centers is centers
     assert report == {"refine_iterations": 0, "refine_start": None, "graph_iterations": 0, "spectral_kept": False,
-                      "graph_chosen": "", "notes": [], "error": None}
+                      "graph_chosen": "", "spectral_steps": 0, "exchanges": dict.fromkeys(STAGE_EXCHANGES, 0),
+                      "notes": [], "error": None}
 
 
 def test_a_node_lost_in_the_graph_stage_keeps_the_same_partition_on_both_engines(monkeypatch, tmp_path):

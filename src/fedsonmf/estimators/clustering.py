@@ -87,7 +87,7 @@ from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.pipeline.refine import client_refine, refine_stages, refine_view, score_weight
 from fedsonmf.pipeline.restarts import resolve_n_init, restart_seeds
 from fedsonmf.pipeline.row_norms import normalize_rows
-from fedsonmf.pipeline.stages import STAGE_OPTIONS, cluster_fits
+from fedsonmf.pipeline.stages import STAGE_EXCHANGES, STAGE_OPTIONS, cluster_fits
 from fedsonmf.pipeline.steps import apply_view, assign_to_centers, kmeans_on_embedding, prepare_view, stop_rule
 from fedsonmf.protocol.params import CLUSTERING_SIGNATURE, FED_PARAMS, RUN_PARAMS, default
 
@@ -250,8 +250,11 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         Rounds of every fit, in restart order.
     fit_report_ : dict
         The whole fit: ``n_fits``, ``best_fit``, ``rounds`` (per fit), ``total_rounds``,
-        ``kept_fit_stopping_reason``, ``refine_exchanges``, ``graph_exchanges`` and ``seconds`` (wall
-        time of the whole ``fit`` call: every fit and stage).
+        ``kept_fit_stopping_reason``, ``refine_exchanges``, ``graph_exchanges``, ``stage_exchanges``
+        (the kept fit's clustering-stage round trips per kind,
+        :data:`~fedsonmf.pipeline.stages.STAGE_EXCHANGES`: they sum to the two before),
+        ``spectral_steps`` (the spectral step's products made) and ``seconds`` (wall time of the whole
+        ``fit`` call: every fit and stage).
     stopping_reason_ : str
         ``fit_report_`` in one line (``result_.stopping_reason`` is the kept fit's alone).
     n_features_in_ : list of int
@@ -434,9 +437,11 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         exchanges and the wall time from the call of ``fit`` -- and its one-line summary."""
         seconds = time.perf_counter() - started
         rounds = [int(r) for r in self.fit_rounds_]
+        counts, steps = getattr(self, "_stage_counts", (_stage_counts({}), 0))  # no stage ran: none
         report = {"n_fits": len(rounds), "best_fit": self.best_restart_, "rounds": rounds,
                   "total_rounds": int(sum(rounds)), "kept_fit_stopping_reason": self.result_.stopping_reason,
                   "refine_exchanges": int(sum(self.refine_iter_)), "graph_exchanges": int(sum(self.graph_iter_)),
+                  "stage_exchanges": dict(counts), "spectral_steps": int(steps),
                   "seconds": float(seconds)}
         self.fit_report_ = report
         parts = [f"{len(rounds)} fit(s), {report['total_rounds']} rounds in all; fit {self.best_restart_ + 1} "
@@ -561,6 +566,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         self.graph_iter_ = [int(report["graph_iterations"])] if ran_graph else []
         self.spectral_kept_ = [bool(report["spectral_kept"])] if ran_graph else []
         self.graph_chosen_ = [str(report["graph_chosen"] or "refined")] if ran_graph else []
+        self._stage_counts = (_stage_counts(report), int(report.get("spectral_steps", 0)))
 
     def _refine_exchange(self, views, masks, secure: bool):
         """The in-process driver of the refinement: each client's distances from its own view, summed
@@ -651,6 +657,8 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         self.graph_iter_ = [int(c.get("graph_iterations", 0)) for c in reports] if "graph" in stages else []
         self.spectral_kept_ = [bool(c.get("spectral_kept", False)) for c in reports] if "graph" in stages else []
         self.graph_chosen_ = [str(c.get("graph_chosen", "refined")) for c in reports] if "graph" in stages else []
+        self._stage_counts = (_stage_counts(reports[0] if reports else {}),
+                              int(reports[0].get("spectral_steps", 0)) if reports else 0)
         self.flower_run_dir_ = run_dir
         self.flower_view_paths_ = paths
         self.factorization_ = None
@@ -810,3 +818,9 @@ def _check_view_structure(Xs) -> list:
     except TypeError as exc:
         raise InputError(str(exc)) from None
 
+
+def _stage_counts(report: dict) -> dict:
+    """The clustering stages' round trips per kind (:data:`~fedsonmf.pipeline.stages.STAGE_EXCHANGES`) of
+    a stages' report (in process) or a run's clustering summary (Flower's result.json); 0 where absent."""
+    given = report.get("exchanges") or {}
+    return {key: int(given.get(key, 0)) for key in STAGE_EXCHANGES}

@@ -9,7 +9,8 @@ start that has seen more of the graph than one sample's neighbours:
 
 * **T steps of orthogonal iteration** of the normalised summed graph S = D^-1/2 A D^-1/2 from the
   start's indicator, F_0 = D^1/2 Z, F_{t+1} = orth(S F_t) -- a power method for the top
-  eigenvectors that multi-view spectral clustering computes, stopped after T steps and started from
+  eigenvectors that multi-view spectral clustering computes, stopped after T steps (or once a step
+  turns the block's span by at most :data:`SUBSPACE_TOL`, "Settled" below) and started from
   the federated partition, so it moves the partition towards the graph's clusters without
   forgetting where it began. Each step is one exchange: the server sends the block
   M = D^-1/2 F_t / s (n, c; s scales its entries to at most 1, the fixed point's public bound),
@@ -43,6 +44,16 @@ the columns of T - 1 blocks per job). The clients see the blocks they are sent, 
 learn, up to a c x c mixing, the other clients' summed graph on the same directions.
 ``refine_spectral_steps=0`` sends none.
 
+Settled. The orthogonal iteration stops before its T steps once one step turns the block's span by
+at most :data:`SUBSPACE_TOL` (the sine of the largest principal angle between successive blocks,
+:func:`settled_angle`): the server computes it from the blocks it has, so the rule costs nothing
+and sends fewer products (less of the summed graph leaves the clients, too). It is not a proof that
+the candidate is the T-step one -- where two eigenvalues nearly tie, the angles level off instead
+of falling (3Sources: near 0.048 per step) and a loose tolerance stops there, on another block --
+so the tolerance sits well below such plateaus; measured on the four shared sets: docs/clustering.md,
+"Fewer exchanges".  Several steps per exchange are not possible: a client holds A_p, not the sum,
+and S^2 needs the cross products A_p D^-1 A_q, so each step is one exchange.
+
 Pure functions over arrays, called by the in-process estimator and by the Flower apps alike
 (:mod:`fedsonmf.pipeline.steps`).
 """
@@ -57,13 +68,19 @@ import numpy as np
 from fedsonmf.pipeline.graph import GraphSearch, graph_refine
 from fedsonmf.pipeline.restarts import medoid_restart
 
-__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
+__all__ = ["SPECTRAL_MARGIN", "SUBSPACE_SHARE", "SUBSPACE_TOL", "STAGE_PARTITIONS", "spectral_steps", "PowerSteps",
+           "settled_angle",
            "spectral_partition", "block_partition", "spectral_refine", "medoid_choice", "graph_stage"]
 
 #: the relative drop of the normalized cut a spectral candidate must reach to be kept
 SPECTRAL_MARGIN = 0.01
 #: T c <= n / SUBSPACE_SHARE: the products never span more than half of the sample space
 SUBSPACE_SHARE = 2
+#: the orthogonal iteration stops once a step turns its block's span by at most this: the sine of the
+#: largest principal angle between successive blocks (:func:`settled_angle`); 0 runs every step.
+#: Measured on the four shared sets, seeds 0 and 1 (docs/clustering.md, "Fewer exchanges"): no label
+#: moved up to 2e-2, 135 of 3Sources' 169 did at 5e-2 (its angles level off near 0.048)
+SUBSPACE_TOL = 1e-2
 #: the names of the stage's three partitions, in the order :func:`medoid_choice` weighs them (ties: the first)
 STAGE_PARTITIONS = ("refined", "start", "spectral")
 
@@ -93,16 +110,22 @@ class PowerSteps:
 
     ``first``: the summed links ``sum_p A_p Z / n`` (n, c) of the graph exchange sent the start (the
     first step, and the degrees ``d / n``); ``request()`` gives the next block ``M`` (n, c), entries
-    at most 1 (``None``: the ``steps`` steps are done); ``feed(P)`` takes ``sum_p A_p M / n`` for it;
-    ``F`` is the orthonormal block (n, c) reached, ``deg`` the degrees ``d / n``.
+    at most 1 (``None``: the ``steps`` steps are done, or the span has settled); ``feed(P)`` takes
+    ``sum_p A_p M / n`` for it; ``F`` is the orthonormal block (n, c) reached, ``deg`` the degrees
+    ``d / n``, ``taken`` the steps made (the first included), ``angle`` the last step's
+    :func:`settled_angle`.  The iteration stops before ``steps`` once a step turns the block's span by
+    at most ``tol`` (default :data:`SUBSPACE_TOL`; 0: never): every further exchange would move it less
+    while the ratio of successive angles stays below 1 (module docstring, "Settled").
     """
 
-    def __init__(self, first, steps: int):
+    def __init__(self, first, steps: int, *, tol: float | None = None):
         first = np.asarray(first, dtype=np.float64)
         self.deg = first.sum(axis=1)  # d / n: the common factor cancels in D^-1/2 A D^-1/2
         self._isq = np.where(self.deg > 0, 1.0 / np.sqrt(np.where(self.deg > 0, self.deg, 1.0)), 0.0)
         self.F, _ = np.linalg.qr(self._isq[:, None] * first)  # S D^1/2 Z = D^-1/2 A Z: the graph exchange's links
         self.remaining, self._scale = int(steps) - 1, 0.0
+        self.tol = float(SUBSPACE_TOL if tol is None else tol)  # read at each start (a sweep may set it)
+        self.taken, self.angle = 1, np.nan  # the steps made (the first: the links); the last step's angle
 
     def request(self):
         if self.remaining < 1:
@@ -115,8 +138,19 @@ class PowerSteps:
         return M / self._scale
 
     def feed(self, P) -> None:
-        self.F, _ = np.linalg.qr(self._isq[:, None] * np.asarray(P, dtype=np.float64) * self._scale)
-        self.remaining -= 1
+        F, _ = np.linalg.qr(self._isq[:, None] * np.asarray(P, dtype=np.float64) * self._scale)
+        self.angle = settled_angle(self.F, F)
+        self.F, self.taken = F, self.taken + 1
+        self.remaining = 0 if self.tol > 0 and self.angle <= self.tol else self.remaining - 1
+
+
+def settled_angle(F, G) -> float:
+    """The sine of the largest principal angle between the spans of the orthonormal blocks ``F`` and
+    ``G`` (n, c each): ``||G - F (F^T G)||_2``, 0 for the same subspace, 1 for orthogonal ones."""
+    F, G = np.asarray(F, dtype=np.float64), np.asarray(G, dtype=np.float64)
+    if F.size == 0:
+        return 0.0
+    return float(np.linalg.norm(G - F @ (F.T @ G), 2))
 
 
 def spectral_partition(labels, first: np.ndarray, products: Callable, n_clusters: int, steps: int, *,
@@ -190,9 +224,9 @@ def spectral_refine(start, first, refined, refined_cut: float, graph_exchange: C
     start = np.asarray(start, dtype=np.int64)
     candidate = spectral_partition(start, first, counted(products), n_clusters, steps, max_iter=max_iter,
                                    n_init=n_init, seed=seed)
-    labels, info["cut"], info["kept"], exchanges = _choose(candidate, refined, refined_cut, graph_exchange, refine,
-                                                           n_clusters)
-    info["exchanges"] = count[0] + exchanges
+    labels, info["cut"], info["kept"], iterations, scored = _choose(candidate, refined, refined_cut, graph_exchange,
+                                                                    refine, n_clusters)
+    info["exchanges"] = count[0] + iterations + scored
     return labels, info
 
 
@@ -201,17 +235,17 @@ def _choose(candidate, refined, refined_cut: float, graph_exchange: Callable, re
     """The candidate's own graph refinement, then the rule of the module docstring: the candidate
     replaces ``refined`` when its cut is ``SPECTRAL_MARGIN`` lower and the dense views' summed score
     (``refine``, both partitions in one exchange) is not higher.
-    Returns ``(labels, candidate's cut, kept, exchanges)``."""
+    Returns ``(labels, candidate's cut, kept, the candidate's graph exchanges, score exchanges (0 or 1))``."""
     candidate, iterations, cut = graph_refine(candidate, graph_exchange, n_clusters)
-    kept, exchanges = False, iterations
+    kept, scored = False, 0
     if cut < (1.0 - SPECTRAL_MARGIN) * float(refined_cut):
         if refine is None:
             kept = True
         else:  # both partitions' scores in one exchange, side by side
-            exchanges += 1
+            scored = 1
             scores = np.asarray(refine(np.stack([candidate, refined]))[1], dtype=np.float64).reshape(2)
             kept = bool(scores[0] <= scores[1])
-    return (np.asarray(candidate, dtype=np.int64) if kept else refined), float(cut), kept, exchanges
+    return (np.asarray(candidate, dtype=np.int64) if kept else refined), float(cut), kept, iterations, scored
 
 
 def medoid_choice(start, refined, candidate) -> tuple[np.ndarray, str]:
@@ -267,36 +301,42 @@ def graph_stage(start, graph_exchange: Callable, products: Callable | None, n_cl
     L = graph_exchange(start)
     search.feed(L)
     progress["labels"] = search.best
-    exchanges = 1
+    # the stage's round trips by what they carried: the graph refinement's labels (with or without a
+    # block), a block alone, the candidate's own refinement, the score of the two partitions
+    counts = {"graph": 1, "spectral": 0, "candidate": 0, "score": 0}
     if search.iterations == 0:  # the start refused by a client's policy: no links, no search, no block
-        return start, {"graph_iterations": 0, "exchanges": exchanges, "steps": int(steps), "cut": None,
-                       "kept": False, "chosen": "start"}
-    power = PowerSteps(L, steps)  # steps < 2: no block to ask
+        return start, {"graph_iterations": 0, "exchanges": 1, "counts": counts, "steps": int(steps),
+                       "steps_taken": 0, "cut": None, "kept": False, "chosen": "start"}
+    power = PowerSteps(L, steps)  # steps < 2: no block to ask; stops early once its span has settled
     while True:  # the graph refinement's iterations and the power steps, side by side
         labels, M = search.request(), power.request()
         if labels is None and M is None:
             break
-        exchanges += 1
         if labels is not None and M is not None and both is not None:
+            counts["graph"] += 1
             L, P = both(labels, M)
             search.feed(L)
             power.feed(P)
         elif labels is not None:
+            counts["graph"] += 1
             search.feed(graph_exchange(labels))
             if M is not None:  # no combined exchange: the block goes alone (the request is not lost)
-                exchanges += 1
+                counts["spectral"] += 1
                 power.feed(products(M))  # type: ignore[misc]  # checked above: steps > 1 come with products
         else:
+            counts["spectral"] += 1
             power.feed(products(M))  # type: ignore[misc]
         progress["labels"] = search.best
     refined, cut = search.best, float(search.best_cut)
-    info: dict = {"graph_iterations": search.iterations, "steps": int(steps), "cut": None, "kept": False,
-                  "chosen": "refined"}
+    info: dict = {"graph_iterations": search.iterations, "steps": int(steps), "steps_taken": 0, "cut": None,
+                  "kept": False, "chosen": "refined"}
     if int(steps) >= 1:
+        info["steps_taken"] = power.taken
         candidate = block_partition(power, start, n_clusters, seed=seed, max_iter=max_iter, n_init=n_init)
-        refined, info["cut"], info["kept"], more = _choose(candidate, refined, cut, graph_exchange, refine, n_clusters)
-        exchanges += more
+        refined, info["cut"], info["kept"], counts["candidate"], counts["score"] = _choose(
+            candidate, refined, cut, graph_exchange, refine, n_clusters)
         if np.isfinite(info["cut"]):  # an infinite cut: the clients refused the candidate
             refined, info["chosen"] = medoid_choice(start, refined, candidate)
-    info["exchanges"] = exchanges
+    info["counts"] = counts
+    info["exchanges"] = sum(counts.values())
     return refined, info

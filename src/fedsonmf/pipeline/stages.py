@@ -40,11 +40,16 @@ from fedsonmf.pipeline.restarts import medoid_restart
 from fedsonmf.pipeline.spectral import graph_stage, spectral_steps
 from fedsonmf.pipeline.steps import cluster_embedding, embedding_centers, refine_starts
 
-__all__ = ["STAGE_OPTIONS", "cluster_fits", "finish_clustering"]
+__all__ = ["STAGE_OPTIONS", "STAGE_EXCHANGES", "cluster_fits", "finish_clustering"]
 
 #: the options :func:`finish_clustering` reads from its ``opts`` (the estimator's parameters of the same name)
 STAGE_OPTIONS = ("normalize_embedding", "kmeans_n_init", "kmeans_max_iter", "refine_starts", "refine_seeded_starts",
                  "refine_spectral_steps")
+#: the keys of the report's ``exchanges``: the round trips of the k-means refinement (its seeding
+#: included), of the graph refinement (its labels, with a spectral block beside them when both run),
+#: of spectral blocks alone, of the spectral candidate's own graph refinement, and of the score of
+#: the candidate against the graph refinement's partition
+STAGE_EXCHANGES = ("kmeans", "graph", "spectral", "candidate", "score")
 
 
 def cluster_fits(Vs, seeds, n_clusters: int, *, opts: Mapping, results=None, kmeans=None,
@@ -101,30 +106,44 @@ def finish_clustering(V, labels, centers, n_clusters: int, *, seed: int, opts: M
     ``refine_iterations`` and ``refine_start`` (the k-means refinement's exchanges and the start
     kept; None when it did not end), ``graph_iterations``, ``spectral_kept`` and ``graph_chosen``
     (the graph stage's exchanges, whether its spectral candidate was kept, which partition it
-    returned; ``""`` when it did not end), ``notes`` (the partitions not sent, list of str) and
-    ``error`` (the lost client's error as text, or None).
+    returned; ``""`` when it did not end), ``spectral_steps`` (the orthogonal iteration's steps made,
+    fewer than asked once its span settled: :class:`~fedsonmf.pipeline.spectral.PowerSteps`),
+    ``exchanges`` (the round trips per :data:`STAGE_EXCHANGES`; they sum to ``refine_iterations +
+    graph_iterations``), ``notes`` (the partitions not sent, list of str) and ``error`` (the lost
+    client's error as text, or None).
+
+    When no client scores (the k-means refinement's first summed score is 0, the text case of
+    :func:`~fedsonmf.pipeline.refine.refine_best`) the graph stage sends no score exchange: both of
+    its partitions would score 0 and the candidate would be kept, as it is without one.
     """
     c = int(n_clusters)
     n = int(np.shape(V)[1])
     policy = NodePolicy(c) if policy is None else policy
     report: dict = {"refine_iterations": 0, "refine_start": None, "graph_iterations": 0, "spectral_kept": False,
-                    "graph_chosen": "", "notes": [], "error": None}
+                    "graph_chosen": "", "spectral_steps": 0, "exchanges": dict.fromkeys(STAGE_EXCHANGES, 0),
+                    "notes": [], "error": None}
     refined = False
     progress: dict = {}  # the graph stage's lowest cut met so far
+    scored: list = []  # the summed score of the k-means refinement's first reply
     try:
         if refine is not None:
-            labels = _kmeans_refinement(V, labels, c, seed, opts, refine, policy, report)
+            labels = _kmeans_refinement(V, labels, c, seed, opts, _first_score(refine, scored), policy, report)
+            report["exchanges"]["kmeans"] = report["refine_iterations"]
             refined = True
             if say is not None:
                 say(f"k-means refinement: {report['refine_iterations']} exchanges, start {report['refine_start']} kept")
         if graph is not None:
             steps = spectral_steps(n, c, int(opts["refine_spectral_steps"])) if spectral is not None else 0
             before = policy.refused
-            labels, info = graph_stage(labels, graph, spectral, c, steps=steps, refine=refine, both=both,
+            # no client scores (the first reply's summed score is 0, as refine_best reads it): the two
+            # partitions' scores would both be 0 and the candidate kept, so that exchange is not sent
+            score = None if scored and scored[0] == 0.0 else refine
+            labels, info = graph_stage(labels, graph, spectral, c, steps=steps, refine=score, both=both,
                                        max_iter=int(opts["kmeans_max_iter"]), n_init=int(opts["kmeans_n_init"]),
                                        seed=seed, progress=progress)
             report.update(graph_iterations=int(info["exchanges"]), spectral_kept=bool(info["kept"]),
-                          graph_chosen=str(info["chosen"]))
+                          graph_chosen=str(info["chosen"]), spectral_steps=int(info["steps_taken"]))
+            report["exchanges"].update(info["counts"])
             refined = True
             if policy.refused > before:
                 report["notes"].append(f"{policy.refused - before} partition(s) of the graph stage not sent, below "
@@ -139,6 +158,16 @@ def finish_clustering(V, labels, centers, n_clusters: int, *, seed: int, opts: M
     if refined:  # a refined partition: its centres in the fit's embedding (else k-means' own)
         centers = embedding_centers(V, labels, c, normalize_embedding=bool(opts["normalize_embedding"]))
     return labels, centers, report
+
+
+def _first_score(refine: Callable, into: list) -> Callable:
+    """``refine``, which also appends the summed score of its first reply to ``into``."""
+    def exchange(labels):
+        D, score = refine(labels)
+        if not into:
+            into.append(float(np.sum(score)))
+        return D, score
+    return exchange
 
 
 def _kmeans_refinement(V, labels, n_clusters: int, seed: int, opts: Mapping, refine: Callable, policy: NodePolicy,

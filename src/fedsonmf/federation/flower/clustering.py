@@ -294,8 +294,9 @@ def write_outputs(out: Path, V: np.ndarray, opts: dict, labels, centers, km, rep
     """``labels.csv`` and ``centers.npy`` of the clustering reached (:func:`~fedsonmf.pipeline.stages.cluster_fits`)
     in ``out``.  Returns the clustering summary for result.json: the options, the sizes, the stages'
     report (``refine_iterations``, ``refine_start``, ``graph_iterations``, ``spectral_kept``,
-    ``graph_chosen``), ``refine_notes`` for partitions not sent and ``refine_error`` for a node lost
-    during a stage (the partition reached before it is the one written)."""
+    ``graph_chosen``, ``exchanges`` per kind, ``spectral_steps``), ``refine_notes`` for partitions not
+    sent and ``refine_error`` for a node lost during a stage (the partition reached before it is the
+    one written)."""
     c = int(opts["n_clusters"])
     write_labels_csv(out / "labels.csv", labels)
     save_npy_atomic(out / "centers.npy", centers)
@@ -303,6 +304,7 @@ def write_outputs(out: Path, V: np.ndarray, opts: dict, labels, centers, km, rep
             "kmeans_inertia": float(km.inertia_), "labels_csv": str(out / "labels.csv"),
             "refine_iterations": report["refine_iterations"], "refine_start": report["refine_start"],
             "graph_iterations": report["graph_iterations"], "spectral_kept": report["spectral_kept"],
+            "exchanges": dict(report.get("exchanges", {})), "spectral_steps": int(report.get("spectral_steps", 0)),
             **({"graph_chosen": report["graph_chosen"]} if report["graph_chosen"] else {}),
             **({"refine_error": report["error"]} if report["error"] else {}),
             **({"refine_notes": report["notes"]} if report["notes"] else {})}
