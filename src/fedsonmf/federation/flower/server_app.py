@@ -451,9 +451,10 @@ def server_main(grid: Grid, context: Context) -> None:
             stop = (stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
                                     normalize_embedding=copts["normalize_embedding"])
                     if copts and tol > 0 else None)
+            # the diagnostic arrays (as large as the upload) go up only when tol stops on R/R1
             res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
                                  on_round_end=on_round_end, resume=resume, participation=participation,
-                                 stop_rule=stop)
+                                 stop_rule=stop, residuals=False)
             res.extra["flower"] = {
                 "node_ids": node_ids, "job_id": job_ids[i], "run_id": int(context.run_id),
                 "handshake_seconds": t_hs, "wire_bytes": list(tr.wire_bytes),
