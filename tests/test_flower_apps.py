@@ -184,6 +184,17 @@ def test_the_diagnostic_arrays_go_up_only_when_tol_stops_on_them(tmp_path, probl
     assert up[0.0] < 0.6 * up[1e-12]  # the gradient was as large as the upload itself (+ masked scalars)
 
 
+def test_a_fit_counts_its_exchanges(tmp_path, problem):
+    """The hello carried the setup; three rounds; no clustering stage (plain protocol: no init)."""
+    views, _ = problem
+    rc = _run_config(tmp_path)
+    _, result = _server(FakeGrid(make_client_app(), _nodes(tmp_path, views)), rc)
+    assert result["flower"]["exchanges"] == {"hello": 1, "setup_at_hello": True, "setup": 0, "init": 0, "round": 3,
+                                             "unmask": 0, "fits": 3, "stages": 0, "total": 4}
+    status = json.loads(open(f"{rc['out-dir']}/status.json").read())
+    assert status["exchange_counts"] == result["flower"]["exchanges"]
+
+
 def test_clients_keep_large_state_on_disk_and_small_state_in_context(tmp_path, problem):
     views, _ = problem
     grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))

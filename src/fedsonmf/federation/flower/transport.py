@@ -34,7 +34,7 @@ from fedsonmf.protocol.messages import Message
 _log = logging.getLogger(__name__)
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
-           "WireRecorder", "BatchingGrid"]
+           "WireRecorder", "BatchingGrid", "FIT_KINDS", "exchange_counts"]
 
 
 class WireRecorder:
@@ -235,6 +235,61 @@ class BatchingGrid:
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
+
+
+#: the exchange kinds of a fit (the others, ``refine``, ``graph``, ``spectral``, ``embed-sum``, ..., follow the fits)
+FIT_KINDS = ("setup", "init", "round", "unmask")
+
+
+def exchange_counts(fit_rows: Sequence[Sequence[dict]], stage_rows: Sequence[dict] = (), *, at_once: bool = False,
+                    hellos: int = 1) -> dict:
+    """The exchanges of a run per stage (each an exchange between the ServerApp and every node
+    asked: one push of messages, their replies pulled).
+
+    Parameters
+    ----------
+    fit_rows : sequence of sequences of dict
+        Per fit, its transport's ``wire_bytes`` rows (kind per exchange; a setup row marked
+        ``at_handshake`` travelled with the hellos and is not an exchange of its own; rows of
+        other kinds than :data:`FIT_KINDS` are left out).
+    stage_rows : sequence of dict
+        The rows of the exchanges after the fits (the clustering stages; kinds not in :data:`FIT_KINDS`).
+    at_once : bool, default=False
+        The fits ran at once over one :class:`BatchingGrid`: their messages of a step travelled
+        together, so the fits' exchanges are those of the longest fit (per kind: the most any fit
+        made), not their sum.
+    hellos : int, default=1
+        The handshake's exchange, plus one per node asked later (a restarted node adopted).
+
+    Returns
+    -------
+    dict
+        ``hello``, ``setup_at_hello`` (bool), every kind of :data:`FIT_KINDS`, ``fits`` (their
+        exchanges in all), every stage kind that occurred, ``stages`` (their sum) and ``total``.
+    """
+    per = []
+    for rows in fit_rows:
+        kinds: dict[str, int] = {}
+        for w in rows:  # a stage's rows among them are counted apart (``stage_rows``)
+            if w["kind"] in FIT_KINDS and not w.get("at_handshake"):
+                kinds[w["kind"]] = kinds.get(w["kind"], 0) + 1
+        per.append(kinds)
+    def combine(values) -> int:
+        values = list(values)
+        return int(max(values, default=0) if at_once else sum(values))
+
+    out: dict = {"hello": int(hellos),
+                 "setup_at_hello": any(w.get("at_handshake") for rows in fit_rows for w in rows)}
+    for kind in FIT_KINDS:
+        out[kind] = combine(c.get(kind, 0) for c in per)
+    out["fits"] = combine(sum(c.values()) for c in per)
+    stages: dict[str, int] = {}
+    for w in stage_rows:
+        stages[w["kind"]] = stages.get(w["kind"], 0) + 1
+    out.update(stages)
+    out["stages"] = int(sum(stages.values()))
+    out["total"] = out["hello"] + out["fits"] + out["stages"]
+    return out
 
 
 def _get(record, key):
@@ -586,6 +641,8 @@ class FlowerTransport:
         self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
         #: {view: refine-min-cluster-size} announced by the nodes adopted after the handshake
         self.min_cluster_sizes: dict[int, int] = {}
+        #: the hello exchanges with nodes that came online after the handshake (:meth:`adopt_new_nodes`)
+        self.late_hellos = 0
 
     def for_fit(self, job_id: str, *, grid, share: int, setup_at_hello: tuple | None = None) -> FlowerTransport:
         """A transport for one of ``share`` fits that exchange at once over ``grid`` (a :class:`BatchingGrid`).
@@ -625,6 +682,7 @@ class FlowerTransport:
                                                             "job-id": self.hello_job_id})})
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
                                 ttl=3600.0) for nid in new]
+            self.late_hellos += 1
             for nid, mid, msg in zip(new, self.grid.push_messages(msgs), msgs):
                 self._hello[mid] = nid
                 self._seen.add(nid)
