@@ -92,6 +92,16 @@ def test_a_blob_that_does_not_match_its_index_is_refused():
         codec.decode(RecordDict({codec.META: ConfigRecord(meta)}))
 
 
+def test_an_array_packed_twice_is_refused():
+    """Two entries of one name: one of them would be hidden from the wire log and the audit."""
+    rd = codec.encode(Message("round", 1, {"a": np.ones(2)}, {}), client=0, job_id="j")
+    meta = dict(rd[codec.META])
+    meta[codec.INDEX] = meta[codec.INDEX].replace("]]", f"], {meta[codec.INDEX][1:-1]}]")
+    meta[codec.INLINE_BLOB] = meta[codec.INLINE_BLOB] * 2
+    with pytest.raises(ValueError, match="twice"):
+        codec.describe(RecordDict({codec.META: ConfigRecord(meta)}))
+
+
 def test_a_batch_carries_packed_messages():
     contents = [codec.encode(_msg(), client=0, job_id=f"j{i}") for i in range(3)]
     back = [codec.decode(rd) for rd in codec.unpack(codec.pack(contents))]

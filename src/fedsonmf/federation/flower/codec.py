@@ -168,10 +168,13 @@ def _segments(rd: RecordDict):
         return
     blob = (cast(bytes, packed[INLINE_BLOB]) if INLINE_BLOB in packed
             else cast(ArrayRecord, rd[BLOB])["blob"].numpy().tobytes())
-    pos = 0
+    pos, seen = 0, set()
     for name, key, length in json.loads(str(packed[INDEX])):
-        if name not in (ARRAYS, DIAG_ARRAYS) or pos + int(length) > len(blob):
+        if name not in (ARRAYS, DIAG_ARRAYS) or not 0 <= int(length) <= len(blob) - pos:
             raise ValueError(f"a packed array entry {name}/{key} does not fit the message's blob")
+        if (name, key) in seen:  # one of the two would be hidden from the wire log and the audit
+            raise ValueError(f"the message packs the array {name}/{key} twice")
+        seen.add((name, key))
         yield name, key, blob[pos:pos + int(length)]
         pos += int(length)
     if pos != len(blob):
