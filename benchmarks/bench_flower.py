@@ -8,7 +8,8 @@ views, config and seed run
   signed single-use tokens, secure aggregation), once per node loop of ``--node-loops``:
   ``flower`` (Flower's ``flower-supernode`` + the gate executor: its loop sleeps 3 s after every
   empty pull) and ``fedsonmf`` (the project's node loop, :mod:`fedsonmf.federation.flower.nodeloop`),
-  and optionally with the code of ``--before-src`` (a checkout's ``src``) -- interleaved, in
+  and optionally with the code of ``--before-src`` (a checkout's ``src``) with each of these loops
+  (code that predates the project's loop runs Flower's under both names) -- interleaved, in
   fresh processes, in one run of this script, so all see the same machine load.
 
 A round of the fit is one exchange (the server's message to every node and their replies) plus
@@ -91,6 +92,12 @@ def worker(m: int, rounds: int, seed: int = 0, secure_aggregation: bool = True) 
     }
     if "time_to_round1" in fl:
         out["time_to_round1_exact"] = float(fl["time_to_round1"])
+    rows = [w for w in fl.get("wire_bytes", []) if w.get("kind") == "round"]
+    if rows and all("seconds" in w for w in rows):  # push to last reply, recorded by code that has it
+        out["exchange_seconds"] = [float(w["seconds"]) for w in rows]
+    out["upload_bytes_per_client"] = sum(int(w["up"]) for w in fl.get("wire_bytes", [])) / m
+    if "exchanges" in fl:
+        out["exchanges"] = fl["exchanges"]
     return out
 
 
@@ -129,7 +136,8 @@ def main(argv=None) -> None:
         # else the installed code would run under the name "before"
         if not (args.before_src / "fedsonmf" / "__init__.py").is_file():
             ap.error(f"--before-src {args.before_src}: no fedsonmf package there (give a checkout's src folder)")
-        codes.insert(0, ("before", args.before_src.resolve(), "flower"))
+        # the earlier code with each node loop too, so old and new compare with the same loop
+        codes = [(f"before/{loop}", args.before_src.resolve(), loop) for loop in loops] + codes
     results = []
     for m in [int(x) for x in args.nodes.split(",")]:
         for rep in range(args.repeats):

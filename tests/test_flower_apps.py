@@ -154,6 +154,47 @@ def test_apps_give_the_inprocess_result_for_every_algorithm(tmp_path, problem, a
     audit_wire(_wire(rc), algorithm, CFG, views_dn[0].shape[1])
 
 
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secure"])
+def test_the_diagnostic_arrays_go_up_only_when_tol_stops_on_them(tmp_path, problem, secure):
+    """tol = 0: the replies carry the diagnostic scalars (the objective) but not the r x n gradient
+    (R/R1 is not used): half the upload; the fit is the in-process one, bit for bit."""
+    views, views_dn = problem
+    up = {}
+    for tol in (0.0, 1e-12):
+        sub = tmp_path / f"tol{tol:g}"
+        nodes = _nodes(sub, views)
+        for nc in nodes.values():
+            nc["require-secure-aggregation"] = secure
+        cfg = CFG.replace(secure_aggregation=secure)
+        rc = _run_config(sub, **{"tol": tol, "config-json": json.dumps(cfg.to_dict()), "secure-aggregation": secure})
+        V, result = _server(FakeGrid(make_client_app(), nodes), rc)
+        ref = run_inprocess(views_dn, cfg, max_rounds=3, seed=9, tol=tol)
+        assert np.array_equal(V, ref.V)
+        rows = result["history"]
+        assert [r["objective"] for r in rows] == [r["objective"] for r in ref.history.rows]
+        assert ("R_rel" in rows[-1]) is (tol > 0)
+        wire = _wire(rc)
+        audit_wire(wire, "fedsonmf", cfg, views_dn[0].shape[1])
+        rounds = [w for w in wire if w["direction"] == "up" and
+                  w["records"][codec.META]["items"]["kind"]["value"] == "round"]
+        keys = {k for w in rounds for rec in w["records"].values() for k in rec["items"]}
+        assert any("grad0" in k for k in keys) is (tol > 0)
+        up[tol] = sum(it["bytes"] for w in rounds for rec in w["records"].values() for it in rec["items"].values()
+                      if "shape" in it)
+    assert up[0.0] < 0.6 * up[1e-12]  # the gradient was as large as the upload itself (+ masked scalars)
+
+
+def test_a_fit_counts_its_exchanges(tmp_path, problem):
+    """The hello carried the setup; three rounds; no clustering stage (plain protocol: no init)."""
+    views, _ = problem
+    rc = _run_config(tmp_path)
+    _, result = _server(FakeGrid(make_client_app(), _nodes(tmp_path, views)), rc)
+    assert result["flower"]["exchanges"] == {"hello": 1, "setup_at_hello": True, "setup": 0, "init": 0, "round": 3,
+                                             "unmask": 0, "fits": 3, "stages": 0, "total": 4}
+    status = json.loads(open(f"{rc['out-dir']}/status.json").read())
+    assert status["exchange_counts"] == result["flower"]["exchanges"]
+
+
 def test_clients_keep_large_state_on_disk_and_small_state_in_context(tmp_path, problem):
     views, _ = problem
     grid = FakeGrid(make_client_app(), _nodes(tmp_path, views))

@@ -566,6 +566,29 @@ def test_status_file_reports_progress(tmp_path):
     assert st["seconds_per_exchange"] >= 0 and st["n_rounds"] == ROUNDS
 
 
+def test_the_result_counts_its_exchanges_per_stage(tmp_path):
+    """Three fits at once (their messages of a step travel together), then the clustering stages:
+    result.json and status.json count the exchanges of each, consistently with the wire."""
+    views, _ = blobs()
+    _, rc = _fake_run(tmp_path, views, **{"n-init": "3", "num-rounds": 3})
+    out = Path(rc["out-dir"])
+    result = json.loads((out / "result.json").read_text())
+    counts = result["flower"]["exchanges"]
+    assert json.loads((out / "status.json").read_text())["exchange_counts"] == counts
+    rows = result["flower"]["wire_bytes"]
+    # the hellos carried the first fit's setup; the others' setups shared one exchange with its init
+    assert counts["hello"] == 1 and counts["setup_at_hello"] and counts["setup"] == 1 and counts["init"] == 1
+    assert counts["round"] == max(result["clustering"]["restarts"]["n_rounds"])
+    # the longest fit's: its setup (unless at the hello), its init, its rounds
+    assert counts["init"] + counts["round"] <= counts["fits"] <= counts["setup"] + counts["init"] + counts["round"]
+    stages = [w["kind"] for w in rows if w["kind"] not in ("setup", "init", "round", "unmask")]
+    assert stages and counts["stages"] == len(stages)
+    assert all(counts[k] == stages.count(k) for k in set(stages))
+    assert counts["total"] == counts["hello"] + counts["fits"] + counts["stages"]
+    # each fit's own exchanges (one row each) are more than the run's: they travelled together
+    assert sum(1 for w in rows if w["kind"] == "round") == sum(result["clustering"]["restarts"]["n_rounds"])
+
+
 @pytest.mark.parametrize("rule", ["auto", "paper"])
 def test_the_setup_travels_with_the_hello_when_r_is_known(tmp_path, rule):
     """With r known before the nodes report (factorisation; clustering rank rule "auto" = 2c) the

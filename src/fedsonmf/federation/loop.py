@@ -30,7 +30,8 @@ from fedsonmf.algorithms import FederatedAlgorithm, get_algorithm
 from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
-from fedsonmf.core.residuals import effective_rank, round_metrics_from_sums
+from fedsonmf.core.prox import l21_norm
+from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, effective_rank, round_metrics_from_sums
 from fedsonmf.core.server import total
 from fedsonmf.exceptions import (
     DivergenceWarning,
@@ -47,7 +48,7 @@ from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerSt
 from fedsonmf.protocol.participation import Participation
 
 __all__ = ["ClientRuntime", "Transport", "run_federation", "DivergenceWarning", "ProtocolError",
-           "DivergenceMonitor", "plain_aggregate", "exchange_sum"]
+           "DivergenceMonitor", "plain_aggregate", "exchange_sum", "RESIDUALS_KEY", "without_residuals"]
 
 
 def _algorithm(name) -> FederatedAlgorithm:
@@ -208,6 +209,10 @@ class ClientRuntime:
             self.state = secagg.commit_counted(self.state, msg)
         old = self.state
         self.state, reply = self.algorithm.client_round(self.X, self.x_sqnorm, self.state, msg, cfg, **self._kw())
+        residuals = msg.scalars.get(RESIDUALS_KEY, True) is not False
+        if not residuals:  # the server stops on nothing they give: the diagnostic arrays stay here
+            reply = dataclasses.replace(reply, diagnostics={k: v for k, v in reply.diagnostics.items()
+                                                            if k not in DIAGNOSTIC_ARRAYS})
         if secure:
             self.state = secagg.keep_protocol_state(old, self.state)
         if cfg.dp_enabled:
@@ -217,6 +222,8 @@ class ClientRuntime:
         reply = self.finalise_upload(reply, msg)
         if secure:
             spec = self.algorithm.summed_items(cfg, "round", kept_sum=bool(msg.scalars.get("kept_sum")))
+            if not residuals:
+                spec = without_residuals(spec)
             self.state, reply = secagg.client_mask(self.state, reply, msg, spec, cols=self.cols, n=self.n,
                                                    signer=self.signer, threshold_cfg=self.cfg.secagg_threshold)
         return reply
@@ -250,6 +257,15 @@ class ClientRuntime:
         # the algorithm's memory of its own upload follows what was released (its drift correction)
         self.state = alg.dp_released(self.state, reply, released, cfg)
         return released
+
+
+#: the round-message scalar that asks for no diagnostic arrays (:func:`run_federation`'s ``residuals``)
+RESIDUALS_KEY = "residuals"
+
+
+def without_residuals(spec: dict) -> dict:
+    """A summed-items spec without the diagnostic arrays (what a round sums when R/R1 is not used)."""
+    return {k: v for k, v in spec.items() if not (v[0] == "diagnostics" and k in DIAGNOSTIC_ARRAYS)}
 
 
 def _dp_seed_words(seed) -> np.ndarray:
@@ -390,6 +406,7 @@ def run_federation(
     resume: tuple[ServerState, History] | None = None,
     participation: Participation | None = None,
     stop_rule: Callable[[int, np.ndarray, dict], str | None] | None = None,
+    residuals: bool = True,
 ) -> FitResult:
     """Run the federation: setup, then rounds until ``tol``, ``stop_rule`` or ``max_rounds``.
 
@@ -420,6 +437,12 @@ def run_federation(
         returned string ends the run as converged, with that reason.  It sees
         what the server sees, so it runs unchanged in a deployment.  Its own
         memory is not checkpointed: after a resume it starts afresh.
+    residuals : bool, default=True
+        With ``cfg.diagnostics``: the clients also send their diagnostic arrays (``grad0``, r x n,
+        as large as the upload itself), from which the server computes R_V and R/R1.  False (a
+        deployment whose ``tol`` is 0, where nothing stops on R/R1): every round message says so
+        (scalar ``residuals`` = False) and the replies carry the diagnostic scalars only; the rows
+        keep the objective and R_U, not R_V, R or R/R1.  The fit itself is the same, bit for bit.
     """
     alg = _algorithm(algorithm)
     if cfg.dp_enabled and not alg.supports_dp:
@@ -479,6 +502,9 @@ def run_federation(
     # rule (b) of partial participation under secure aggregation keeps its G's as a sum (clients send dG)
     kept_sum = secure and participation is not None and participation.rejoin == "server"
     round_spec = alg.summed_items(cfg, "round", kept_sum=kept_sum)
+    residuals = bool(residuals) or tol > 0  # R/R1 needs the diagnostic arrays
+    if not residuals:
+        round_spec = without_residuals(round_spec)
 
     reason, converged, diverged = f"max_rounds={max_rounds} reached", False, False
     if resume is not None and tol > 0 and history.rows and history.rows[-1].get("R_rel", np.inf) <= tol:
@@ -494,6 +520,8 @@ def run_federation(
         msg = alg.broadcast(state)
         if kept_sum:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
+        if not residuals and cfg.diagnostics:
+            msg = dataclasses.replace(msg, scalars={**msg.scalars, RESIDUALS_KEY: False})
         V_s = alg.current_v(state)
         bits = None
         if secure:  # the fixed point of this round, from public numbers only
@@ -541,7 +569,12 @@ def run_federation(
             counts = None
             if cols is not None and any(c is not None for c in cols):
                 counts = column_counts(cols, V_s.shape[1])
-            row.update(round_metrics_from_sums(V_s, agg.sums, agg.count, cfg.eta_tilde, cfg.mu_value, counts=counts))
+            if residuals:
+                row.update(round_metrics_from_sums(V_s, agg.sums, agg.count, cfg.eta_tilde, cfg.mu_value,
+                                                   counts=counts))
+            else:  # the same objective and R_U as round_metrics_from_sums, without the gradient's R_V
+                row.update({"objective": float(agg.sums["f0"] / agg.count) + cfg.mu_value * l21_norm(V_s),
+                            "R_U": float(agg.sums["rU"] / agg.count)})
         row["effective_rank"] = effective_rank(alg.current_v(state))
         diag_masked = sum(a.nbytes for rep in replies for k, a in rep.arrays.items()
                           if k.startswith(secagg.MASKED_PREFIX + "diagnostics."))

@@ -17,8 +17,10 @@ up          setup     scalars ``d, n`` (+ ``x_sqnorm`` with init_v="random");
                       array ``Vproj`` (r x n) with init_v="projection"
 down        round     arrays ``algorithm.downlink_keys``, each r x n
 up          round     arrays ``algorithm.uplink_keys``, each r x n; with diagnostics
-                      on: diagnostic array ``grad0`` (r x n, the gradient at the
-                      round start, used for R_V) and scalars ``f0, rU0, rU``
+                      on: scalars ``f0, rU0, rU`` and, only when the run stops on
+                      R/R1 (tol > 0), the diagnostic array ``grad0`` (r x n, the
+                      gradient at the round start, used for R_V); a round message
+                      of a run that does not says ``residuals`` = False
 ==========  ========  ===========================================================
 
 With secure aggregation (``cfg.secure_aggregation``, docs/privacy.md) every summed item
@@ -51,7 +53,8 @@ from fedsonmf.protocol.config import FedConfig
 __all__ = ["declared_payload", "audit_wire", "AuditError", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS"]
 
 from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, DIAGNOSTIC_SCALARS  # noqa: E402  (declared by their producer)
-from fedsonmf.exceptions import AuditError
+from fedsonmf.exceptions import AuditError  # noqa: E402
+from fedsonmf.federation.loop import RESIDUALS_KEY  # noqa: E402
 
 META_KEYS = {"kind", "round", "client", "job-id", "partition-id", "d", "n", "error", MIN_CLUSTER_SIZE, codec.IDS_DIGEST}
 
@@ -91,11 +94,13 @@ def declared_payload(algorithm, cfg: FedConfig, *, masked: bool = False, partial
         if masked:
             setup_up[codec.ARRAYS]["cols"] = "ids?"  # only clients that do not hold every sample
     round_up = {codec.ARRAYS: {k: block for k in alg.uplink_keys}}
-    if cfg.diagnostics:
-        round_up[codec.DIAG_ARRAYS] = {k: block for k in DIAGNOSTIC_ARRAYS}
+    if cfg.diagnostics:  # the arrays only when the server computes R/R1 (tol > 0; RESIDUALS_KEY)
+        round_up[codec.DIAG_ARRAYS] = {k: block + "?" for k in DIAGNOSTIC_ARRAYS}
         round_up[codec.DIAG_SCALARS] = {k: "scalar" for k in DIAGNOSTIC_SCALARS}
     down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
     down_scalars = {"mu": "scalar"}  # the l2,1 weight in force, every round
+    if cfg.diagnostics:
+        down_scalars[RESIDUALS_KEY] = "scalar?"  # False: no diagnostic arrays (nothing stops on R/R1)
     if masked:
         down_round[codec.ARRAYS]["w"] = "n"  # the weights m / c_j (holder counts)
     if partial:
@@ -140,7 +145,9 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
         out = {}
         for key, (field, _deg) in alg.summed_items(cfg, kind).items():
             scalar = field == "scalars" or (field == "diagnostics" and key in DIAGNOSTIC_SCALARS)
-            out[f"{MASKED_PREFIX}{field}.{key}"] = "1-u64" if scalar else "rn-u64"
+            # a diagnostic array travels only when the server computes R/R1 (RESIDUALS_KEY)
+            optional = "?" if field == "diagnostics" and key in DIAGNOSTIC_ARRAYS else ""
+            out[f"{MASKED_PREFIX}{field}.{key}"] = ("1-u64" if scalar else "rn-u64") + optional
         return out
 
     setup_arrays, setup_scalars = alg.setup_uplink(cfg)
@@ -149,7 +156,7 @@ def _declared_secure(alg, cfg: FedConfig, *, masked: bool, partial: bool) -> dic
                                 "secagg_pk": "scalar", "secagg_exp": "scalar", "secagg_sig": "scalar?"}}
     if masked:
         setup_up[codec.ARRAYS] = {"cols": "ids?"}
-    down_scalars = {SECAGG_KEY: "scalar", "mu": "scalar"}
+    down_scalars = {SECAGG_KEY: "scalar", "mu": "scalar", **({RESIDUALS_KEY: "scalar?"} if cfg.diagnostics else {})}
     down_round = {codec.ARRAYS: {k: "rn" for k in alg.downlink_keys}}
     if masked:
         down_round[codec.ARRAYS]["w"] = "n"

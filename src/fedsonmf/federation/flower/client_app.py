@@ -352,7 +352,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         job_id = str(meta_in["job-id"])
         fields: dict[str, Any] = {"kind": "hello", "round": 0, "client": p, "partition-id": p, "job-id": job_id}
         # the server may send the setup with the hello (one exchange less before round 1)
-        spec: dict[str, Any] | None = (dict(cast(ConfigRecord, msg.content[codec.SCALARS]))
+        spec: dict[str, Any] | None = (codec.scalars_of(msg.content)
                                        if str(meta_in["kind"]) == codec.SETUP_AT_HELLO else None)
         reply = None
         try:  # validate the view now: a bad view is reported at the handshake, before round 1
@@ -381,7 +381,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
             fields["error"] = f"{type(exc).__name__}: {exc}"
             reply, fields["kind"] = None, "hello"
         content = RecordDict() if reply is None else codec.encode(reply, client=p, job_id=job_id)
-        content[codec.META] = ConfigRecord(fields)
+        codec.set_meta(content, fields)
         return FlwrMessage(content, reply_to=msg)
 
     def answer(content: RecordDict, context: Context) -> RecordDict:

@@ -1,17 +1,28 @@
 """Encode a :class:`fedsonmf.protocol.messages.Message` as a Flower ``RecordDict`` and back.
 
-The records of one Flower message (names are fixed, the audit checks them):
+What a message carries, by logical record (the names are fixed; the audit checks them,
+:func:`describe` reports them):
 
-``fedsonmf.meta``         ConfigRecord: kind, round, client index, job id (transport metadata)
-``fedsonmf.arrays``       ArrayRecord: the algorithm's matrices (``Message.arrays``)
-``fedsonmf.scalars``      ConfigRecord: the algorithm's scalars (``Message.scalars``)
-``fedsonmf.diag.arrays``  ArrayRecord: monitoring matrices of a reply (``Message.diagnostics``)
-``fedsonmf.diag.scalars`` ConfigRecord: monitoring scalars of a reply
+``fedsonmf.meta``         kind, round, client index, job id (transport metadata)
+``fedsonmf.arrays``       the algorithm's matrices (``Message.arrays``)
+``fedsonmf.scalars``      the algorithm's scalars (``Message.scalars``)
+``fedsonmf.diag.arrays``  monitoring matrices of a reply (``Message.diagnostics``)
+``fedsonmf.diag.scalars`` monitoring scalars of a reply
 
-Empty records are left out.  Arrays travel as ``np.save`` bytes (bit-exact float64).
+How it travels: in one ConfigRecord, ``fedsonmf.meta``.  Beside the metadata it holds the other
+four records *packed*: their scalars, typed as they are (key ``<record>/<key>``), and every array as
+its ``np.save`` bytes (bit-exact float64, the memory order kept) one after the other in one blob,
+listed in order in ``arrays-index`` (record, key, length).  A blob of at most :data:`INLINE_LIMIT`
+bytes rides in the record itself (``arrays-blob``); a larger one is one uint8 ``Array`` of the
+ArrayRecord ``fedsonmf.blob`` (Flower cuts it into 5 MiB chunks).  Why: Flower moves every record,
+array and array chunk of a message as an object of its own, one HTTPS request each, both ways (node
+and ServerApp); a secure round's reply of 4 arrays in 4 records was 14 objects, now 3 (Message,
+RecordDict, ``fedsonmf.meta``), and each request costs milliseconds of the SuperLink's CPU
+(docs/flower.md, "The node loop").  The arrays' bytes and their SHA-256 are those Flower's ``Array``
+would carry, and :func:`describe` reports the logical records, so the wire audit reads the same.
 
 A *batch* (:func:`pack`, :func:`unpack`) is several such messages for one node in one Flower message:
-their records side by side, each name prefixed ``<j>:`` (``0:fedsonmf.meta``, ``1:fedsonmf.arrays``,
+their records side by side, each name prefixed ``<j>:`` (``0:fedsonmf.meta``, ``1:fedsonmf.meta``,
 ...), and ``fedsonmf.batch`` (ConfigRecord: ``count``).  A batch reply holds the node's replies in
 the same order; a reply that failed is ``<j>:fedsonmf.error`` (ConfigRecord: ``code``, ``reason``).
 """
@@ -19,6 +30,8 @@ the same order; a reply that failed is ``<j>:fedsonmf.error`` (ConfigRecord: ``c
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import numbers
 from typing import Any, cast
 
@@ -29,7 +42,8 @@ from fedsonmf.protocol.messages import Message
 
 __all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
            "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest", "BATCH", "BATCH_ACTION", "ERROR", "pack", "unpack",
-           "error_content", "error_reason"]
+           "error_content", "error_reason", "BLOB", "INLINE_LIMIT", "INDEX", "INLINE_BLOB", "arrays_of",
+           "array_bytes", "scalars_of", "meta_of", "set_meta"]
 
 META = "fedsonmf.meta"
 ARRAYS = "fedsonmf.arrays"
@@ -38,6 +52,14 @@ DIAG_ARRAYS = "fedsonmf.diag.arrays"
 DIAG_SCALARS = "fedsonmf.diag.scalars"
 BATCH = "fedsonmf.batch"
 ERROR = "fedsonmf.error"
+#: the ``fedsonmf.meta`` keys of the packed arrays' index and (small) blob
+INDEX, INLINE_BLOB = "arrays-index", "arrays-blob"
+#: the ArrayRecord of a blob above :data:`INLINE_LIMIT`
+BLOB = "fedsonmf.blob"
+#: the largest array blob carried inside ``fedsonmf.packed`` (below Flower's 5 MiB array chunk: no
+#: object is larger than one Flower would send)
+INLINE_LIMIT = 4 << 20
+_PACKED_NAMES = (ARRAYS, SCALARS, DIAG_ARRAYS, DIAG_SCALARS)
 #: the ClientApp action that answers a batch (Flower message type ``train.batch``)
 BATCH_ACTION = "batch"
 #: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
@@ -75,8 +97,11 @@ def _layout_kept(v) -> np.ndarray:
     return v if v.flags.c_contiguous or v.flags.f_contiguous else np.ascontiguousarray(v)
 
 
-def _arrays(d) -> ArrayRecord:
-    return ArrayRecord({k: Array(_layout_kept(v)) for k, v in d.items()})
+def _npy(v) -> bytes:
+    """The ``np.save`` bytes of ``v`` (exactly what Flower's ``Array`` carries)."""
+    buf = io.BytesIO()
+    np.save(buf, _layout_kept(v), allow_pickle=False)
+    return buf.getvalue()
 
 
 def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
@@ -94,21 +119,91 @@ def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
     Returns
     -------
     RecordDict
-        Arrays in an ArrayRecord, scalars and metadata in ConfigRecords, diagnostics apart.
+        ``fedsonmf.meta``, and the other records packed (module docstring); empty records are left out.
     """
-    rd = RecordDict({META: ConfigRecord({"kind": msg.kind, "round": int(msg.round), "client": int(client),
-                                         "job-id": str(job_id)})})
-    if msg.arrays:
-        rd[ARRAYS] = _arrays(msg.arrays)
-    if msg.scalars:
-        rd[SCALARS] = ConfigRecord({k: _scalar(v) for k, v in msg.scalars.items()})
+    rd = RecordDict()
     diag_arrays = {k: v for k, v in msg.diagnostics.items() if isinstance(v, np.ndarray)}
-    diag_scalars = {k: _scalar(v) for k, v in msg.diagnostics.items() if k not in diag_arrays}
-    if diag_arrays:
-        rd[DIAG_ARRAYS] = _arrays(diag_arrays)
-    if diag_scalars:
-        rd[DIAG_SCALARS] = ConfigRecord(diag_scalars)
+    diag_scalars = {k: v for k, v in msg.diagnostics.items() if k not in diag_arrays}
+    packed: dict[str, Any] = {"kind": msg.kind, "round": int(msg.round), "client": int(client), "job-id": str(job_id)}
+    for name, scalars in ((SCALARS, msg.scalars), (DIAG_SCALARS, diag_scalars)):
+        packed.update({f"{name}/{k}": _scalar(v) for k, v in scalars.items()})
+    index, parts = [], []
+    for name, arrays in ((ARRAYS, msg.arrays), (DIAG_ARRAYS, diag_arrays)):
+        for k, v in arrays.items():
+            parts.append(_npy(v))
+            index.append([name, str(k), len(parts[-1])])
+    if index:
+        packed[INDEX] = json.dumps(index)
+        blob = b"".join(parts)
+        if len(blob) <= INLINE_LIMIT:
+            packed[INLINE_BLOB] = blob
+        else:
+            rd[BLOB] = ArrayRecord({"blob": Array(np.frombuffer(blob, dtype=np.uint8))})
+    rd[META] = ConfigRecord(packed)
     return rd
+
+
+def _is_packed(key: str) -> bool:
+    return key in (INDEX, INLINE_BLOB) or "/" in key
+
+
+def meta_of(rd: RecordDict) -> dict[str, Any]:
+    """The transport metadata of ``fedsonmf.meta`` (kind, round, client, job id, ...), without the
+    packed records."""
+    return {k: v for k, v in cast(ConfigRecord, rd[META]).items() if not _is_packed(k)}
+
+
+def set_meta(rd: RecordDict, fields: dict) -> None:
+    """Replace the metadata of ``rd``'s ``fedsonmf.meta`` with ``fields``, keeping the packed records."""
+    old = cast(ConfigRecord, rd[META]) if META in rd else {}
+    rd[META] = ConfigRecord({**{k: v for k, v in old.items() if _is_packed(k)}, **fields})
+
+
+def _segments(rd: RecordDict):
+    """(record, key, np.save bytes) of every packed array, in order."""
+    if META not in rd:
+        return
+    packed = cast(ConfigRecord, rd[META])
+    if INDEX not in packed:
+        return
+    blob = (cast(bytes, packed[INLINE_BLOB]) if INLINE_BLOB in packed
+            else cast(ArrayRecord, rd[BLOB])["blob"].numpy().tobytes())
+    pos, seen = 0, set()
+    for name, key, length in json.loads(str(packed[INDEX])):
+        if name not in (ARRAYS, DIAG_ARRAYS) or not 0 <= int(length) <= len(blob) - pos:
+            raise ValueError(f"a packed array entry {name}/{key} does not fit the message's blob")
+        if (name, key) in seen:  # one of the two would be hidden from the wire log and the audit
+            raise ValueError(f"the message packs the array {name}/{key} twice")
+        seen.add((name, key))
+        yield name, key, blob[pos:pos + int(length)]
+        pos += int(length)
+    if pos != len(blob):
+        raise ValueError(f"the message's blob holds {len(blob) - pos} bytes no array claims")
+
+
+def _load(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def arrays_of(rd: RecordDict) -> dict[str, dict[str, np.ndarray]]:
+    """``{record: {key: array}}`` of the arrays a RecordDict made by :func:`encode` carries."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, key, data in _segments(rd):
+        out.setdefault(name, {})[key] = _load(data)
+    return out
+
+
+def scalars_of(rd: RecordDict, name: str = SCALARS) -> dict[str, Any]:
+    """The scalars of the logical record ``name`` (``fedsonmf.scalars`` or ``fedsonmf.diag.scalars``)."""
+    if META not in rd:
+        return {}
+    prefix = name + "/"
+    return {k[len(prefix):]: v for k, v in cast(ConfigRecord, rd[META]).items() if k.startswith(prefix)}
+
+
+def array_bytes(rd: RecordDict) -> int:
+    """The serialised bytes of the arrays a RecordDict carries (``np.save`` bytes, as Flower's ``Array``)."""
+    return sum(len(data) for _, _, data in _segments(rd))
 
 
 def decode(rd: RecordDict) -> tuple[Message, dict]:
@@ -132,15 +227,11 @@ def decode(rd: RecordDict) -> tuple[Message, dict]:
     """
     if META not in rd:
         raise ValueError(f"not a fedsonmf message: records {sorted(rd.keys())}")
-    meta: dict[str, Any] = dict(cast(ConfigRecord, rd[META]))
-    arrays = {k: a.numpy() for k, a in cast(ArrayRecord, rd[ARRAYS]).items()} if ARRAYS in rd else {}
-    scalars: dict[str, Any] = dict(cast(ConfigRecord, rd[SCALARS])) if SCALARS in rd else {}
-    diag: dict[str, Any] = {}
-    if DIAG_ARRAYS in rd:
-        diag.update({k: a.numpy() for k, a in cast(ArrayRecord, rd[DIAG_ARRAYS]).items()})
-    if DIAG_SCALARS in rd:
-        diag.update(dict(cast(ConfigRecord, rd[DIAG_SCALARS])))
-    return Message(str(meta["kind"]), int(meta["round"]), arrays, scalars, diag), meta
+    meta = meta_of(rd)
+    arrays = arrays_of(rd)
+    diag: dict[str, Any] = dict(arrays.get(DIAG_ARRAYS, {}))
+    diag.update(scalars_of(rd, DIAG_SCALARS))
+    return Message(str(meta["kind"]), int(meta["round"]), arrays.get(ARRAYS, {}), scalars_of(rd), diag), meta
 
 
 def error_reason(ex: BaseException) -> str:
@@ -186,23 +277,39 @@ def unpack(rd: RecordDict) -> list[RecordDict]:
 
 
 def describe(rd: RecordDict) -> dict:
-    """What a RecordDict carries, for the wire audit: per record, per key,
-    the type, shape, dtype, the number of serialised bytes and their SHA-256 (arrays) or the value
-    type (scalars).  Values of scalars are kept only for ``fedsonmf.meta`` and the public
-    secure-aggregation parameters (the scalar ``secagg``: cohort, scales, public keys)."""
-    out = {}
+    """What a RecordDict carries, for the wire audit: per logical record (the packed ones
+    unpacked, module docstring), per key, the type, shape, dtype, the number of serialised bytes
+    and their SHA-256 (arrays) or the value type (scalars).  Values of scalars are kept only for
+    ``fedsonmf.meta`` and the public secure-aggregation parameters (the scalar ``secagg``: cohort,
+    scales, public keys)."""
+    out: dict[str, dict] = {}
+
+    def record(name: str, type_name: str) -> dict:
+        return out.setdefault(name, {"type": type_name, "items": {}})["items"]
+
+    def scalar(name: str, k: str, v) -> None:
+        item = {"type": type(v).__name__, "bytes": len(v) if isinstance(v, (str, bytes)) else 8}
+        if name == META or (name == SCALARS and k == "secagg"):  # public protocol parameters
+            item["value"] = v
+        record(name, "ConfigRecord")[k] = item
+
     for name, rec in rd.items():
-        items: dict[str, dict] = {}
-        entry = {"type": type(rec).__name__, "items": items}
+        if name == BLOB:
+            continue
         if isinstance(rec, ArrayRecord):
+            items = record(name, "ArrayRecord")
             for k, a in rec.items():
                 items[k] = {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": len(a.data),
                             "sha256": hashlib.sha256(a.data).hexdigest()}
         else:
             for k, v in rec.items():
-                item = {"type": type(v).__name__, "bytes": len(v) if isinstance(v, (str, bytes)) else 8}
-                if name == META or (name == SCALARS and k == "secagg"):  # public protocol parameters
-                    item["value"] = v
-                items[k] = item
-        out[name] = entry
+                if name != META or not _is_packed(k):
+                    scalar(name, k, v)
+    for name in (SCALARS, DIAG_SCALARS):
+        for k, v in scalars_of(rd, name).items():
+            scalar(name, k, v)
+    for name, k, data in _segments(rd):
+        arr = _load(data)
+        record(name, "ArrayRecord")[k] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "bytes": len(data),
+                                          "sha256": hashlib.sha256(data).hexdigest()}
     return out

@@ -50,11 +50,13 @@ from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.flower.security import read_pins, read_retired
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS
 from fedsonmf.federation.flower.transport import (
+    FIT_KINDS,
     BatchingGrid,
     FlowerTransport,
     WireRecorder,
     check_same_ids,
     check_views_at_handshake,
+    exchange_counts,
     handshake,
 )
 from fedsonmf.federation.loop import run_federation
@@ -451,9 +453,10 @@ def server_main(grid: Grid, context: Context) -> None:
             stop = (stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
                                     normalize_embedding=copts["normalize_embedding"])
                     if copts and tol > 0 else None)
+            # the diagnostic arrays (as large as the upload) go up only when tol stops on R/R1
             res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
                                  on_round_end=on_round_end, resume=resume, participation=participation,
-                                 stop_rule=stop)
+                                 stop_rule=stop, residuals=False)
             res.extra["flower"] = {
                 "node_ids": node_ids, "job_id": job_ids[i], "run_id": int(context.run_id),
                 "handshake_seconds": t_hs, "wire_bytes": list(tr.wire_bytes),
@@ -473,6 +476,7 @@ def server_main(grid: Grid, context: Context) -> None:
 
         # per restart: its FitResult, run here or read back from its folder (a resume)
         fits: list = [_read_fit(restart_dirs[i]) if done[i] else None for i in range(n_init)]
+        fit_rows: list = [transport.wire_bytes]  # per fit (or all fits, one after the other), its exchanges
         todo = [i for i in range(n_init) if not done[i]]
         # the fits are independent (their own seeds, jobs and node state): without partial participation
         # (whose node adoption is the run's, not a fit's) they run at once, each in a thread with its
@@ -515,6 +519,7 @@ def server_main(grid: Grid, context: Context) -> None:
                 raise
             pool.shutdown()
             transport.wire_bytes = [w for tr in tps for w in tr.wire_bytes]  # the fits' exchanges, in fit order
+            fit_rows = [list(tr.wire_bytes) for tr in tps]
             if failures:  # the first failure is the run's; the status names its fit and checkpoint
                 failed, error = failures[0]
                 current["checkpoint"] = ckpt_dirs[failed]
@@ -571,8 +576,12 @@ def server_main(grid: Grid, context: Context) -> None:
                 "n_rounds": [int(f.n_rounds) for f in fits]}
             res.extra["clustering"] = {**fclust.write_outputs(out, res.V, copts, labels, centers, km, report),
                                        "rank_message": rank_message, **({"restarts": restarts} if restarts else {})}
+        counts = exchange_counts(fit_rows, [w for w in transport.wire_bytes if w["kind"] not in FIT_KINDS],
+                                 at_once=at_once, hellos=1 + transport.late_hellos)
+        res.extra["flower"]["exchanges"] = counts
         _write_json(out / "result.json", res.to_json_dict())
-        status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0)
+        status.write(status="completed", phase="done", n_rounds=res.n_rounds, seconds=time.perf_counter() - t0,
+                     exchange_counts=counts)
     except BaseException as exc:
         info = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
                 "last_completed_round": last_round["completed"], "checkpoint": str(current["checkpoint"]),
@@ -637,8 +646,10 @@ def _predict_main(grid: Grid, context: Context, out: Path) -> None:
         fclust.write_labels_csv(out / "labels.csv", labels)
         _write_json(out / "result.json", {"mode": "predict", "model_dir": str(model), "job_id": job_id,
                                           "n_samples": int(V.shape[1]), "n_components": int(V.shape[0]),
-                                          "wire_bytes": transport.wire_bytes, "seconds": time.perf_counter() - t0})
-        status.write(status="completed", phase="done", seconds=time.perf_counter() - t0)
+                                          "wire_bytes": transport.wire_bytes, "seconds": time.perf_counter() - t0,
+                                          "exchanges": exchange_counts([], transport.wire_bytes)})
+        status.write(status="completed", phase="done", seconds=time.perf_counter() - t0,
+                     exchange_counts=exchange_counts([], transport.wire_bytes))
     except BaseException as exc:
         status.write(status="failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=5))
         raise

@@ -34,7 +34,7 @@ from fedsonmf.protocol.messages import Message
 _log = logging.getLogger(__name__)
 
 __all__ = ["FederationError", "FlowerTransport", "handshake", "check_views_at_handshake", "check_same_ids",
-           "WireRecorder", "BatchingGrid"]
+           "WireRecorder", "BatchingGrid", "FIT_KINDS", "exchange_counts"]
 
 
 class WireRecorder:
@@ -72,14 +72,11 @@ class WireRecorder:
 
     def _save_arrays(self, client, content) -> dict:
         saved = {}
-        for name, rec in content.items():
-            if not hasattr(rec, "items"):
-                continue
-            for key, a in rec.items():
-                if hasattr(a, "numpy") and hasattr(a, "shape"):
-                    fname = f"{self._count:06d}-c{client}-{name}-{key}.npy"
-                    save_npy_atomic(self.arrays_dir / fname, a.numpy())
-                    saved[f"{name}/{key}"] = fname
+        for name, arrays in codec.arrays_of(content).items():
+            for key, a in arrays.items():
+                fname = f"{self._count:06d}-c{client}-{name}-{key}.npy"
+                save_npy_atomic(self.arrays_dir / fname, a)
+                saved[f"{name}/{key}"] = fname
         return saved
 
 
@@ -238,6 +235,61 @@ class BatchingGrid:
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
+
+
+#: the exchange kinds of a fit (the others, ``refine``, ``graph``, ``spectral``, ``embed-sum``, ..., follow the fits)
+FIT_KINDS = ("setup", "init", "round", "unmask")
+
+
+def exchange_counts(fit_rows: Sequence[Sequence[dict]], stage_rows: Sequence[dict] = (), *, at_once: bool = False,
+                    hellos: int = 1) -> dict:
+    """The exchanges of a run per stage (each an exchange between the ServerApp and every node
+    asked: one push of messages, their replies pulled).
+
+    Parameters
+    ----------
+    fit_rows : sequence of sequences of dict
+        Per fit, its transport's ``wire_bytes`` rows (kind per exchange; a setup row marked
+        ``at_handshake`` travelled with the hellos and is not an exchange of its own; rows of
+        other kinds than :data:`FIT_KINDS` are left out).
+    stage_rows : sequence of dict
+        The rows of the exchanges after the fits (the clustering stages; kinds not in :data:`FIT_KINDS`).
+    at_once : bool, default=False
+        The fits ran at once over one :class:`BatchingGrid`: their messages of a step travelled
+        together, so the fits' exchanges are those of the longest fit (per kind: the most any fit
+        made), not their sum.
+    hellos : int, default=1
+        The handshake's exchange, plus one per node asked later (a restarted node adopted).
+
+    Returns
+    -------
+    dict
+        ``hello``, ``setup_at_hello`` (bool), every kind of :data:`FIT_KINDS`, ``fits`` (their
+        exchanges in all), every stage kind that occurred, ``stages`` (their sum) and ``total``.
+    """
+    per = []
+    for rows in fit_rows:
+        kinds: dict[str, int] = {}
+        for w in rows:  # a stage's rows among them are counted apart (``stage_rows``)
+            if w["kind"] in FIT_KINDS and not w.get("at_handshake"):
+                kinds[w["kind"]] = kinds.get(w["kind"], 0) + 1
+        per.append(kinds)
+    def combine(values) -> int:
+        values = list(values)
+        return int(max(values, default=0) if at_once else sum(values))
+
+    out: dict = {"hello": int(hellos),
+                 "setup_at_hello": any(w.get("at_handshake") for rows in fit_rows for w in rows)}
+    for kind in FIT_KINDS:
+        out[kind] = combine(c.get(kind, 0) for c in per)
+    out["fits"] = combine(sum(c.values()) for c in per)
+    stages: dict[str, int] = {}
+    for w in stage_rows:
+        stages[w["kind"]] = stages.get(w["kind"], 0) + 1
+    out.update(stages)
+    out["stages"] = int(sum(stages.values()))
+    out["total"] = out["hello"] + out["fits"] + out["stages"]
+    return out
 
 
 def _get(record, key):
@@ -429,7 +481,8 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     timeout : float
         Seconds until every view must have answered.
     poll : float, default=0.05
-        Seconds between pulls.
+        The longest wait between two pulls, with :data:`MAX_REPLY_POLL` (:func:`reply_wait`: the
+        waits start at milliseconds and grow with the time the handshake has taken).
     recorder : WireRecorder or None, default=None
         Logs every message (privacy audit).
     info : dict or None, default=None
@@ -461,13 +514,14 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
         is pinned to no view is left out (logged), not an error: a rogue with a registered key
         cannot block the run.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     kind = codec.SETUP_AT_HELLO if setup else "hello"
     content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": -1, "job-id": job_id})})
     if setup:
-        content[codec.SCALARS] = ConfigRecord({k: codec._scalar(v) for k, v in setup.items()})
+        content = codec.encode(Message(kind, 0, {}, dict(setup)), client=-1, job_id=job_id)
     pinned = {pin.node_id for pin in pins.values()} if pins is not None else None
     left_out: set[int] = set()  # online nodes with no pinned key: never asked
     while True:
@@ -516,7 +570,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
                    "restart its SuperNode" if silent else "")
                 + (f"; left out, holding no pinned key: nodes {sorted(left_out)}" if left_out else ""),
                 client=missing[0] if len(missing) == 1 else None, round=0)
-        time.sleep(poll)
+        time.sleep(reply_wait(time.monotonic() - start, poll))  # as an exchange's pulls: short at first
 
 
 class FlowerTransport:
@@ -579,13 +633,16 @@ class FlowerTransport:
                                                              else self.round_timeout))
         self.poll = float(poll)
         self.recorder = recorder
-        self.wire_bytes: list[dict] = []  # serialised array bytes per exchange: {"round", "down", "up"}
+        #: per exchange: {"round", "kind", "down", "up" (serialised array bytes), "seconds" (push to last reply)}
+        self.wire_bytes: list[dict] = []
         self.dropped: list[dict] = []  # partial rounds: {"round", "client", "node_id", "reason"}
         self._seen = set(self.node_ids)  # node ids already asked for their view
         self._left_out: set[int] = set()  # online nodes with no pinned key (logged once, never asked)
         self._hello: dict[str, int] = {}  # hello message id -> node id, answer outstanding
         #: {view: refine-min-cluster-size} announced by the nodes adopted after the handshake
         self.min_cluster_sizes: dict[int, int] = {}
+        #: the hello exchanges with nodes that came online after the handshake (:meth:`adopt_new_nodes`)
+        self.late_hellos = 0
 
     def for_fit(self, job_id: str, *, grid, share: int, setup_at_hello: tuple | None = None) -> FlowerTransport:
         """A transport for one of ``share`` fits that exchange at once over ``grid`` (a :class:`BatchingGrid`).
@@ -625,6 +682,7 @@ class FlowerTransport:
                                                             "job-id": self.hello_job_id})})
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
                                 ttl=3600.0) for nid in new]
+            self.late_hellos += 1
             for nid, mid, msg in zip(new, self.grid.push_messages(msgs), msgs):
                 self._hello[mid] = nid
                 self._seen.add(nid)
@@ -673,7 +731,9 @@ class FlowerTransport:
         flw = [FlwrMessage(codec.encode(messages[p], client=p, job_id=self.job_id), dst_node_id=self.node_ids[p],
                            message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
                for p in order]
+        t0 = time.monotonic()
         by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False)
+        seconds = time.monotonic() - t0
         client_of = dict(zip(by_id, order))
         if self.recorder:
             for mid, msg in by_id.items():
@@ -698,7 +758,8 @@ class FlowerTransport:
                     f"client {meta['client']} to round {s} of job {self.job_id!r}", client=p, round=s, node_id=nid)
             out[p] = rep
             up += _array_bytes(got[mid].content)
-        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out)})
+        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "clients": sorted(out),
+                                "seconds": round(seconds, 4)})
         return out
 
     def _setup_done_at_hello(self, messages: Sequence[Message]) -> list[Message] | None:
@@ -733,7 +794,9 @@ class FlowerTransport:
                         message_type=MessageType.TRAIN, group_id=str(s), ttl=timeout + 60.0)
             for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
         ]
+        t0 = time.monotonic()
         by_id, got, pending = _push_pull(self.grid, flw, timeout, self.poll)
+        seconds = time.monotonic() - t0
         client_of = {mid: p for p, mid in enumerate(by_id)}
         if self.recorder:
             for mid, msg in by_id.items():
@@ -766,10 +829,9 @@ class FlowerTransport:
             replies.append(rep)
             down += _array_bytes(by_id[mid].content)
             up += _array_bytes(got[mid].content)
-        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up})
+        self.wire_bytes.append({"round": s, "kind": kind, "down": down, "up": up, "seconds": round(seconds, 4)})
         return replies
 
 
 def _array_bytes(rd: RecordDict) -> int:
-    return sum(len(a.data) for rec in rd.values() if hasattr(rec, "items") for a in rec.values()
-               if hasattr(a, "data") and hasattr(a, "shape"))
+    return codec.array_bytes(rd)
