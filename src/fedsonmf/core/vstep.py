@@ -220,24 +220,35 @@ def _columns(X, idx: np.ndarray):
 
 def _row_radius(S: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Per row i, the norm nu_i of the weighted prox's output (§16): the root of
-    sum_c S[c, i] / (nu + t_c)^2 = 1 (decreasing in nu), 0 when there is none (the row vanishes).
+    f(nu) = sum_c S[c, i] / (nu + t_c)^2 - 1, 0 when there is none (the row vanishes).
 
     ``S`` (classes x r): sums of squares of the row's positive parts in each class of columns,
-    ``t`` (classes,): each class's threshold T_c mu.  One threshold: nu = max(||y|| - t, 0).
+    ``t`` (classes,): each class's threshold T_c mu >= 0.  One threshold: nu = max(||y|| - t, 0).
+    f is convex and decreasing, and nu_0 = max(sqrt(S_0), sqrt(sum S) - max t, 0) (S_0: the mass
+    at t = 0) lies left of the root, so Newton's steps rise to it monotonically.
     """
     total = S.sum(axis=0)
     if np.all(t == t[0]):
         return np.maximum(np.sqrt(total) - t[0], 0.0)
-    lo = np.zeros_like(total)
-    hi = np.sqrt(total)
     tt = t[:, None]
-    for _ in range(64):  # bisection: the bracket shrinks to 2^-64 of ||y||
-        mid = 0.5 * (lo + hi)
-        with np.errstate(divide="ignore"):
-            above = (S / (mid + tt) ** 2).sum(axis=0) > 1.0
-        lo = np.where(above, mid, lo)
-        hi = np.where(above, hi, mid)
-    return hi
+    mass = S > 0
+    nu = np.maximum(np.sqrt(total) - t.max(), 0.0)
+    if np.any(t == 0):
+        nu = np.maximum(nu, np.sqrt(S[t == 0].sum(axis=0)))
+    at_zero = (np.where(mass & (tt > 0), S, 0.0) / np.where(tt > 0, tt, 1.0) ** 2).sum(axis=0)
+    live = (nu > 0) | (at_zero > 1.0)  # f(0) > 0: a root exists
+    nu = np.where(live, nu, 0.0)
+    for _ in range(100):
+        d = np.where(mass, nu + tt, 1.0)
+        q = np.where(mass, S / d**2, 0.0)
+        f = q.sum(axis=0) - 1.0
+        fp = 2.0 * (q / d).sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.where(live & (f > 0) & (fp > 0), f / fp, 0.0)
+        nu = nu + step
+        if not np.any(step > 1e-15 * np.maximum(nu, 1e-300)):
+            break
+    return nu
 
 
 def _local_round_batches(X, U, V_start, C, *, alpha, mu, tau, rho1, ustep, blocks, counts) -> LocalResult:
