@@ -130,7 +130,7 @@ def part_scale(n: int, d: int, density: float, c: int, rounds: int) -> dict:
         t0 = time.process_time()
         res = federated_sonmf(views, r, max_rounds=rounds, tol=0, random_state=0,
                               batch_size=n if variant == "full" else "auto",
-                              callback=lambda row: ticks.append(time.process_time()))
+                              callback=lambda row, ticks=ticks: ticks.append(time.process_time()))
         total = time.process_time() - t0
         per_round = np.diff([t0] + ticks)[1:]  # the first tick also holds the setup
         E = res.V.T / np.maximum(np.linalg.norm(res.V.T, axis=1, keepdims=True), 1e-300)

@@ -216,3 +216,37 @@ def test_flower_apps_give_the_inprocess_result_with_minibatches(tmp_path, small_
     ref = run_inprocess(check_views(views, R), cfg, "fedsonmf", max_rounds=3, seed=9)
     assert np.array_equal(V, ref.V)
     assert _strip(result["history"]) == _strip(ref.history.to_records())
+
+
+def test_a_checkpointed_minibatch_run_resumes_bit_identically(tmp_path):
+    from fedsonmf._validation import check_views
+    from fedsonmf.federation.inprocess import run_inprocess
+
+    data = make_synthetic(n_clients=3, n_samples=50, n_features=12, rank=4, random_state=1)
+    views = check_views(data.views, 4)
+    cfg = FedConfig(n_components=4, tau=3, batch_size=20)
+    full = run_inprocess(views, cfg, "fedsonmf", max_rounds=4, seed=11)
+    run_inprocess(views, cfg, "fedsonmf", max_rounds=2, seed=11, checkpoint_dir=tmp_path)
+    res = run_inprocess(views, cfg, "fedsonmf", max_rounds=4, checkpoint_dir=tmp_path, resume=True)
+    assert np.array_equal(res.V, full.V)
+    assert all(np.array_equal(a, b) for a, b in zip(res.bases, full.bases))
+
+
+def test_corrections_sum_to_zero_and_the_server_step_holds_with_minibatches(small_problem):
+    """sum_p C_p^{s+1} = 0 and Vbar^{s+1} = V^s - eta G^s in every round (§16.5): G_p is defined by the upload."""
+    from conftest import assert_correction_identity
+    from fedsonmf._validation import check_views
+    from fedsonmf.federation.inprocess import InProcessTransport
+    from fedsonmf.federation.loop import ClientRuntime, run_federation
+
+    cfg = FedConfig(n_components=4, tau=5, alpha=0.02, mu=0.5, batch_size=9)
+    clients = [ClientRuntime(X, "fedsonmf", cfg) for X in check_views(small_problem.views, 4)]
+    checked = []
+
+    def on_round_end(state, history):
+        assert_correction_identity(state.arrays["Vbar"], clients, cfg.eta_tilde)
+        checked.append(state.round)
+
+    run_federation(InProcessTransport(clients), "fedsonmf", cfg, max_rounds=6, seed=0, on_round_end=on_round_end)
+    assert checked == list(range(2, 8))
+    assert all("batch" in c.state.arrays for c in clients)  # the mini-batch path ran
