@@ -49,14 +49,16 @@ FILES = {
 TAU = default("tau")
 
 
-def part_sets(data_dir: Path, seeds: int) -> dict:
+def part_sets(data_dir: Path, seeds: int, only=(), sweeps: int = 1) -> dict:
     out = {}
     for name, rel in FILES.items():
+        if only and name not in only:
+            continue
         ds = load_mat(data_dir / rel)
         y = ds.labels
         c = len(np.unique(y))
         n = y.size
-        b = math.ceil(n / TAU)
+        b = math.ceil(sweeps * n / TAU)
         rows = {}
         for variant, method in (("full", None), (f"b={b}", MethodOptions(batch_size=b))):
             runs = []
@@ -118,6 +120,29 @@ def planted_views(n: int, d: int, density: float, c: int, seed: int = 0):
     return views, y
 
 
+def _local_steps_seconds(view, res, r: int, minibatch: bool, reps: int = 3) -> float:
+    """CPU seconds of one client's tau local steps alone (``core.vstep.local_round``) at the fit's end
+    point: the part of a round the batch size changes."""
+    from fedsonmf._validation import check_views
+    from fedsonmf.core.init import batch_rng
+    from fedsonmf.core.ustep import PenaltyOptions
+    from fedsonmf.core.vstep import draw_batches, local_round
+    from fedsonmf.protocol.config import auto_alpha
+
+    (X,) = check_views([view], r)
+    n = X.shape[1]
+    V = np.asfortranarray(res.V)  # the clients' layout (core._linalg)
+    kw = dict(alpha=auto_alpha(TAU, default("eta_g")), mu=float(res.config["mu_value"]), tau=TAU, rho1=0.0,
+              ustep=PenaltyOptions())
+    times = []
+    for rep in range(reps):
+        batches = draw_batches(n, TAU, math.ceil(n / TAU), batch_rng(0, rep)) if minibatch else None
+        t0 = time.process_time()
+        local_round(X, res.bases[0], V, None, batches=batches, **kw)
+        times.append(time.process_time() - t0)
+    return float(np.median(times))
+
+
 def part_scale(n: int, d: int, density: float, c: int, rounds: int) -> dict:
     from sklearn.cluster import KMeans
 
@@ -141,8 +166,10 @@ def part_scale(n: int, d: int, density: float, c: int, rounds: int) -> dict:
                "cpu_seconds_total": round(total, 2), "objective": float(res.history.column("objective")[-1]),
                "R_rel": float(res.history.column("R_rel")[-1]),
                "acc_kmeans_on_V": round(100 * clustering_accuracy(y, labels), 2)}
+        row["local_steps_cpu_seconds_per_client"] = round(_local_steps_seconds(views[0], res, r, variant == "auto"), 3)
         out["variants"][variant] = row
-        print(f"n={n} {variant}: {row['cpu_seconds_per_round_median']} CPU s/round, objective {row['objective']:.6g}, "
+        print(f"n={n} {variant}: {row['cpu_seconds_per_round_median']} CPU s/round (local steps "
+              f"{row['local_steps_cpu_seconds_per_client']} s per client), objective {row['objective']:.6g}, "
               f"R/R1 {row['R_rel']:.3g}, ACC(k-means on V) {row['acc_kmeans_on_V']}", flush=True)
     return out
 
@@ -151,6 +178,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("sets", "synthetic", "scale", "all"), default="all")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--sweeps", type=int, default=1, help="sets part: b = ceil(sweeps n / tau), sweeps visits a round")
+    ap.add_argument("--only", nargs="*", default=(), help="sets part: these data sets only (recorded as 'sets:NAME')")
     ap.add_argument("--rounds", type=int, default=30, help="rounds of the synthetic study")
     ap.add_argument("--scale-n", type=int, default=100_000)
     ap.add_argument("--scale-rounds", type=int, default=15)
@@ -162,13 +191,16 @@ def main(argv=None) -> None:
     for part in parts:
         t0 = time.process_time()
         if part == "sets":
-            res = part_sets(args.data, args.seeds)
+            res = part_sets(args.data, args.seeds, args.only, args.sweeps)
         elif part == "synthetic":
             res = part_synthetic(args.seeds, args.rounds)
         else:
             res = part_scale(args.scale_n, 2000, 0.01, 10, args.scale_rounds)
-        inputs = [(name, args.data / rel) for name, rel in FILES.items()] if part == "sets" else ()
-        record[part] = {"result": res, "cpu_seconds": round(time.process_time() - t0, 1),
+        inputs = [(name, args.data / rel) for name, rel in FILES.items()
+                  if not args.only or name in args.only] if part == "sets" else ()
+        key = part if part != "sets" or not args.only else "sets:" + ",".join(args.only)
+        key += f":sweeps={args.sweeps}" if part == "sets" and args.sweeps != 1 else ""
+        record[key] = {"result": res, "cpu_seconds": round(time.process_time() - t0, 1),
                         "meta": meta(inputs=inputs, seeds=list(range(args.seeds))),
                         "note": "CPU seconds of one process, OMP_NUM_THREADS=1, on a machine shared with other jobs"}
         write_json_atomic(args.out, record)
