@@ -23,12 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.core.init import batch_rng
 from fedsonmf.core.masks import check_coverage, column_counts, column_mean
 from fedsonmf.core.objective import grad_v_orth
 from fedsonmf.core.prox import prox_l21_nonneg
 from fedsonmf.core.residuals import client_diagnostics
 from fedsonmf.core.server import server_step_from_mean
-from fedsonmf.core.vstep import drift_correction, local_round
+from fedsonmf.core.vstep import draw_batches, drift_correction, local_round, resolve_batch
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.messages import Aggregate, ClientState, Message, ServerState
 
@@ -88,7 +89,11 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
 
     def client_setup(self, X, x_sqnorm: float, msg: Message, cfg: FedConfig, cols=None, n=None):
         if cols is None:
-            return super().client_setup(X, x_sqnorm, msg, cfg)
+            b = resolve_batch(cfg.batch_size, X.shape[1], cfg.tau)  # refused before the bases are drawn
+            state, reply = super().client_setup(X, x_sqnorm, msg, cfg)
+            if b is not None:  # stochastic local steps (§16): the run's seed and b, kept locally
+                state.arrays["batch"] = np.array([int(msg.scalars["seed"]), b], dtype=np.int64)
+            return state, reply
         state, reply = super().client_setup(X, x_sqnorm, msg, cfg)
         # membership (sample indices, not content) is what the server learns (§15.1)
         arrays = {**reply.arrays, "cols": np.asarray(cols, dtype=np.int64)}
@@ -112,8 +117,13 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                 C = drift_correction(sel(msg.arrays["V_prev"]), sel(Vbar), eta, local)
             # "drop" (c): no correction in the returning round
         if cols is None:
+            batches = None
+            if "batch" in st:  # the same blocks on every client: one stream per round (§16)
+                seed, b = (int(v) for v in st["batch"])
+                batches = draw_batches(X.shape[1], cfg.tau, b, batch_rng(seed, msg.round))
             res = local_round(
-                X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu_value, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep
+                X, st["U"], V, C, alpha=cfg.alpha, mu=cfg.mu_value, tau=cfg.tau, rho1=cfg.rho1, ustep=cfg.ustep,
+                batches=batches,
             )
         else:
             w = np.asarray(msg.arrays["w"], dtype=np.float64)[cols]
@@ -129,6 +139,8 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                 diag = client_diagnostics(xsq_w, st["U"], st["UtX"] * w, Vc, res.U, res.XVt0, res.VVt0)
                 diag["grad0"] = grad_v_orth(st["UtX"], Vc)  # unweighted; the server divides by c_j
         new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": sel(V)})
+        if "batch" in st:
+            new_state.arrays["batch"] = st["batch"]
         up = {"Vhat": res.Vhat}
         if msg.scalars.get("kept_sum"):
             # rule (b) from sums (§15.2 under secure aggregation): the change of this client's kept G_p;

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from fedsonmf.core.ustep import round_st
 
 __all__ = ["INIT_U", "CLUSTERING_INIT_U", "resolve_init_u", "random_basis", "svd_basis", "init_basis",
-           "client_rng", "server_rng"]
+           "client_rng", "server_rng", "batch_rng"]
 
 #: the values of ``init_u``
 INIT_U = ("auto", "random", "svd")
@@ -36,6 +36,12 @@ def client_rng(seed: int, client: int) -> np.random.Generator:
 
 def server_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0])
+
+
+def batch_rng(seed: int, round: int) -> np.random.Generator:
+    """The stream of round ``round``'s mini-batches (docs/algorithm.md §16): one per round, the same
+    on every client (all clients move the same samples' columns), independent of every other stream."""
+    return np.random.default_rng([seed, 2, round])
 
 
 def random_basis(d: int, r: int, rng: np.random.Generator) -> np.ndarray:

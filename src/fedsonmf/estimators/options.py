@@ -98,6 +98,7 @@ class MethodOptions(_Options):
     init_v: str = default("init_v")
     diagnostics: bool = default("diagnostics")
     ustep: PenaltyOptions | None = default("ustep")
+    batch_size: Any = default("batch_size")
     normalize_embedding: bool = default("normalize_embedding")
     normalize_views: bool = default("normalize_views")
     kmeans_n_init: int = default("kmeans_n_init")

@@ -165,6 +165,9 @@ class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
         Drift correction.
     init_u, init_v, diagnostics, ustep
         See :class:`fedsonmf.protocol.config.FedConfig`.
+    batch_size : "auto" or int, default="auto"
+        Samples per local step (docs/algorithm.md §16): "auto" = all of them below
+        20 000 samples, else ceil(n / tau), so a round visits every sample once.
     max_rounds : int, default=200
         Communication rounds at most.
     tol : float, default=1e-4
@@ -257,6 +260,7 @@ class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
         mu=default("mu"), mu_scale=default("mu_scale"), tau=default("tau"), alpha=default("alpha"),
         eta_g=default("eta_g"), rho1=default("rho1"), correction=default("correction"), init_u=default("init_u"),
         init_v=default("init_v"), diagnostics=default("diagnostics"), ustep=default("ustep"),
+        batch_size=default("batch_size"),
         secure_aggregation=default("secure_aggregation"), dp_epsilon=default("dp_epsilon"),
         dp_noise_multiplier=default("dp_noise_multiplier"), dp_clip=default("dp_clip"),
         dp_clip_setup=default("dp_clip_setup"), dp_delta=default("dp_delta"), dp_rounds=default("dp_rounds"),
@@ -276,6 +280,7 @@ class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
         self.init_v = init_v
         self.diagnostics = diagnostics
         self.ustep = ustep
+        self.batch_size = batch_size
         self.secure_aggregation = secure_aggregation
         self.dp_epsilon = dp_epsilon
         self.dp_noise_multiplier = dp_noise_multiplier

@@ -102,6 +102,12 @@ class FedConfig:
         r x n matrix upload per client per round (counted separately).
     ustep : PenaltyOptions
         Options of the U-solver.
+    batch_size : "auto" or int >= 1
+        Samples whose V-columns a local step moves (stochastic local steps,
+        docs/algorithm.md §16): "auto" = all n below
+        :data:`fedsonmf.core.vstep.AUTO_BATCH_MIN_SAMPLES`, else ceil(n / tau); an int
+        at least ceil(n / tau) (so every sample moves in every round), >= n = all.
+        Resolved against n by each client (:func:`fedsonmf.core.vstep.resolve_batch`).
     mu_scale : float >= 0
         The fraction used by ``mu="auto"``.
     secure_aggregation : bool
@@ -144,6 +150,7 @@ class FedConfig:
     init_v: str = default("init_v")
     diagnostics: bool = default("diagnostics")
     ustep: PenaltyOptions = field(default_factory=PenaltyOptions)
+    batch_size: int | str = default("batch_size")
     mu_scale: float = default("mu_scale")
     secure_aggregation: bool = default("secure_aggregation")
     secagg_threshold: int | None = default("secagg_threshold")
@@ -250,6 +257,11 @@ class FedConfig:
             if self.init_v != "projection":
                 raise ParameterError(f"differential privacy needs init_v='projection' (its setup upload is noised); "
                                      f"init_v={self.init_v!r} sends ||X_p||_F^2 in the clear")
+        if isinstance(self.batch_size, str):
+            if self.batch_size != "auto":
+                raise ParameterError(f"batch_size must be a positive integer or 'auto', got {self.batch_size!r}")
+        else:
+            set_("batch_size", check_int("batch_size", self.batch_size, min=1, desc="a positive integer or 'auto'"))
         if self.ustep is None:  # the table's default: the U-solver's own defaults
             set_("ustep", PenaltyOptions())
         if not isinstance(self.ustep, PenaltyOptions):

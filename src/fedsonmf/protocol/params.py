@@ -85,6 +85,10 @@ _TABLE = [
                                "under differential privacy.", ("bool",), group="method"),
     Param("ustep", None, "Options of the U-solver (fedsonmf.core.ustep.PenaltyOptions); None = defaults.",
           (None, ("type", "PenaltyOptions")), group="method"),
+    Param("batch_size", "auto", "Samples per local step (stochastic local steps, docs/algorithm.md §16): 'auto' = "
+                                "all n below 20 000 samples, else ceil(n / tau) (every sample once per round); an "
+                                "int b >= ceil(n / tau) (b >= n: all samples).",
+          (("str", "auto"), _POS_INT), group="method"),
     Param("secure_aggregation", False, "Pairwise-masked secure aggregation: the server receives only the sums of "
                                        "the uploads it averages (docs/privacy.md). Off in-process by default; ON by "
                                        "default in Flower deployments (run_flower, `fedsonmf flower run`).",
@@ -183,8 +187,8 @@ _TABLE = [
 PARAMS: dict[str, Param] = {p.name: p for p in _TABLE}
 #: the algorithm's parameters (the fields of FedConfig)
 FED_PARAMS = ("n_components", "mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "init_u", "init_v",
-              "diagnostics", "ustep", "secure_aggregation", "dp_epsilon", "dp_noise_multiplier", "dp_clip",
-              "dp_clip_setup", "dp_delta",
+              "diagnostics", "ustep", "batch_size", "secure_aggregation", "dp_epsilon", "dp_noise_multiplier",
+              "dp_clip", "dp_clip_setup", "dp_delta",
               "dp_rounds")
 #: the differential-privacy parameters (a subset of FED_PARAMS; fedsonmf.protocol.privacy)
 DP_PARAMS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta",
