@@ -250,3 +250,24 @@ def test_corrections_sum_to_zero_and_the_server_step_holds_with_minibatches(smal
     run_federation(InProcessTransport(clients), "fedsonmf", cfg, max_rounds=6, seed=0, on_round_end=on_round_end)
     assert checked == list(range(2, 8))
     assert all("batch" in c.state.arrays for c in clients)  # the mini-batch path ran
+
+
+def test_cli_takes_batch_size_and_names_its_bound(tmp_path):
+    """`--batch-size` comes from the parameter table: an int reaches the method, a too small one is
+    refused with the bound ceil(n / tau)."""
+    from typer.testing import CliRunner
+
+    from fedsonmf.cli.app import app
+
+    rng = np.random.default_rng(0)
+    z = np.repeat(np.arange(3), 40)
+    paths = []
+    for p in range(2):
+        X = rng.random((120, 30)) * 0.1
+        X[np.arange(120), z * 10 + p] += 1.0
+        paths.append(str(tmp_path / f"v{p}.csv"))
+        np.savetxt(paths[-1], X, delimiter=",")
+    ok = CliRunner().invoke(app, ["cluster", *paths, "--clusters", "3", "--batch-size", "60", "--quiet"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(app, ["cluster", *paths, "--clusters", "3", "--batch-size", "5"])
+    assert bad.exit_code != 0 and "ceil(n / tau) = 12" in bad.output + str(bad.exception)

@@ -22,13 +22,13 @@ __all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "wi
            "DP_OPTIONS"]
 
 #: the algorithm options every federated command offers (flags derived from the names)
-ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "algorithm")
+ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "batch_size", "algorithm")
 #: flags that are not ``--name-with-dashes``
 _FLAGS = {"correction": ("--correction/--no-correction",), "diagnostics": ("--diagnostics/--no-diagnostics",),
           "normalize_embedding": ("--normalize-embedding/--raw-embedding",), "max_rounds": ("--rounds",),
           "n_components": ("--rank", "-r")}
 #: option types that the default does not tell
-_TYPES = {"mu": str, "n_init": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
+_TYPES = {"mu": str, "n_init": str, "batch_size": str, "checkpoint_dir": Optional[Path], "blas_threads": Optional[int],
           "dp_epsilon": Optional[float], "dp_noise_multiplier": Optional[float]}
 #: the differential-privacy options (fedsonmf.protocol.privacy)
 DP_OPTIONS = ("dp_epsilon", "dp_noise_multiplier", "dp_clip", "dp_clip_setup", "dp_delta", "dp_rounds")
@@ -129,7 +129,7 @@ def _parse_auto_int(text: str):
 
 
 #: parameters typed as text on the command line, and how their text becomes the value
-_PARSERS = {"mu": parse_mu, "n_init": _parse_auto_int}
+_PARSERS = {"mu": parse_mu, "n_init": _parse_auto_int, "batch_size": _parse_auto_int}
 
 
 def with_params(*names: str):
