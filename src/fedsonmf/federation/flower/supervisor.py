@@ -77,7 +77,7 @@ send(signal.SIGKILL)
 def proc_table() -> dict[int, tuple[int, int, int]]:
     """{pid: (ppid, pgid, start time)} of the live (not zombie) processes, from Linux's /proc
     (empty elsewhere)."""
-    table = {}
+    table: dict[int, tuple[int, int, int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
