@@ -69,19 +69,21 @@ def test_a_child_and_its_grandchild_stop_with_the_supervisor_and_the_log_is_priv
 
 
 def test_a_child_and_its_grandchild_stop_when_the_supervising_process_is_killed(tmp_path):
-    """SIGKILL to the launcher: its watcher sees the pipe close and stops the groups it knew."""
-    pids = tmp_path / "family.pids"
+    """SIGKILL to the launcher: its watcher sees the pipe close and stops the groups it knew (``start``
+    tells it before returning; the launcher says when it returned)."""
+    pids, started = tmp_path / "family.pids", tmp_path / "started"
     script = (
         "import sys, time\n"
         "from fedsonmf.federation.flower.supervisor import Supervisor\n"
         "sup = Supervisor(grace=5.0)\n"
         f"sup.start(['sh', '-c', {FAMILY.format(out=pids)!r}])\n"
+        f"open({str(started)!r}, 'w').close()\n"
         "time.sleep(3600)\n"
     )
     launcher = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
     try:
-        wait_until(lambda: pids.is_file() and len(pids.read_text().split()) == 2, "the grandchild started",
-                   stall=30, alive=lambda: launcher.poll() is None)
+        wait_until(lambda: started.exists() and pids.is_file() and len(pids.read_text().split()) == 2,
+                   "the grandchild started", stall=30, alive=lambda: launcher.poll() is None)
         child, grandchild = map(int, pids.read_text().split())
         assert _alive(child) and _alive(grandchild)
         launcher.kill()
@@ -110,6 +112,15 @@ def test_a_process_started_from_a_thread_that_ended_keeps_running_until_stopped(
         assert not _alive(got["gc"])
 
 
+def test_killing_one_process_leaves_the_others_running(tmp_path):
+    with Supervisor(grace=5.0) as sup:
+        one, gc_one = _family(sup, tmp_path, "one")
+        two, gc_two = _family(sup, tmp_path, "two")
+        sup.kill(one)
+        assert one.returncode == -signal.SIGKILL and not _alive(gc_one)
+        assert two.poll() is None and _alive(gc_two) and sup.procs == [two]
+
+
 def test_stopping_n_daemons_terms_them_all_while_all_still_run(tmp_path):
     """One shared grace period: every daemon gets SIGTERM while all of them still run (a stop one by
     one would TERM the last only after the first ones were KILLed), then all are KILLed."""
@@ -122,6 +133,6 @@ def test_stopping_n_daemons_terms_them_all_while_all_still_run(tmp_path):
         pidfile.write_text(json.dumps([p.pid for p in procs]))
         sup.stop()
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(pid for pid, _ in records) == sorted(p.pid for p in procs)
+    assert sorted(pid for pid, _ in records) == sorted(p.pid for p in procs)  # one SIGTERM each
     assert all(sorted(seen) == sorted(p.pid for p in procs) for _, seen in records)
     assert all(p.returncode == -signal.SIGKILL for p in procs)

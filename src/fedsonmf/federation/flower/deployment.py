@@ -422,8 +422,9 @@ class LoopbackDeployment:
             self.supervisor.kill(self.executors[p])
         if sig == signal.SIGKILL:
             self.supervisor.kill(proc)
-        else:  # the signal, then what any stop does: the grace period, then KILL
-            self.supervisor.signal(proc, sig)
+        else:  # TERM (or ``sig`` first), the grace period, then KILL
+            if sig != signal.SIGTERM:
+                self.supervisor.signal(proc, sig)
             self.supervisor.stop([proc])
 
     def stop(self) -> None:

@@ -242,11 +242,12 @@ class Supervisor:
             except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
                 pass
         end = time.monotonic() + 10.0
-        while time.monotonic() < end:
+        while time.monotonic() < end:  # the leaders are reaped: what is left are group members and the tree
             table = proc_table()
-            if not any(_same(pid, st, table) for pid, st in tree.items()) and not descendants(pgids, table):
+            left = {pid: st for pid, st in tree.items() if _same(pid, st, table)}
+            if not left and not any(row[1] in pgids for row in table.values()):
                 break
-            self._send(signal.SIGKILL, pgids, {pid: st for pid, st in tree.items() if _same(pid, st, table)})
+            self._send(signal.SIGKILL, pgids, left)
             time.sleep(0.05)
         with self._lock:
             for p in procs:
@@ -262,8 +263,8 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
         table = proc_table()
-        for pid, st in tree.items():
-            if _same(pid, st, table):
+        for pid, st in tree.items():  # those that left the groups (the groups got it once already)
+            if _same(pid, st, table) and table[pid][1] not in pgids:
                 try:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
