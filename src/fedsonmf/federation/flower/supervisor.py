@@ -15,8 +15,8 @@ knows, with the same TERM, grace, KILL.  This covers the daemons' children and g
 (they share the group) and works from any thread and on any POSIX system; Linux's
 ``PR_SET_PDEATHSIG`` reaches only the direct child, and fires when the *thread* that forked it
 ends, so a deployment started from a worker thread would lose its daemons with that thread.
-The one window left: a launcher killed between a ``fork`` and the next line that tells the
-watcher about the new group (microseconds).
+The one window left: a launcher killed after a process started and before :meth:`Supervisor.start`
+returned (the watcher is told the new group then; milliseconds, more on a loaded machine).
 
 Evidence: ``tests/test_supervisor.py`` (a child and a grandchild die when the supervisor stops
 and when its process is killed with SIGKILL; N daemons that ignore SIGTERM all receive it while
