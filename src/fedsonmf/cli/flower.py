@@ -837,15 +837,6 @@ class _Stop(Exception):
     """A signal asked the daemon command to stop."""
 
 
-def _new_group_dying_with_parent() -> None:  # preexec_fn of the daemon and its executor
-    os.setsid()
-    if sys.platform.startswith("linux"):  # this command killed with -9: its children get SIGTERM
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _wait_port(address: str, daemon, timeout: float = 600.0) -> None:
     """Wait until ``address`` accepts connections (an event; a daemon that exits fails at once)."""
     import socket
@@ -874,19 +865,20 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     """Run ``program args`` (a Flower daemon) with this host's gate executor (``gate.py``) in the
     foreground, until the daemon exits or this command gets SIGTERM/SIGINT/SIGHUP.
 
-    Both run in process groups of their own (the executor's ServerApp children too) and are
-    stopped together, like ``LoopbackDeployment.stop``; the executor also exits when the daemon
-    dies, and (Linux) both get SIGTERM when this command is killed with -9.  The pin (the installed
+    Both run in process groups of their own (the executor's ServerApp children too), started and
+    stopped together by one :class:`~fedsonmf.federation.flower.supervisor.Supervisor`, as a
+    ``LoopbackDeployment``'s are; the executor also exits when the daemon dies, and the
+    supervisor's watcher stops both when this command is killed with -9.  The pin (the installed
     app's FAB hash, the coordinator's public key) and a fresh SuperExec secret are written to
     ``home/gate`` (0700, files 0600); the ledger there is kept across restarts, so a run id's
     authorisation stays single-use.  ``front`` = (argv, HOST:PORT): a process started once the
     daemon listens (the SuperLink's Fleet-only proxy, :mod:`.fleetproxy`), stopped with it."""
     import shlex
-    import subprocess
 
     from fedsonmf._io import new_private_dir
     from fedsonmf.federation.flower import gate
-    from fedsonmf.federation.flower.deployment import _bin, flower_env, stop_process_groups
+    from fedsonmf.federation.flower.deployment import _bin, flower_env
+    from fedsonmf.federation.flower.supervisor import Supervisor
 
     home = new_private_dir(home.resolve())
     fab_hash = gate.installed_fab_sha256()
@@ -906,20 +898,16 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
         raise _Stop(signum)
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    procs = []
+    sup = Supervisor()
     code = 0
     try:
-        daemon = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
-                                  umask=0o077)
-        procs.append(daemon)
+        daemon = sup.start(argv, env=env)
         _wait_port(runtime_api, daemon)
-        front_proc = _start_front(front, env, procs)
+        front_proc = _start_front(front, env, sup)
         ex_argv = gate.executor_argv(role, runtime_api, gate_dir, parent_pid=daemon.pid,
                                      root_certificates=root_certificates)
         typer.echo(f"gate executor: {shlex.join(ex_argv)}", err=True)
-        executor = subprocess.Popen(ex_argv, env=exec_env, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_new_group_dying_with_parent, umask=0o077)
-        procs.append(executor)
+        executor = sup.start(ex_argv, env=exec_env)
         while daemon.poll() is None:
             if front_proc is not None and front_proc.poll() is not None:
                 typer.echo(f"error: the Fleet API proxy exited with code {front_proc.returncode}; stopping "
@@ -944,7 +932,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     finally:
         for sig in old:  # no second signal in the middle of stopping
             signal.signal(sig, signal.SIG_IGN)
-        stop_process_groups(procs)
+        sup.close()
         for sig, h in old.items():
             signal.signal(sig, h)
     if code:
@@ -1054,12 +1042,12 @@ def _run_node_loop(superlink_addr: str, ca_cert, private_key, node_config: str, 
     coordinator's public key) and the ledger, kept across restarts (a run's authorisation stays
     single-use).  It opens no port: nodes on one host need no option to tell them apart."""
     import shlex
-    import subprocess
 
     from fedsonmf._io import new_private_dir, private_dir
     from fedsonmf.federation.flower import gate
-    from fedsonmf.federation.flower.deployment import flower_env, stop_process_groups
+    from fedsonmf.federation.flower.deployment import flower_env
     from fedsonmf.federation.flower.nodeloop import node_argv
+    from fedsonmf.federation.flower.supervisor import Supervisor
 
     home = new_private_dir(home.resolve())
     fab_hash = gate.installed_fab_sha256()
@@ -1075,19 +1063,17 @@ def _run_node_loop(superlink_addr: str, ca_cert, private_key, node_config: str, 
         raise _Stop(signum)
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    proc = None
+    sup = Supervisor()
     code = 0
     try:
-        proc = subprocess.Popen(argv, env=flower_env(home), stdin=subprocess.DEVNULL,
-                                preexec_fn=_new_group_dying_with_parent, umask=0o077)
+        proc = sup.start(argv, env=flower_env(home))
         code = proc.wait()
     except _Stop:
         code = 0
     finally:
         for sig in old:  # no second signal in the middle of stopping
             signal.signal(sig, signal.SIG_IGN)
-        if proc is not None:
-            stop_process_groups([proc])
+        sup.close()
         for sig, h in old.items():
             signal.signal(sig, h)
     if code:
@@ -1095,18 +1081,16 @@ def _run_node_loop(superlink_addr: str, ca_cert, private_key, node_config: str, 
     raise typer.Exit(0 if not code else (code if code > 0 else 1))
 
 
-def _start_front(front: Optional[tuple], env: dict, procs: list):
-    """Start ``front`` = (argv, HOST:PORT) (see :func:`_run_gated`) and wait until it listens; None without one."""
+def _start_front(front: Optional[tuple], env: dict, sup):
+    """Start ``front`` = (argv, HOST:PORT) (see :func:`_run_gated`) with the supervisor ``sup`` and wait
+    until it listens; None without one."""
     if front is None:
         return None
     import shlex
-    import subprocess
 
     argv, address = front
     typer.echo(f"Fleet API proxy: {shlex.join(argv)}", err=True)
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_new_group_dying_with_parent,
-                            umask=0o077)
-    procs.append(proc)
+    proc = sup.start(argv, env=env)
     host, _, port = address.rpartition(":")
     _wait_port(f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}", proc)
     return proc

@@ -621,13 +621,18 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
 
         from fedsonmf.federation.flower.launcher import run_flower, write_masks, write_views
 
-        base = Path(self._o.run_dir) if self._o.run_dir is not None else \
-            Path(tempfile.mkdtemp(prefix="fedsonmf-flower-"))
-        paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
-        # incomplete views: each node's availability mask beside its view (the node's own file, 0600)
-        mask_paths = (None if masks is None else
-                      [None if mk is None else write_masks([mk], base / "clients" / f"p{p}" / "mask")[0]
-                       for p, mk in enumerate(masks)])
+        dep = self._o.deployment
+        if dep is not None:  # a started deployment: its nodes serve their own files, which must be these views
+            paths, mask_paths = list(dep.view_paths), None
+            _check_deployment_views(dep, views, masks)
+        else:
+            base = Path(self._o.run_dir) if self._o.run_dir is not None else \
+                Path(tempfile.mkdtemp(prefix="fedsonmf-flower-"))
+            paths = [write_views([X], base / "clients" / f"p{p}")[0] for p, X in enumerate(views)]
+            # incomplete views: each node's availability mask beside its view (the node's own file, 0600)
+            mask_paths = (None if masks is None else
+                          [None if mk is None else write_masks([mk], base / "clients" / f"p{p}" / "mask")[0]
+                           for p, mk in enumerate(masks)])
         options = {"rank": self.n_components, "preprocess": self.preprocess, "normalize_views": self._o.normalize_views,
                    "normalize_embedding": self._o.normalize_embedding, "kmeans_n_init": self._o.kmeans_n_init,
                    "kmeans_max_iter": self._o.kmeans_max_iter, "early_stop": self._o.early_stop,
@@ -638,10 +643,10 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         cfg, run, _ = models[0]._validate()
         # one deployment: its ServerApp runs the n_init fits from the same seeds (restart_seeds), keeps the
         # medoid and refines it, as in process (each restart its own job on the nodes)
-        run_dir = base / "run"
+        run_dir = dep.run_dir if dep is not None else base / "run"
         res = run_flower(paths, cfg, run_dir=run_dir, algorithm=run["algorithm"], max_rounds=run["max_rounds"],
                          tol=run["tol"], seed=seeds[0], n_clusters=self.n_clusters, clustering=options,
-                         mask_paths=mask_paths)
+                         mask_paths=mask_paths, deployment=dep)
         self.best_restart_ = int(res.extra["clustering"].get("restarts", {}).get("best_restart", 0))
         return self._keep_flower_fit(res, run_dir, res.extra["labels"], res.extra["cluster_centers"], [res],
                                      stages, paths, seeds)
@@ -680,6 +685,10 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         """The new samples' (labels, V) over a loopback deployment of the fitted run."""
         from fedsonmf.federation.flower.launcher import predict_flower, write_views
 
+        if self.result_.extra.get("flower", {}).get("shared_deployment"):
+            raise ParameterError("predict/transform of a fit on a shared deployment (Flower(deployment=...)) is not "
+                                 "available: a predict run needs nodes started with the new samples' files; fit "
+                                 "with Flower(run_dir=...) to predict over a deployment of its own")
         if len(views) != len(self.flower_view_paths_):
             raise InputError(f"the model was fitted on {len(self.flower_view_paths_)} views; got {len(views)}")
         new = []
@@ -824,3 +833,29 @@ def _stage_counts(report: dict) -> dict:
     a stages' report (in process) or a run's clustering summary (Flower's result.json); 0 where absent."""
     given = report.get("exchanges") or {}
     return {key: int(given.get(key, 0)) for key in STAGE_EXCHANGES}
+
+
+def _check_deployment_views(dep, views, masks) -> None:
+    """An :class:`InputError` unless ``views`` equal, value for value, the view files the started
+    deployment ``dep`` serves (its nodes read their files, never these arrays), and no masks are given
+    (a deployment's masks are its nodes' files)."""
+    import scipy.sparse as sp
+
+    if masks is not None and any(m is not None for m in masks):
+        raise InputError("masks with Flower(deployment=...): give them to the deployment (mask_paths) instead")
+    if len(views) != len(dep.view_paths):
+        raise InputError(f"the deployment serves {len(dep.view_paths)} views; fit got {len(views)}")
+    for p, (X, path) in enumerate(zip(views, dep.view_paths)):
+        if path.suffix == ".npy":
+            held = np.load(path, mmap_mode="r")
+        elif path.suffix == ".npz":
+            held = sp.load_npz(path)
+        else:
+            raise InputError(f"view {p}: the deployment serves {path}; Flower(deployment=...) compares .npy or "
+                             ".npz view files only")
+        same = held.shape == X.shape and (
+            (abs(sp.csr_matrix(held) - sp.csr_matrix(X)).nnz == 0) if sp.issparse(held) or sp.issparse(X)
+            else bool(np.array_equal(np.asarray(held), np.asarray(X))))
+        if not same:
+            raise InputError(f"view {p} is not the file {path} the deployment's node {p} serves: a fit on a shared "
+                             "deployment runs on its nodes' files, so give fit the same views")

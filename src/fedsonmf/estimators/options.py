@@ -28,6 +28,7 @@ from numbers import Integral, Real
 from typing import Any, ClassVar
 
 from sklearn.utils._param_validation import (
+    HasMethods,
     Interval,
     InvalidParameterError,
     StrOptions,
@@ -154,10 +155,18 @@ class Flower(_Options):
     """The federation on a loopback Flower deployment (a SuperLink and one SuperNode per view, separate
     processes; needs ``fedsonmf[flower]``): each view is written to its own client folder under
     ``run_dir`` (None: a new temporary folder), its node preprocesses it, and the ServerApp runs the
-    fits, keeps the medoid and refines it.  The same seed gives the same labels and V as in process."""
+    fits, keeps the medoid and refines it.  The same seed gives the same labels and V as in process.
+
+    ``deployment``: a started :class:`~fedsonmf.federation.flower.LoopbackDeployment` to fit on
+    instead; its daemons stay up, so several estimators (and a grid search) fit on one start-up.
+    The views given to ``fit`` must equal the files it serves (checked); ``run_dir`` is then unused
+    (each fit's outputs go to ``<its run folder>/fits/<job-id>/``); ``predict``/``transform`` of such
+    a fit are not available (a predict run needs nodes started with the new samples' files).
+    Copies of the object (scikit-learn's ``clone``) share the deployment."""
 
     _group: ClassVar[str] = "flower"
     run_dir: str | os.PathLike | None = default("run_dir")
+    deployment: Any = default("deployment")
 
 
 #: the option objects by the name the table's ``("type", name)`` entries use
@@ -191,6 +200,8 @@ def _constraint(spec) -> Any:
         return Interval(Real, low, high, closed=closed)
     if kind == "type":
         return _TYPES[rest[0]]
+    if kind == "methods":
+        return HasMethods(list(rest))
     raise ValueError(f"unknown constraint {spec!r} in the parameter table")
 
 
@@ -261,4 +272,5 @@ def flat(params: dict) -> dict:
     out["engine"] = "flower" if isinstance(fed, Flower) else "inprocess"
     out["blas_threads"] = fed.blas_threads if isinstance(fed, InProcess) else 1
     out["run_dir"] = fed.run_dir if isinstance(fed, Flower) else None
+    out["deployment"] = fed.deployment if isinstance(fed, Flower) else None
     return out

@@ -37,9 +37,10 @@ class Param:
     ``None``; ``"bool"``; ``"random_state"``; ``"path"`` (str or os.PathLike); ``("str", *options)``;
     ``("int", low, high)`` (both ends included, None = unbounded); ``("real", low, high, closed)``
     (``closed`` as scikit-learn's Interval: "left", "right", "both", "neither"); ``("type", name)``
-    (an option object of the estimators).  ``group``: ``""`` a parameter of the clustering estimator
-    itself, else the option object that holds it (``"method"``, ``"refinement"``, ``"privacy"``,
-    ``"inprocess"``, ``"flower"``) under the name ``field`` (default: ``name``).
+    (an option object of the estimators); ``("methods", *names)`` (an object with those methods).
+    ``group``: ``""`` a parameter of the clustering estimator itself, else the option object that
+    holds it (``"method"``, ``"refinement"``, ``"privacy"``, ``"inprocess"``, ``"flower"``) under the
+    name ``field`` (default: ``name``).
     """
 
     name: str
@@ -170,6 +171,9 @@ _TABLE = [
           (("int", 0, None),), group="refinement", field="spectral_steps"),
     Param("run_dir", None, "The Flower run folder (one client folder per view, node state, logs, the server's "
                            "out-dir); None = a new temporary folder.", (None, "path"), group="flower"),
+    Param("deployment", None, "A started LoopbackDeployment to fit on, left running (its daemons serve many fits; "
+                              "the views must equal the files it serves); None = a deployment per fit "
+                              "(docs/flower.md).", (None, ("methods", "run", "stop")), group="flower"),
     # -- the clustering estimator's option objects (fedsonmf.estimators.options)
     Param("method", None, "The method's options (MethodOptions: the factorisation, the views' scaling, k-means on "
                           "V, the label-free stopping rule); None = the defaults.", (None, ("type", "MethodOptions"))),

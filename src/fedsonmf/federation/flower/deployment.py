@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsonmf._io import open_private, private_dir, write_atomic, write_json_atomic
+from fedsonmf._io import private_dir, write_atomic, write_json_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation.flower import security as sec
+from fedsonmf.federation.flower.supervisor import Supervisor
 from fedsonmf.federation.flower.template import (
     RUN_CONFIG_DEFAULTS,
     _toml_value,
@@ -37,7 +38,7 @@ from fedsonmf.federation.flower.template import (
 )
 
 __all__ = ["LoopbackDeployment", "RunOutcome", "InsecureDeploymentWarning", "flower_env", "superlink_exit_report",
-           "failure_message", "stop_process_groups", "CONNECTION"]
+           "failure_message", "CONNECTION"]
 
 CONNECTION = "fedsonmf"
 #: the node loops a deployment can run (see :class:`LoopbackDeployment`)
@@ -96,19 +97,6 @@ def _gate():
     return gate
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    """``sig`` to ``proc``'s process group (it leads one), then reap ``proc``."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 def wait_health(proc: subprocess.Popen, port: int, timeout: float, log, *, ca_cert=None,
                 what: str = "flower-superlink") -> None:
     """Poll the loopback SuperLink's ``/health`` on ``port`` until it answers 200 (an event): over
@@ -128,41 +116,6 @@ def wait_health(proc: subprocess.Popen, port: int, timeout: float, log, *, ca_ce
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{what} not healthy at {url}; see {log}")
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """TERM ``proc``'s process group and reap it (KILL after a second)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=1.0)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGKILL)
-    if proc.poll() is None:
-        proc.wait()
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``, from /proc."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(d.name))
-    return found
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> None:
-    # killpg(pgid, 0) would keep succeeding for zombies no one reaps (an orphaned ServerApp child)
-    deadline = time.monotonic() + timeout
-    while _group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def exit_on_sigterm():
@@ -188,41 +141,6 @@ def restore_sigterm(previous) -> None:
     """Undo :func:`exit_on_sigterm` (``previous``: what it returned)."""
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)
-
-
-def stop_process_groups(procs, grace: float = 10.0) -> None:
-    """Stop the process groups that ``procs`` lead, and reap them.
-
-    TERM to each group, ``grace`` seconds to exit, then KILL what is left of each group
-    (children such as flwr-clientapp too).
-
-    Parameters
-    ----------
-    procs : list of subprocess.Popen
-        Leaders of their own process groups (started with ``start_new_session=True``).
-    grace : float, default=10.0
-        Seconds between TERM and KILL.
-    """
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:
-        # the group may still hold children (flwr-clientapp) after the leader exits
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if proc.poll() is None:
-            proc.wait(timeout=10)
 
 
 def _free_port() -> int:
@@ -359,19 +277,16 @@ class LoopbackDeployment:
         self._authority: Any = None  # the coordinator key (gate.Authority), made by start()
         self._pinned: set[str] = set()
         self._lock: _RunDirLock | None = None
+        #: starts and stops every process of this deployment (:mod:`.supervisor`)
+        self.supervisor = Supervisor()
+        self._run_lock = threading.Lock()
         #: seconds spent on certificates, keys and registration at start-up (part of startup_seconds)
         self.security_seconds: float = 0.0
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen:
-        private_dir(log.parent)
-        fh = open_private(log, "ab")
-        try:
-            return subprocess.Popen(args, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
-                                    umask=0o077)
-        finally:
-            fh.close()
+    def _spawn(self, args: list[str], log: Path, env: dict | None = None, log_mode: str = "ab") -> subprocess.Popen:
+        return self.supervisor.start(args, log=log, env=self.env if env is None else env, cwd=self.run_dir,
+                                     log_mode=log_mode)
 
     @property
     def secure(self) -> bool:
@@ -504,14 +419,18 @@ class LoopbackDeployment:
         """Send ``sig`` to SuperNode ``p``'s process group (its ClientApp processes too)."""
         proc = self.nodes[p]
         if p in self.executors:  # the node's executor dies with it (as Flower's own SuperExec would)
-            _kill_group(self.executors[p], signal.SIGKILL)
-        if proc.poll() is None:
-            _kill_group(proc, sig)
+            self.supervisor.kill(self.executors[p])
+        if sig == signal.SIGKILL:
+            self.supervisor.kill(proc)
+        else:  # TERM (or ``sig`` first), the grace period, then KILL
+            if sig != signal.SIGTERM:
+                self.supervisor.signal(proc, sig)
+            self.supervisor.stop([proc])
 
     def stop(self) -> None:
-        """Stop exactly the process groups this object started (TERM, then KILL)."""
-        stop_process_groups([p for p in list(self.nodes.values()) + [self.superlink] + list(self.executors.values())
-                             if p is not None])
+        """Stop exactly the process groups this object started, in parallel (TERM to all, one grace
+        period, then KILL; :class:`~.supervisor.Supervisor`)."""
+        self.supervisor.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -555,9 +474,7 @@ class LoopbackDeployment:
         env = dict(self.env)
         if role == "serverapp":  # the ServerApp writes only below the run folder
             env["FEDSONMF_OUT_ROOT"] = str(self.run_dir)
-        with open_private(log, "ab") as fh:
-            proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=self.run_dir, umask=0o077)
+        proc = self._spawn(args, log, env=env)
         self.executors[who] = proc
         return proc
 
@@ -591,16 +508,15 @@ class LoopbackDeployment:
         last, next_status = None, 0.0
         while proc.poll() is None:
             if status_path is not None and last is None and self._gate_refused(log):
-                _end_group(proc)  # the gate refused the run: no ServerApp will write a status
+                self.supervisor.stop([proc], grace=1.0)  # the gate refused the run: no ServerApp will write a status
                 return
             if status_path is not None and _read_status(status_path).get("status") not in (None, "running"):
                 # the ServerApp's status is final (written after its last output): what `flwr run --stream`
                 # still does is the run's teardown and its own exit (seconds); end it, do not wait
-                _end_group(proc)
+                self.supervisor.stop([proc], grace=1.0)
                 return
             if self.superlink is not None and self.superlink.poll() is not None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                self.supervisor.kill(proc)
                 return
             if status_path is not None and time.monotonic() >= next_status:
                 st = _read_status(status_path)
@@ -611,8 +527,7 @@ class LoopbackDeployment:
                         progress(st)
                 next_status = time.monotonic() + poll
             if time.monotonic() >= deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                self.supervisor.kill(proc)
                 raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; see {log}")
             time.sleep(0.1)
 
@@ -649,12 +564,19 @@ class LoopbackDeployment:
             return status
         # the ServerApp child must not overwrite the report: end its group (with its executor) first
         if "superlink" in self.executors:
-            _kill_group(self.executors["superlink"], signal.SIGKILL)
-            _wait_group_gone(self.executors["superlink"].pid, 10.0)
+            self.supervisor.kill(self.executors["superlink"])  # returns once its group is gone
         report = superlink_exit_report(self.superlink.returncode, status_path.parent)
         status = {**status, **report}
         write_json_atomic(status_path, status)
         return status
+
+    def __deepcopy__(self, memo):
+        # a handle to running processes: copies (scikit-learn's clone of an estimator whose
+        # Flower(deployment=...) names it) share the deployment, they do not start another
+        return self
+
+    def __copy__(self):
+        return self
 
     def __enter__(self):
         try:
@@ -677,7 +599,16 @@ class LoopbackDeployment:
         ``progress(status)`` is called with the ServerApp's ``status.json`` (see
         :class:`~fedsonmf.federation.flower.server_app.StatusFile`) whenever it changed,
         polled every ``poll`` seconds while the run goes on.
+
+        Runs on one deployment go one at a time (a lock): each is its own ``flwr run`` with its own
+        Flower run id, job id (the nodes' state files) and out-dir, on the same daemons, keys and
+        pins (docs/flower.md, "One deployment, many fits").
         """
+        with self._run_lock:
+            return self._run(run_config, out_dir=out_dir, app_dir=app_dir, timeout=timeout, progress=progress,
+                             poll=poll)
+
+    def _run(self, run_config: dict, *, out_dir, app_dir, timeout: float, progress, poll: float) -> RunOutcome:
         self._runs += 1
         out_dir = Path(out_dir or self.run_dir / "server").resolve()
         private_dir(out_dir)
@@ -701,12 +632,12 @@ class LoopbackDeployment:
         write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in conf.items()))
         log = self.run_dir / "logs" / f"flwr-run-{self._runs}.log"
         t0 = time.perf_counter()
-        with open_private(log, "wb") as fh:
-            proc = subprocess.Popen(
-                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
-                env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.run_dir, umask=0o077)
+        proc = self._spawn([_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides)],
+                           log, log_mode="wb")
+        try:
             self._wait_flwr_run(proc, timeout, log, status_path=status_path, progress=progress, poll=poll)
+        finally:
+            self.supervisor.stop([proc], grace=1.0)  # reaped (and its group gone) on every path
         # --stream exits 0 even when the ServerApp fails: the status file is the truth (the
         # ServerApp may still be writing its last status: wait for it, returning as soon as it is there)
         status = _read_status(status_path)

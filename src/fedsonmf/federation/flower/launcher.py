@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsonmf._io import write_json_atomic
+from fedsonmf._io import private_dir, write_json_atomic
 from fedsonmf._validation import check_auto_or_count
 from fedsonmf.exceptions import DataWarning, FlowerRunError, InputError, ParameterError, warn
 from fedsonmf.federation import deployment_defaults as dd
@@ -121,7 +121,7 @@ def _update_result_json(out_dir: Path, extra: dict) -> None:
     write_json_atomic(path, d, default=json_default)
 
 
-def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rounds: int | None = None,
+def run_flower(view_paths, cfg, *, run_dir=None, algorithm: str = "fedsonmf", max_rounds: int | None = None,
                tol: float | None = None, seed: int = dd.SEED, resume: bool = False,
                round_timeout: float = dd.ROUND_TIMEOUT,
                node_timeout: float = dd.NODE_TIMEOUT, record_wire: bool = False,
@@ -129,7 +129,7 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
                startup_timeout: float | None = None, mask_paths=None, participation=None,
                secure_aggregation: bool | None = None, record_wire_arrays: bool = False,
                n_clusters: int | None = None, clustering: dict | None = None, labels=None,
-               progress=None, keep_views: bool = False) -> FitResult:
+               progress=None, keep_views: bool = False, deployment: LoopbackDeployment | None = None) -> FitResult:
     """Run a federation on a loopback Flower deployment and return its result.
 
     Starts a SuperLink and one SuperNode per view file (separate processes on
@@ -147,8 +147,9 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     cfg : FedConfig
         The algorithm's parameters (``cfg.diagnostics`` is honoured;
         ``cfg.secure_aggregation`` is not consulted, see ``secure_aggregation``).
-    run_dir : path
-        The run folder (created 0700 and locked while the launch uses it).
+    run_dir : path or None
+        The run folder (created 0700 and locked while the launch uses it).  None only with
+        ``deployment`` (its run folder is used).
     algorithm : str, default="fedsonmf"
         A name of :data:`fedsonmf.algorithms.ALGORITHMS`.
     max_rounds : int >= 1 or None, default=None
@@ -213,6 +214,13 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         clustering run's prepared view per fit, the binary copy of a view parsed from text;
         :func:`drop_view_copies`).  They are needed until the run completes (a resume reads
         them) and never after; a run that fails keeps them whatever this says.
+    deployment : LoopbackDeployment or None, default=None
+        A started deployment to run on, left running on return (its daemons serve many fits; see
+        docs/flower.md, "One deployment, many fits").  ``view_paths`` and ``mask_paths`` must be
+        the ones it serves; ``run_dir`` None or its run folder; the fit's out-dir is
+        ``<run_dir>/fits/<job-id>/`` (with its ``job.json``); no ``resume``.  A deployment whose
+        nodes require secure aggregation refuses a fit without it (checked here, before the run).
+        None: a deployment is started for this fit and stopped on return.
 
     Returns
     -------
@@ -237,6 +245,12 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     engine's bit for bit (BLAS pinned, as here).
     """
     t_launch = time.time()
+    if deployment is not None:
+        run_dir = _check_shared_deployment(deployment, view_paths, mask_paths, run_dir, resume,
+                                           FLOWER_SECURE_AGGREGATION if secure_aggregation is None
+                                           else bool(secure_aggregation))
+    elif run_dir is None:
+        raise ParameterError("run_flower needs a run_dir (or a started deployment)")
     max_rounds, tol = resolve_budget(cfg, max_rounds, tol)
     check_inputs(view_paths, None if n_clusters is not None else cfg.n_components, n_clusters=n_clusters,
                  mask_paths=mask_paths)
@@ -249,7 +263,12 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
     lock = _lock_run_dir(run_dir)  # before job.json: a second launch must not touch the first's files
     try:
         job_file = run_dir / "job.json"
-        if resume:
+        out_dir = None  # the deployment's default, <run_dir>/server
+        if deployment is not None:  # fits on one deployment: each its own out-dir and job record
+            job_id = f"job-{uuid.uuid4().hex[:12]}"
+            out_dir = run_dir / "fits" / job_id
+            job_file = out_dir / "job.json"
+        elif resume:
             if not job_file.is_file():
                 raise FlowerRunError(f"nothing to resume in {run_dir} (no job.json)")
             job_id = json.loads(job_file.read_text())["job-id"]
@@ -267,13 +286,18 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         if participation is not None:
             run_config.update({"min-clients": float(participation.min_clients or 0),
                                "sample-clients": float(participation.sample or 0), "rejoin": participation.rejoin})
+        private_dir(job_file.parent)
         write_json_atomic(job_file, {"job-id": job_id, "run-config": run_config,
                                      "views": [str(Path(p).resolve()) for p in view_paths]})
         t0 = time.perf_counter()
-        with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
-                                mask_paths=mask_paths,
-                                require_secure_aggregation=bool(run_config["secure-aggregation"])) as dep:
-            outcome = dep.run(run_config, timeout=timeout, progress=progress)
+        if deployment is not None:
+            dep = deployment
+            outcome = dep.run(run_config, out_dir=out_dir, timeout=timeout, progress=progress)
+        else:
+            with LoopbackDeployment(run_dir, view_paths, pin_threads=pin_threads, tls=tls, auth=auth,
+                                    mask_paths=mask_paths,
+                                    require_secure_aggregation=bool(run_config["secure-aggregation"])) as dep:
+                outcome = dep.run(run_config, timeout=timeout, progress=progress)
         wall = time.perf_counter() - t0
         if not outcome.ok:
             raise FlowerRunError(failure_message(outcome.status), outcome.status)
@@ -283,7 +307,8 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         fl = res.extra.setdefault("flower", {})
         fl.update({"startup_seconds": dep.startup_seconds, "flwr_run_seconds": outcome.wall_seconds,
                    "wall_seconds": wall, "run_dir": str(run_dir), "launched_at": t_launch, "tls": dep.tls is not None,
-                   "auth": dep.auth, "security_seconds": dep.security_seconds})
+                   "auth": dep.auth, "security_seconds": dep.security_seconds,
+                   "shared_deployment": deployment is not None, "out_dir": str(outcome.out_dir)})
         if fl.get("round1_started_at") is not None:
             fl["time_to_round1"] = float(fl["round1_started_at"]) - t_launch
         if n_clusters is not None:
@@ -306,6 +331,32 @@ def run_flower(view_paths, cfg, *, run_dir, algorithm: str = "fedsonmf", max_rou
         return res
     finally:
         lock.release()
+
+
+def _check_shared_deployment(dep: LoopbackDeployment, view_paths, mask_paths, run_dir, resume: bool,
+                             secure: bool) -> Path:
+    """The run folder of a fit on the started deployment ``dep``, after checking that the fit fits
+    it (a :class:`ParameterError` or :class:`InputError` names the mismatch before anything runs)."""
+    if dep.superlink is None or dep.superlink.poll() is not None:
+        raise FlowerRunError(f"the deployment in {dep.run_dir} is not running: start it first "
+                             "(with LoopbackDeployment(...) as dep: ...)")
+    if resume:
+        raise ParameterError("resume continues the run saved in a run folder of its own, not a fit on a shared "
+                             "deployment")
+    if run_dir is not None and Path(run_dir).resolve() != dep.run_dir:
+        raise ParameterError(f"run_dir {run_dir} is not the deployment's run folder {dep.run_dir}")
+    given = [Path(p).resolve() for p in view_paths]
+    if given != dep.view_paths:
+        raise InputError(f"the fit's view files {[str(p) for p in given]} are not the ones the deployment serves "
+                         f"{[str(p) for p in dep.view_paths]}")
+    masks = [None if m is None else Path(m).resolve() for m in (mask_paths or [None] * len(given))]
+    if masks != dep.mask_paths:
+        raise InputError("the fit's mask files are not the ones the deployment's nodes were started with")
+    if dep.require_secure_aggregation and not secure:
+        raise ParameterError("the deployment's nodes require secure aggregation (started with "
+                             "require_secure_aggregation=True) and refuse this fit without it: keep "
+                             "secure_aggregation on, or start the deployment with require_secure_aggregation=False")
+    return dep.run_dir
 
 
 def drop_view_copies(run_dir, n_views: int) -> int:

@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -44,7 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fedsonmf._io import new_private_dir, open_private, write_atomic
+from fedsonmf._io import new_private_dir, write_atomic
 from fedsonmf.exceptions import FlowerRunError, InputError
 from fedsonmf.federation import deployment_defaults as dd
 from fedsonmf.federation.budget import resolve_budget
@@ -52,7 +51,6 @@ from fedsonmf.federation.flower import security as sec
 from fedsonmf.federation.flower.deployment import (
     STARTUP_TIMEOUT,
     _bin,
-    _end_group,
     _free_port,
     _gate,
     _read_status,
@@ -63,6 +61,7 @@ from fedsonmf.federation.flower.deployment import (
 )
 from fedsonmf.federation.flower.launcher import load_result
 from fedsonmf.federation.flower.nodeconfig import SIM_DATA_DIR, sim_view_path
+from fedsonmf.federation.flower.supervisor import Supervisor
 from fedsonmf.federation.flower.template import RUN_CONFIG_DEFAULTS, _toml_value, write_app_dir
 from fedsonmf.federation.flower.viewfiles import _check_view_files, write_views
 from fedsonmf.protocol.history import FitResult
@@ -73,41 +72,6 @@ CONNECTION = "fedsonmf-sim"
 #: seconds for a simulation's handshake: it includes Ray's start-up and one message per client
 #: (our choice, more than a deployment's ``node-timeout``)
 SIM_NODE_TIMEOUT = 300.0
-
-
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """{pid: (ppid, start time)} of the live processes (Linux /proc; empty elsewhere)."""
-    table = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # fields after the parenthesised command: state(0) ppid(1) ... starttime(19)
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            table[int(entry.name)] = (int(fields[1]), int(fields[19]))
-    return table
-
-
-def _tree(roots) -> dict[int, int]:
-    """{pid: start time} of ``roots`` (pid -> start time) and all their live descendants."""
-    table = _proc_table()
-    found = {pid: st for pid, st in roots.items() if table.get(pid, (None, None))[1] == st}
-    grew = True
-    while grew:
-        grew = False
-        for pid, (ppid, st) in table.items():
-            if ppid in found and pid not in found:
-                found[pid] = st
-                grew = True
-    return found
-
-
-def _alive(procs: dict[int, int]) -> dict[int, int]:
-    """The entries of ``procs`` (pid -> start time) that still run (same pid, same start time)."""
-    table = _proc_table()
-    return {pid: st for pid, st in procs.items() if table.get(pid, (None, None))[1] == st}
 
 
 def _tail(path: Path, n: int = 25) -> str:
@@ -130,9 +94,9 @@ class SimulationSuperLink:
     app anyone submits, as the user who started it, with the views' folder in its run config.
 
     :meth:`stop` ends the SuperLink, the executor and every process descended from them
-    (the simulation child and the Ray processes; the tree is read from /proc before the
-    SuperLink goes).  Telemetry, update checks, run-time dependency installation and Ray's usage
-    statistics are off; Ray gets its own short temporary folder (removed by :meth:`stop`) and
+    (the simulation child and the Ray processes), in parallel (:class:`~.supervisor.Supervisor`).
+    Telemetry, update checks, run-time dependency installation and Ray's usage statistics are off;
+    Ray gets its own short temporary folder (removed by :meth:`stop`) and
     never joins another Ray instance on the machine.
     """
 
@@ -146,6 +110,8 @@ class SimulationSuperLink:
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         })
         self.proc: subprocess.Popen | None = None
+        #: starts and stops the SuperLink, the executor and ``flwr run`` (:mod:`.supervisor`)
+        self.supervisor = Supervisor(grace=15.0)
         self.executor: subprocess.Popen | None = None
         self.port: int | None = None
         self.tls: tuple[str, str, str] | None = None  # (ca.crt, server.pem, server.key) once started
@@ -175,23 +141,19 @@ class SimulationSuperLink:
         authority = self._authority = gate.Authority.create(self.gate_dir / "coordinator.key")  # 0600
         gate.write_secret(self.gate_dir / "superexec.secret")
         gate.write_pin(self.gate_dir / "pin.json", sorted(self._pinned), authority.public_key)
-        with open_private(self.log, "ab") as fh:
-            self.proc = subprocess.Popen(
-                [_bin("flower-superlink"), "--simulation",
-                 *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=False),
-                 *sec.gate_daemon_args(self.gate_dir / "superexec.secret")],
-                env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.run_dir, umask=0o077)
+        self.proc = self.supervisor.start(
+            [_bin("flower-superlink"), "--simulation",
+             *sec.superlink_args("127.0.0.1", self.port, self.tls, auth=False),
+             *sec.gate_daemon_args(self.gate_dir / "superexec.secret")],
+            log=self.log, env=self.env, cwd=self.run_dir)
         try:
             wait_health(self.proc, self.port, timeout, self.log, ca_cert=self.tls[0],
                         what="flower-superlink --simulation")
             env = {**self.env, "FEDSONMF_OUT_ROOT": str(self.run_dir)}  # the ServerApp writes only there
-            with open_private(self.run_dir / "logs" / "gate-simulation.log", "ab") as fh:
-                self.executor = subprocess.Popen(
-                    gate.executor_argv("simulation", f"127.0.0.1:{self.port}", self.gate_dir,
-                                       parent_pid=self.proc.pid, root_certificates=self.tls[0]),
-                    env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, cwd=self.run_dir, umask=0o077)
+            self.executor = self.supervisor.start(
+                gate.executor_argv("simulation", f"127.0.0.1:{self.port}", self.gate_dir,
+                                   parent_pid=self.proc.pid, root_certificates=self.tls[0]),
+                log=self.run_dir / "logs" / "gate-simulation.log", env=env, cwd=self.run_dir)
         except BaseException:
             self.stop()  # __exit__ does not run when __enter__ raises
             raise
@@ -209,36 +171,13 @@ class SimulationSuperLink:
             gate.write_pin(self.gate_dir / "pin.json", sorted(self._pinned), self._authority.public_key)
         return gate.sign_run_config(self._authority, fab_hash, dict(run_config))
 
-    def _roots(self) -> dict[int, int]:
-        table = _proc_table()
-        return {p.pid: table[p.pid][1] for p in (self.proc, self.executor) if p is not None and p.pid in table}
-
     def stop(self) -> None:
-        """TERM the SuperLink, the executor and their descendants, then KILL what is left; remove
-        Ray's temp folder."""
+        """Stop the SuperLink, the executor and their descendants in parallel (TERM, one grace
+        period, KILL); remove Ray's temp folder."""
         atexit.unregister(self.stop)
         restore_sigterm(getattr(self, "_term", None))
         self._term = None
-        if any(p is not None and p.poll() is None for p in (self.proc, self.executor)):
-            procs = _tree(self._roots())
-            for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-                procs.update(_tree(_alive(procs)))  # children started since the last look
-                for pid in _alive(procs):
-                    try:
-                        os.kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                deadline = time.monotonic() + wait
-                while _alive(procs) and time.monotonic() < deadline:
-                    for p in (self.proc, self.executor):  # reap our own children
-                        if p is not None:
-                            p.poll()
-                    time.sleep(0.1)
-                if not _alive(procs):
-                    break
-            for p in (self.proc, self.executor):
-                if p is not None:
-                    p.wait(timeout=10)
+        self.supervisor.close()
         if self.ray_tmp is not None:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
@@ -246,7 +185,7 @@ class SimulationSuperLink:
         """True while a simulation (the gate's ``--simulation-task`` child) runs under this SuperLink."""
         if self.proc is None or self.proc.poll() is not None:
             return False
-        for pid in _tree(self._roots()):
+        for pid in self.supervisor.descendants([p for p in (self.proc, self.executor) if p is not None]):
             try:
                 if b"--simulation-task" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return True
@@ -428,12 +367,11 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
         write_atomic(overrides, "".join(f"{k} = {_toml_value(v)}\n" for k, v in rc.items()))
         t_link = time.perf_counter() - t0
         t1 = time.perf_counter()
-        with open_private(log, "wb") as fh:
-            proc = subprocess.Popen(
-                [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides),
-                 "--federation-config", federation_config(m, cpus_per_client=cpus_per_client)],
-                env=link.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=run_dir, umask=0o077)
+        proc = link.supervisor.start(
+            [_bin("flwr"), "run", str(app_dir), CONNECTION, "--stream", "--run-config", str(overrides),
+             "--federation-config", federation_config(m, cpus_per_client=cpus_per_client)],
+            log=log, log_mode="wb", env=link.env, cwd=run_dir)
+        try:
             t_server = None  # when the ServerApp wrote its first status (it starts the handshake next)
             # ``timeout`` limits stalls, not the run: it restarts whenever status.json changes
             deadline, stamp = time.monotonic() + timeout, None
@@ -441,17 +379,17 @@ def run_simulation(views, cfg, *, run_dir, algorithm: str = "fedsonmf", max_roun
                 if t_server is None and (out_dir / "status.json").exists():
                     t_server = time.perf_counter() - t0
                 if _read_status(out_dir / "status.json").get("status") in ("completed", "failed"):
-                    _end_group(proc)  # final, and written after the last output: flwr run only streams teardown
-                    break
+                    break  # final, and written after the last output: flwr run only streams teardown
                 now = _mtime(out_dir / "status.json")
                 if now != stamp:
                     stamp, deadline = now, time.monotonic() + timeout
                 if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    link.supervisor.kill(proc)
                     raise TimeoutError(f"flwr run made no progress (status.json unchanged) for {timeout:g} s; "
                                        f"see {log}")
                 time.sleep(0.05)
+        finally:
+            link.supervisor.stop([proc], grace=1.0)  # ended, reaped, its group gone, on every path
         flwr_run_seconds = time.perf_counter() - t1
         # `flwr run` returning says neither that the run succeeded (--stream exits 0 when the ServerApp
         # fails) nor that it is over (the log stream can end early): the ServerApp's status file is the
