@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from fedsonmf._io import write_json_atomic  # noqa: E402
 from fedsonmf._provenance import meta  # noqa: E402
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
+from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402  (loaded before any fork)
 from fedsonmf.experiments.references import REFERENCES, run_reference  # noqa: E402
 from fedsonmf.metrics import clustering_accuracy, nmi  # noqa: E402
 
@@ -78,8 +79,6 @@ def _fit(method: str, views, n_clusters: int, seed: int, params: dict):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if method == FED:
-            from fedsonmf.estimators.clustering import FedMultiViewClustering
-
             labels = FedMultiViewClustering(n_clusters, random_state=seed, **params).fit_predict(views)
         else:
             labels = run_reference(method, views, n_clusters, random_state=seed)
@@ -188,6 +187,11 @@ def main(argv=None) -> int:
     ap.add_argument("--references-from", type=Path, default=None,
                     help="take the references' cells from this record (same half and seeds); fit fedmvc only")
     ap.add_argument("--only", action="append", default=None, help="only this set (repeatable)")
+    ap.add_argument("--narrow-only", action="store_true",
+                    help="only the sets with a view narrower than 2c (a change to narrow views alone)")
+    ap.add_argument("--fed-only", action="store_true", help="fit fedmvc only (references from --references-from)")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="copy the rows of the sets not run here from this record (same half and seeds)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     params = json.loads(args.params)
@@ -197,6 +201,8 @@ def main(argv=None) -> int:
     methods = [FED, *REFERENCES]
     earlier = json.loads(args.references_from.read_text())["rows"] if args.references_from else {}
     entries = select(args.half, args.only)
+    if args.narrow_only:
+        entries = [e for e in entries if any(d < 2 * e["classes"] for d in e["widths"])]
     by_name = {e["name"]: e for e in entries}
     rows: dict = {}
     skipped: dict = {}
@@ -227,7 +233,7 @@ def main(argv=None) -> int:
                 old = earlier.get(e["name"], {}).get("cells", {}).get(m, {}).get(str(s))
                 if m != FED and old is not None:
                     cells[m][str(s)] = old
-                else:
+                elif m == FED or not args.fed_only:
                     tasks.append((m, s))
         t0 = time.perf_counter()
         done = run_cells(tasks, ds.views, ds.labels, c, params, args.budget, args.workers)
@@ -240,6 +246,12 @@ def main(argv=None) -> int:
         r = rows[e["name"]]["mean"]
         line = "  ".join(f"{m}={v['acc']:.1f}" if "acc" in v else f"{m}=--" for m, v in r.items())
         print(f"{e['name']:18s} {line}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if args.base is not None:
+        base = json.loads(args.base.read_text())
+        for name, row in base["rows"].items():
+            if name not in rows:
+                rows[name] = {**row, "copied_from": str(args.base)}
+        by_name = {e["name"]: e for e in select(args.half, None)}
     record["criteria"] = criteria(rows, by_name)
     write_json_atomic(out, record)
     print(json.dumps({k: v for k, v in record["criteria"].items() if k != "gap"}, indent=1))
