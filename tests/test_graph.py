@@ -181,7 +181,7 @@ def test_a_node_keeps_its_graph_private_and_refuses_the_clear_after_a_secure_fit
     assert not (tmp_path / "graph-0.npz").exists()  # refused before anything is computed
     plain = fclust.node_graph(msg, lambda: X, tmp_path, None, 0, secure=False)
     assert set(plain.arrays) == {"L"}
-    assert np.allclose(plain.arrays["L"], client_links(client_graph(X, n_clusters=2), msg.arrays["labels"], 2))
+    assert np.allclose(plain.arrays["L"], client_links(client_graph(X), msg.arrays["labels"], 2))
     assert stat.S_IMODE(os.stat(tmp_path / "graph-0.npz").st_mode) == 0o600
     reads = []
     again = fclust.node_graph(msg, lambda: reads.append(1) or X, tmp_path, None, 0, secure=False)

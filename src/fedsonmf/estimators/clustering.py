@@ -566,7 +566,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         """The in-process driver of the refinement: each client's distances from its own view, summed
         as the server sums them (the fixed-point sum of secure aggregation when it is on)."""
         held = _held_samples(views, masks)
-        rviews = [refine_view(X, held=h, n_clusters=self.n_clusters) for X, h in zip(views, held)]
+        rviews = [refine_view(X, held=h) for X, h in zip(views, held)]
         scores = [score_weight(Y, held=h) for Y, h in zip(rviews, held)]  # each client from its own view
 
         def exchange(labels):

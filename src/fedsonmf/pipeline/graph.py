@@ -60,7 +60,6 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.pipeline.rank_rule import is_narrow
 from fedsonmf.pipeline.refine import refine_view
 
 __all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "client_products",
@@ -116,8 +115,7 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     1/3 of an edge per tied sample (no neighbourhood to speak of, e.g. a sample that shares no
     feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
     """
-    Y = refine_view(X, held=held, n_clusters=n_clusters)
-    narrow = n_clusters is not None and is_narrow(X.shape[1], n_clusters)  # Euclidean neighbours (refine_view)
+    Y = refine_view(X, held=held)
     n = Y.shape[0]
     sq = np.asarray(Y.multiply(Y).sum(axis=1)).ravel() if sp.issparse(Y) else np.einsum("ij,ij->i", Y, Y)
     present = np.flatnonzero(sq > 0)
@@ -132,8 +130,6 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
         hi = min(m, lo + chunk)
         block = P[lo:hi] @ P.T
         S = np.asarray(sp.csr_array(block).toarray() if sp.issparse(block) else block, dtype=np.float64)
-        if narrow:  # -||y_i - y_j||^2 up to a per-row constant: the same order as the Euclidean distance
-            S = 2.0 * S - sq[present][None, :]
         S[np.arange(hi - lo), np.arange(lo, hi)] = -np.inf  # not its own neighbour
         kth = np.partition(S, m - k, axis=1)[:, m - k]  # the k-th largest similarity of each row
         strict = S > kth[:, None] + TIE_TOLERANCE

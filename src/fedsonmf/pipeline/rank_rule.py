@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from fedsonmf._validation import is_int
 
-__all__ = ["RANK_RULES", "resolve_rank", "pad_view", "is_narrow", "length_keeping_view"]
+__all__ = ["RANK_RULES", "resolve_rank", "pad_view"]
 
 RANK_RULES = ("auto", "paper")
 
@@ -99,33 +99,3 @@ def pad_view(X, n_features: int):
     X = np.asarray(X)
     dtype = X.dtype if np.issubdtype(X.dtype, np.floating) else np.float64
     return np.hstack([X.astype(dtype, copy=False), np.zeros((X.shape[0], n_features - d), dtype=dtype)])
-
-
-def is_narrow(n_features: int, n_clusters: int) -> bool:
-    """Whether a view of ``n_features`` features is narrower than the rank r = 2c of the ``"auto"`` rule.
-
-    Such a view cannot hold r orthonormal nonnegative columns (:func:`pad_view`), and it is a
-    low-dimensional measurement in which a sample's length is a large part of what the view says:
-    scaling every sample to unit norm maps a d-feature view onto a (d - 1)-dimensional sphere,
-    losing one of its d degrees of freedom (a third of a 3-feature view, 1/500 of a text view).
-    Decided by each client from its own width and the public c.
-    """
-    return int(n_features) < 2 * int(n_clusters)
-
-
-def length_keeping_view(X, held=None):
-    """A narrow view for the distance-based stages: the samples keep their lengths, the view is scaled once.
-
-    ``X`` (n_samples, d; raw) is divided by its spread, the root mean squared distance of the
-    held samples to their mean, so that it weighs about as much as a view of unit-norm samples
-    beside it; rows of samples not held are zero.  Dense float64 (a narrow view is small).
-    """
-    Y = np.array(X.toarray() if sp.issparse(X) else X, dtype=np.float64)
-    keep = np.ones(Y.shape[0], dtype=bool)
-    if held is not None:
-        keep[:] = False
-        keep[np.asarray(held)] = True
-        Y[~keep] = 0.0
-    rows = Y[keep]
-    spread = float(np.sqrt(np.mean(np.sum((rows - rows.mean(axis=0)) ** 2, axis=1)))) if rows.size else 0.0
-    return Y / spread if spread > 0 else Y

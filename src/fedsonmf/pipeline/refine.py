@@ -85,7 +85,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf.exceptions import ParameterError, PartitionRefused
-from fedsonmf.pipeline.rank_rule import is_narrow, length_keeping_view
 from fedsonmf.pipeline.view_rule import MEAN_SHARE_THRESHOLD, energy_and_mean, mean_energy_share
 from fedsonmf.protocol.params import options_of
 
@@ -124,13 +123,8 @@ def refine_stages(rule: str, *, dp: bool = False) -> tuple[str, ...]:
     return () if rule == "none" else tuple(rule.split("+"))
 
 
-def refine_view(X, held=None, *, n_clusters: int | None = None):
+def refine_view(X, held=None):
     """A client's view for the refinement: every sample (row) scaled to unit l2 norm.
-
-    A view narrower than the rank 2c (``n_clusters`` given; :func:`~fedsonmf.pipeline.rank_rule.is_narrow`)
-    keeps its samples' lengths instead and is scaled once by its spread
-    (:func:`~fedsonmf.pipeline.rank_rule.length_keeping_view`): on 3-feature views the unit-norm
-    scaling alone costs 48 ACC points (docs/clustering.md, "Protocol").
 
     Parameters
     ----------
@@ -143,8 +137,6 @@ def refine_view(X, held=None, *, n_clusters: int | None = None):
     -------
     ndarray or CSR matrix of shape (n_samples, n_features), float64; all-zero rows stay zero.
     """
-    if n_clusters is not None and is_narrow(X.shape[1], n_clusters):
-        return length_keeping_view(X, held)
     if sp.issparse(X):
         Y = sp.csr_matrix(X, dtype=np.float64, copy=True)
         norms = np.sqrt(np.asarray(Y.multiply(Y).sum(axis=1)).ravel())

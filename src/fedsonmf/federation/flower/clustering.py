@@ -561,7 +561,7 @@ def node_refine(msg: Message, X, state, p: int, *, secure: bool, min_size: int =
 
     held = held_columns(mask, X.shape[0], client=p)
     labels, c = _request_labels(msg, X.shape[0], p, "refine", min_size, block=batch_rows, held=held)
-    Y = refine_view(X, held=held, n_clusters=c)
+    Y = refine_view(X, held=held)
     D, score = client_refine(Y, labels, c, held=held, scores=score_weight(Y, held=held))
     if labels.ndim == 2:  # a block: the distances side by side, (n, S c), the scores (S,)
         D = np.ascontiguousarray(np.transpose(D, (1, 0, 2)).reshape(X.shape[0], -1))
