@@ -175,6 +175,29 @@ def criteria(rows: dict, entries: dict) -> dict:
             "meets_mv_spectral_mean": bool(np.mean(fed) >= np.nanmean(spec))}
 
 
+def markdown(record: dict, variant: dict | None = None, label: str = "variant") -> str:
+    """The record as a markdown table, set x method: fedmvc per seed, the references' means over the seeds."""
+    refs = list(REFERENCES)
+    seeds = [str(s) for s in record["seeds"]]
+
+    def fed(cells):
+        got = [cells.get(s, {}) for s in seeds]
+        per = ", ".join(f"{g['acc']:.1f}" if "acc" in g else ("t/o" if "timeout" in g else "err") for g in got)
+        return (f"{np.mean([g['acc'] for g in got]):.1f}" if all("acc" in g for g in got) else "--") + f" ({per})"
+
+    head = ["set", "n", "c", "widths", f"fedmvc (seeds {', '.join(seeds)})"] + ([label] if variant else []) + refs
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, row in record["rows"].items():
+        cols = [name, str(row["n"]), str(row["classes"]), ",".join(str(w) for w in row["widths"]),
+                fed(row["cells"][FED])]
+        if variant:
+            vrow = variant["rows"].get(name)
+            cols.append(fed(vrow["cells"][FED]) if vrow else "= fedmvc")
+        cols += [f"{row['mean'][m]['acc']:.1f}" if "acc" in row["mean"][m] else "--" for m in refs]
+        lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--half", required=True, choices=("development", "confirmation", "shared"))
@@ -192,15 +215,28 @@ def main(argv=None) -> int:
     ap.add_argument("--fed-only", action="store_true", help="fit fedmvc only (references from --references-from)")
     ap.add_argument("--base", type=Path, default=None,
                     help="copy the rows of the sets not run here from this record (same half and seeds)")
+    ap.add_argument("--skip", action="append", default=[], help="leave this set out (repeatable)")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="reuse every finished cell of this record; rerun the others (timeouts, errors, new sets)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the record of --half (with --tag: beside its variant) as a table; fit nothing")
     args = ap.parse_args(argv)
     params = json.loads(args.params)
     out = args.out or ROOT / "benchmarks" / "results" / (
         f"protocol_{args.half}" + (f"_{args.tag}" if args.tag else "") + ".json")
+    if args.markdown:
+        results = ROOT / "benchmarks" / "results"
+        record = json.loads((results / f"protocol_{args.half}.json").read_text())
+        variant = json.loads((results / f"protocol_{args.half}_{args.tag}.json").read_text()) if args.tag else None
+        print(markdown(record, variant, f"fedmvc {args.tag}"))
+        print("\n" + json.dumps({k: v for k, v in record.get("criteria", {}).items() if k != "gap"}))
+        return 0
     seeds = list(args.seeds)
     methods = [FED, *REFERENCES]
     earlier = json.loads(args.references_from.read_text())["rows"] if args.references_from else {}
-    entries = select(args.half, args.only)
+    resumed = json.loads(args.resume.read_text())["rows"] if args.resume else {}
+    entries = [e for e in select(args.half, args.only) if e["name"] not in args.skip]
     if args.narrow_only:
         entries = [e for e in entries if any(d < 2 * e["classes"] for d in e["widths"])]
     by_name = {e["name"]: e for e in entries}
@@ -210,6 +246,8 @@ def main(argv=None) -> int:
               "budget_seconds": args.budget, "params": params, "methods": methods,
               "note": "wall times were measured on a machine shared with other jobs (2 cores, nice 10, 1 thread)",
               "rows": rows, "skipped": skipped}
+    for name in args.skip:
+        skipped[name] = "left out of this run (--skip)"
     for e in entries:
         path = args.data_dir / e["file"]
         if not path.is_file():
@@ -231,7 +269,10 @@ def main(argv=None) -> int:
         for m in methods:
             for s in seeds:
                 old = earlier.get(e["name"], {}).get("cells", {}).get(m, {}).get(str(s))
-                if m != FED and old is not None:
+                done_before = resumed.get(e["name"], {}).get("cells", {}).get(m, {}).get(str(s), {})
+                if "acc" in done_before:
+                    cells[m][str(s)] = done_before
+                elif m != FED and old is not None:
                     cells[m][str(s)] = old
                 elif m == FED or not args.fed_only:
                     tasks.append((m, s))
