@@ -192,7 +192,8 @@ def markdown(record: dict, variant: dict | None = None, label: str = "variant") 
                 fed(row["cells"][FED])]
         if variant:
             vrow = variant["rows"].get(name)
-            cols.append(fed(vrow["cells"][FED]) if vrow else "= fedmvc")
+            narrow = any(w < 2 * row["classes"] for w in row["widths"])
+            cols.append(fed(vrow["cells"][FED]) if vrow else ("not run" if narrow else "= fedmvc"))
         cols += [f"{row['mean'][m]['acc']:.1f}" if "acc" in row["mean"][m] else "--" for m in refs]
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines)
