@@ -205,7 +205,9 @@ def _approximate_edges(P, k: int):
     C = np.asarray(index.neighbor_graph[0], dtype=np.int64)
     del index, data
     rows, cols, weights = [], [], []
-    chunk = max(1, (1 << 21) // width)
+    # the candidates' rows are gathered a block of samples at a time: about 2^21 stored values per block
+    per_row = P.nnz / max(m, 1) if sp.issparse(P) else P.shape[1]
+    chunk = max(1, int((1 << 21) // (width * max(per_row, 1.0))))
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         Cb = C[lo:hi]
