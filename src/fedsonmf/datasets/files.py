@@ -439,15 +439,19 @@ def _read_text_view_fast(path: Path, delim: str, *, id_column, header):
     cols = [j for j in range(width) if j != icol]
     if not cols or (has_header and len(head) < 2):
         return None
-    options = dict(delimiter=delim, skiprows=ends[0] if has_header else 0, comments=None, quotechar='"',
-                   encoding="utf-8-sig", ndmin=2)
+    skip = ends[0] if has_header else 0
+
+    def load(dtype, usecols):
+        return np.loadtxt(path, dtype=dtype, usecols=usecols, delimiter=delim, skiprows=skip, comments=None,
+                          quotechar='"', encoding="utf-8-sig", ndmin=2)
+
     try:
         with warnings.catch_warnings():  # blank lines: skipped, as by the cell-by-cell parse
             warnings.filterwarnings("ignore", message=r"Input line \d+ contained no data")
-            X = np.loadtxt(path, dtype=np.float64, usecols=cols, **options)
+            X = load(np.float64, cols)
             ids = None
             if icol is not None:
-                ids = np.char.strip(np.loadtxt(path, dtype=str, usecols=[icol], **options)[:, 0])
+                ids = np.char.strip(load(str, [icol])[:, 0])
                 if ids.shape[0] != X.shape[0] or not np.all(np.char.str_len(ids) > 0):
                     return None
     except (ValueError, UnicodeDecodeError):
