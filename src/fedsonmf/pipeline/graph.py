@@ -62,7 +62,8 @@ import scipy.sparse as sp
 
 from fedsonmf.pipeline.refine import refine_view
 
-__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "graph_neighbors", "client_graph", "client_links", "client_products",
+__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "graph_neighbors",
+           "client_graph", "client_links", "client_products",
            "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
@@ -74,6 +75,10 @@ MAX_NEIGHBORS = 20
 MAX_TIE_GROUP = 3
 #: cosine similarities within this of the k-th one are ties (unit rows: similarities are at most 1)
 TIE_TOLERANCE = 1e-9
+#: the most held samples whose graph the default search (``search="auto"``) finds exactly: above, the
+#: exact search (quadratic in n: 2.3 s of CPU per planted sparse view at 10^4, ~9 s at 2 x 10^4)
+#: gives way to the approximate one (client_graph; docs/speed.md, "The graph stage")
+EXACT_GRAPH_MAX = 20_000
 
 
 def graph_neighbors(n_samples: int, n_clusters: int | None = None, n_held: int | None = None) -> int:
@@ -96,7 +101,8 @@ def graph_neighbors(n_samples: int, n_clusters: int | None = None, n_held: int |
     return int(max(1, min(k, n - 1)))
 
 
-def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int | None = None) -> sp.csr_array:
+def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int | None = None,
+                 search: str = "auto") -> sp.csr_array:
     """A client's neighbourhood graph of its own view: (n, n) symmetric, weights in (0, 1], CSR.
 
     Every held sample (a row of ``X``, (n, d_p), dense or sparse) is scaled to unit l2 norm and
@@ -114,7 +120,18 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     :data:`MAX_TIE_GROUP` x k keeps only its strictly nearer neighbours: its share would be below
     1/3 of an edge per tied sample (no neighbourhood to speak of, e.g. a sample that shares no
     feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
+
+    **The search** (``search``): ``"exact"`` compares every pair of held samples, in blocks --
+    O(m^2 nnz/d_p) for m held samples, quadratic in n; ``"approximate"`` takes
+    k candidates per sample from nearest-neighbour descent
+    (``pynndescent``, the optional extra ``fedsonmf[scale]``; about O(m^1.14) on measured views)
+    and applies the rule above to their exact cosine similarities, so a tie group is shared among
+    the candidates found; ``"auto"`` (the default) is exact up to :data:`EXACT_GRAPH_MAX` held
+    samples and approximate above. Recall of the approximate graph and the labels' agreement:
+    docs/speed.md, "The graph stage".
     """
+    if search not in ("auto", "exact", "approximate"):
+        raise ValueError(f"search must be 'auto', 'exact' or 'approximate', got {search!r}")
     Y = refine_view(X, held=held)
     n = Y.shape[0]
     sq = np.asarray(Y.multiply(Y).sum(axis=1)).ravel() if sp.issparse(Y) else np.einsum("ij,ij->i", Y, Y)
@@ -124,26 +141,90 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     if k < 1:
         return sp.csr_array((n, n), dtype=np.float64)
     P = sp.csr_array(Y[present]) if sp.issparse(Y) else np.ascontiguousarray(Y[present], dtype=np.float64)
+    del Y
+    approximate = search == "approximate" or (search == "auto" and m > EXACT_GRAPH_MAX)
+    if approximate and k + 1 < m:
+        rows, cols, weights = _approximate_edges(P, k)
+    else:
+        rows, cols, weights = _exact_edges(P, k)
+    A = sp.csr_array((weights, (present[rows], present[cols])), shape=(n, n))
+    return sp.csr_array(A.maximum(A.T))
+
+
+def _share_ties(S, k: int) -> np.ndarray:
+    """The edge weights of each row of similarities ``S`` (rows, candidates; -inf: no candidate):
+    1 for the candidates strictly above the row's k-th largest, the rest of k shared by those tied
+    with it (within :data:`TIE_TOLERANCE`), nothing for a tie group over :data:`MAX_TIE_GROUP` x k."""
+    width = S.shape[1]
+    kth = np.partition(S, width - k, axis=1)[:, width - k]  # the k-th largest similarity of each row
+    strict = S > kth[:, None] + TIE_TOLERANCE
+    tied = ~strict & (S >= kth[:, None] - TIE_TOLERANCE)
+    n_strict, n_tied = strict.sum(axis=1), tied.sum(axis=1)
+    share = (k - n_strict) / n_tied
+    share[n_tied > MAX_TIE_GROUP * k] = 0.0
+    return strict + tied * share[:, None]
+
+
+def _exact_edges(P, k: int):
+    """Every pair compared, in blocks of 32 MB of similarities: (rows, cols, weights) in ``P``'s rows."""
+    m = P.shape[0]
+    # the transpose once, in the layout of the product (a CSC transpose is otherwise converted to
+    # CSR again in every block product: the same graph, measured 2.3x faster per block at 10^6)
+    PT = sp.csr_array(P.T) if sp.issparse(P) else P.T
     rows, cols, weights = [], [], []
     chunk = max(1, (1 << 22) // m)  # 32 MB of similarities at a time (a few such blocks live at once)
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
-        block = P[lo:hi] @ P.T
+        block = P[lo:hi] @ PT
         S = np.asarray(sp.csr_array(block).toarray() if sp.issparse(block) else block, dtype=np.float64)
         S[np.arange(hi - lo), np.arange(lo, hi)] = -np.inf  # not its own neighbour
-        kth = np.partition(S, m - k, axis=1)[:, m - k]  # the k-th largest similarity of each row
-        strict = S > kth[:, None] + TIE_TOLERANCE
-        tied = ~strict & (S >= kth[:, None] - TIE_TOLERANCE)
-        n_strict, n_tied = strict.sum(axis=1), tied.sum(axis=1)
-        share = (k - n_strict) / n_tied
-        share[n_tied > MAX_TIE_GROUP * k] = 0.0
-        W = strict + tied * share[:, None]
+        W = _share_ties(S, k)
         r, q = np.nonzero(W)
-        rows.append(present[lo + r])
-        cols.append(present[q])
+        rows.append(lo + r)
+        cols.append(q)
         weights.append(W[r, q])
-    A = sp.csr_array((np.concatenate(weights), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
-    return sp.csr_array(A.maximum(A.T))
+    return np.concatenate(rows), np.concatenate(cols), np.concatenate(weights)
+
+
+def _approximate_edges(P, k: int):
+    """Candidates from nearest-neighbour descent, weighted by :func:`_share_ties` on their exact
+    cosine similarities: (rows, cols, weights) in ``P``'s rows; O(m k) memory."""
+    try:
+        import pynndescent
+    except ImportError:
+        raise ImportError(
+            f"the k-NN graph of {P.shape[0]} samples needs the approximate search above "
+            f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
+            "(pynndescent), or refine='kmeans' to leave the graph stage out") from None
+    m = P.shape[0]
+    width = min(m, k + 1)  # +1: the search lists the sample itself
+    data = sp.csr_matrix(P, dtype=np.float32) if sp.issparse(P) else np.asarray(P, dtype=np.float32)
+    # one thread and a fixed seed: the same graph on every run and machine
+    index = pynndescent.NNDescent(data, metric="cosine", n_neighbors=width, random_state=0, n_jobs=1,
+                                  compressed=True)
+    C = np.asarray(index.neighbor_graph[0], dtype=np.int64)
+    del index, data
+    rows, cols, weights = [], [], []
+    # the candidates' rows are gathered a block of samples at a time: about 2^21 stored values per block
+    per_row = P.nnz / max(m, 1) if sp.issparse(P) else P.shape[1]
+    chunk = max(1, int((1 << 21) // (width * max(per_row, 1.0))))
+    for lo in range(0, m, chunk):
+        hi = min(m, lo + chunk)
+        Cb = C[lo:hi]
+        own = np.arange(lo, hi)[:, None]
+        valid = (Cb >= 0) & (Cb != own)
+        safe = np.where(valid, Cb, own)
+        if sp.issparse(P):
+            S = np.asarray(P[np.repeat(own.ravel(), width)].multiply(P[safe.ravel()]).sum(axis=1)).reshape(Cb.shape)
+        else:
+            S = np.einsum("ij,ikj->ik", P[lo:hi], P[safe])
+        S = np.where(valid, S, -np.inf)
+        W = _share_ties(S, k)
+        r, q = np.nonzero(W)
+        rows.append(lo + r)
+        cols.append(Cb[r, q])
+        weights.append(W[r, q])
+    return np.concatenate(rows), np.concatenate(cols), np.concatenate(weights)
 
 
 def _indicator(labels, n_clusters: int) -> sp.csr_array:

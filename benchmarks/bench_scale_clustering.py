@@ -1,0 +1,218 @@
+"""Scale of the default clustering: planted two-view problems from n = 10^4 up.
+
+Each view is sparse, d_p = 2 000 features at 1 % density (20 nonzeros per sample, values in
+[0.5, 1.5)); a sample of cluster k (c = 10, uniform) draws each nonzero from its cluster's own
+block of d_p / c features with probability 1/2, else from all d_p features. Each case runs in a
+fresh subprocess (so its peak RSS is its own) on one BLAS thread:
+
+* ``clustering``: a default ``FedMultiViewClustering(n_clusters=10)`` fit -- CPU seconds per
+  stage (the factorisation's fits, k-means of each fit's V, the graph build, the clients' halves
+  of the k-means refinement and graph exchanges, the rest of the stages at the server), rounds,
+  exchanges, peak RSS against the data's bytes, bytes per client of the kept fit's rounds, ARI
+  against the planted clusters;
+* ``factorization``: one default ``federated_sonmf`` fit (r = 10): CPU seconds, rounds, peak RSS,
+  bytes per client;
+* ``graph``: one view's k-NN graph (:func:`fedsonmf.pipeline.graph.client_graph`), exact and
+  approximate: CPU seconds and the approximate graph's recall of the exact one's edges (the exact
+  neighbours of 1 000 random samples, so it runs at every size).
+
+At ``--compare`` (default 10^4) the clustering also runs with the exact graph forced above
+``EXACT_GRAPH_MAX`` and with the approximate one forced below it, and the two fits' labels are compared
+(ARI): the effect of the approximate graph on the pipeline.
+
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_scale_clustering.py \
+        [--sizes 10000 100000] [--compare 10000] [--out benchmarks/results/scale_clustering.json]
+
+The results file is written atomically, 0600 (its folder 0700 if created).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SRC = Path(__file__).resolve().parent
+
+
+def make_planted(n: int, d: int = 2000, density: float = 0.01, c: int = 10, m: int = 2, signal: float = 0.5,
+                 seed: int = 0):
+    """``(views, labels)``: m sparse CSR views (n, d) of c planted clusters (module docstring)."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, c, n)
+    per_row = max(1, int(round(d * density)))
+    block = d // c
+    views = []
+    for _ in range(m):
+        own = rng.random((n, per_row)) < signal
+        cols = np.where(own, labels[:, None] * block + rng.integers(0, block, (n, per_row)),
+                        rng.integers(0, d, (n, per_row)))
+        rows = np.repeat(np.arange(n), per_row)
+        X = sp.csr_matrix((rng.random(n * per_row) + 0.5, (rows, cols.ravel())), shape=(n, d))
+        X.sum_duplicates()
+        views.append(X)
+    return views, labels
+
+
+def _nbytes(X) -> int:
+    return int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes) if hasattr(X, "indptr") else int(X.nbytes)
+
+
+def _peak_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _timed(store: dict, key: str, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        t0 = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            store[key] = store.get(key, 0.0) + time.process_time() - t0
+    return wrapper
+
+
+def case_clustering(n: int, search: str = "auto", seed: int = 0) -> dict:
+    """A default clustering fit (module docstring); ``search`` is passed to every client's graph."""
+    from sklearn.metrics import adjusted_rand_score
+
+    import fedsonmf.estimators.clustering as est
+    from fedsonmf import FedMultiViewClustering
+    from fedsonmf.pipeline.graph import client_graph
+
+    views, truth = make_planted(n, seed=seed)
+    data = sum(_nbytes(X) for X in views)
+    rss_data = _peak_rss()
+    cpu: dict = {}
+    est.client_graph = _timed(cpu, "graph_build", functools.partial(client_graph, search=search))
+    est.kmeans_on_embedding = _timed(cpu, "kmeans_of_each_fit", est.kmeans_on_embedding)
+    est.client_refine = _timed(cpu, "kmeans_refinement_clients", est.client_refine)
+    est.client_links = _timed(cpu, "graph_exchanges_clients", est.client_links)
+    est.client_products = _timed(cpu, "graph_exchanges_clients", est.client_products)
+    est.cluster_fits = _timed(cpu, "stages_after_the_fits", est.cluster_fits)
+    t0 = time.process_time()
+    model = FedMultiViewClustering(n_clusters=10, random_state=seed).fit(views)
+    total = time.process_time() - t0
+    stages = cpu.pop("stages_after_the_fits")
+    cpu["factorisation_fits"] = total - stages - cpu["kmeans_of_each_fit"]
+    cpu["stages_server_and_rest"] = stages - sum(v for k, v in cpu.items() if k.endswith("clients") or
+                                                 k == "graph_build")
+    rows = model.history_.rows
+    per_round = [(r.get("bytes_up", 0) + r.get("bytes_down", 0)) / len(views) for r in rows]
+    report = model.fit_report_
+    return {"n": n, "search": search, "cpu_seconds": total, "cpu_seconds_by_stage": cpu,
+            "rounds_per_fit": report["rounds"], "refine_exchanges": report["refine_exchanges"],
+            "graph_exchanges": report["graph_exchanges"], "data_bytes": data, "rss_after_data": rss_data,
+            "peak_rss": _peak_rss(), "peak_rss_over_data": _peak_rss() / data,
+            "kept_fit_bytes_per_client": float(sum(per_round)),
+            "ari": float(adjusted_rand_score(truth, model.labels_)), "labels": model.labels_.tolist()}
+
+
+def case_factorization(n: int, seed: int = 0) -> dict:
+    """One default federated_sonmf fit (r = 10) on the planted views."""
+    from fedsonmf import federated_sonmf
+
+    views, _ = make_planted(n, seed=seed)
+    data = sum(_nbytes(X) for X in views)
+    t0 = time.process_time()
+    res = federated_sonmf(views, 10, random_state=seed)
+    total = time.process_time() - t0
+    rows = res.history.rows
+    return {"n": n, "cpu_seconds": total, "rounds": int(res.n_rounds), "cpu_seconds_per_round": total / res.n_rounds,
+            "data_bytes": data, "peak_rss": _peak_rss(), "peak_rss_over_data": _peak_rss() / data,
+            "bytes_per_client": float(sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in rows) / len(views))}
+
+
+def case_graph(n: int, search: str = "approximate", seed: int = 0, queries: int = 1000) -> dict:
+    """One view's graph: CPU seconds and the recall of the exact k nearest neighbours of ``queries``
+    random samples among its edges (1 for the exact search, whose neighbours have no ties here)."""
+    import scipy.sparse as sp
+
+    from fedsonmf.pipeline.graph import client_graph, graph_neighbors
+    from fedsonmf.pipeline.refine import refine_view
+
+    views, _ = make_planted(n, seed=seed)
+    X = views[0]
+    out: dict = {"n": n, "search": search, "k": graph_neighbors(n, 10)}
+    t0 = time.process_time()
+    A = sp.csr_array(client_graph(X, n_clusters=10, search=search))
+    out["cpu_seconds"] = time.process_time() - t0
+    out["peak_rss"] = _peak_rss()
+    Y = sp.csr_array(refine_view(X))
+    Q = np.random.default_rng(1).choice(n, min(queries, n), replace=False)
+    S = (Y[Q] @ Y.T).toarray()
+    S[np.arange(Q.size), Q] = -np.inf
+    E = np.argpartition(-S, out["k"], axis=1)[:, :out["k"]]  # continuous values: no ties
+    out["recall"] = float(np.mean([np.isin(E[i], A.indices[A.indptr[q]:A.indptr[q + 1]]).mean()
+                                   for i, q in enumerate(Q)]))
+    return out
+
+
+def run_sub(fn: str, **kw) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {str(SRC)!r}); import bench_scale_clustering as b; "
+            f"print(json.dumps(b.{fn}(**{kw!r})))")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "NUMBA_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sklearn.metrics import adjusted_rand_score
+
+    from fedsonmf._io import new_private_dir, write_json_atomic
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--compare", type=int, default=10_000, help="n of the exact/approximate comparison (0: none)")
+    ap.add_argument("--exact-up-to", type=int, default=100_000, help="the exact graph timed up to this n")
+    ap.add_argument("--jobs", type=int, default=1, help="cases run side by side (each its own process)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scale_clustering.json"))
+    args = ap.parse_args(argv)
+    cases = []
+    if args.compare:
+        cases += [("compare", "case_clustering", {"n": args.compare, "search": s}) for s in ("exact", "approximate")]
+    for n in args.sizes:
+        cases += [("graph", "case_graph", {"n": n, "search": s}) for s in ("approximate", "exact")
+                  if s == "approximate" or n <= args.exact_up_to]
+        cases += [("factorization", "case_factorization", {"n": n}), ("clustering", "case_clustering", {"n": n})]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = [(key, pool.submit(run_sub, fn, **kw)) for key, fn, kw in cases]
+        results = []
+        for key, f in futures:
+            results.append((key, f.result()))
+            print(f"[{key}]", {k: v for k, v in results[-1][1].items() if k != "labels"}, flush=True)
+    report: dict = {"machine": "2 cores shared with other jobs, each case one process on one BLAS thread, "
+                               f"{max(1, args.jobs)} case(s) at a time; CPU seconds of the case's process",
+                    "command": " ".join(["benchmarks/bench_scale_clustering.py", *sys.argv[1:]])}
+    for key in ("graph", "factorization", "clustering"):
+        report[key] = [r for k, r in results if k == key]
+    for r in report["clustering"]:
+        r.pop("labels")
+    runs = {r["search"]: r for k, r in results if k == "compare"}
+    if runs:
+        report["compare"] = {"n": args.compare, "ari_exact_vs_approximate_labels": float(adjusted_rand_score(
+            runs["exact"].pop("labels"), runs["approximate"].pop("labels"))), "runs": runs}
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, report)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

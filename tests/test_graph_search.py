@@ -1,0 +1,94 @@
+"""The search behind each client's k-NN graph (fedsonmf.pipeline.graph.client_graph): exact up to
+EXACT_GRAPH_MAX held samples, approximate (nearest-neighbour descent, pynndescent) above, with the
+same weights and tie rule on the candidates found."""
+
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import fedsonmf.pipeline.graph as graph
+from fedsonmf.pipeline.graph import EXACT_GRAPH_MAX, client_graph
+
+
+def _planted(n=600, d=300, c=4, per_row=12, seed=0):
+    """Sparse rows of c planted clusters (each nonzero in its cluster's feature block with probability 0.7)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, c, n)
+    block = d // c
+    own = rng.random((n, per_row)) < 0.7
+    cols = np.where(own, labels[:, None] * block + rng.integers(0, block, (n, per_row)),
+                    rng.integers(0, d, (n, per_row)))
+    X = sp.csr_array((rng.random(n * per_row) + 0.5, (np.repeat(np.arange(n), per_row), cols.ravel())),
+                     shape=(n, d))
+    X.sum_duplicates()
+    return X, labels
+
+
+def test_the_default_search_is_exact_below_the_threshold():
+    X, _ = _planted()
+    A, B = client_graph(X, n_clusters=4), client_graph(X, n_clusters=4, search="exact")
+    assert X.shape[0] <= EXACT_GRAPH_MAX
+    assert (A != B).nnz == 0
+
+
+def test_the_default_search_is_approximate_above_the_threshold(monkeypatch):
+    pytest.importorskip("pynndescent")
+    X, _ = _planted()
+    monkeypatch.setattr(graph, "EXACT_GRAPH_MAX", 100)
+    A, B = client_graph(X, n_clusters=4), client_graph(X, n_clusters=4, search="approximate")
+    assert (A != B).nnz == 0  # the same seed and one thread: the same graph on every run
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_approximate_graph_finds_most_exact_edges_with_the_same_weights(dense):
+    pytest.importorskip("pynndescent")
+    X, _ = _planted()
+    X = X.toarray() if dense else X
+    E = client_graph(X, n_neighbors=10, search="exact")
+    A = client_graph(X, n_neighbors=10, search="approximate")
+    assert (A != A.T).nnz == 0 and A.data.min() > 0 and A.data.max() <= 1
+    assert A.diagonal().max() == 0
+    # every sample keeps k candidates: its row holds at least k edges after symmetrisation
+    assert np.diff(sp.csr_array(A).indptr).min() >= 10
+    recall = (E.multiply(A) > 0).sum() / E.nnz
+    assert recall > 0.9
+
+
+def test_the_approximate_graph_gives_held_and_nonzero_samples_edges_only():
+    pytest.importorskip("pynndescent")
+    X, _ = _planted()
+    X = sp.lil_array(X)
+    X[5] = 0
+    held = np.arange(0, 600, 3)
+    A = sp.csr_array(client_graph(sp.csr_array(X), held=held, n_neighbors=8, search="approximate"))
+    with_edges = np.flatnonzero(np.diff(A.indptr))
+    assert set(with_edges) <= set(held) - {5}
+    assert len(with_edges) == len(held) - (5 in held)
+
+
+def test_duplicated_rows_join_only_their_twins_in_the_approximate_search():
+    pytest.importorskip("pynndescent")
+    rng = np.random.default_rng(3)
+    base = rng.random((40, 30))
+    X = np.repeat(base, 6, axis=0)  # every row 6 times: its 5 copies tie at similarity 1
+    E = sp.coo_array(client_graph(X, n_neighbors=3, search="exact"))
+    A = sp.coo_array(client_graph(X, n_neighbors=3, search="approximate"))
+    assert np.allclose(E.data, 3 / 5)  # exact: each of the 5 twins gets 3/5 of an edge
+    # approximate: the tie is shared among the twins found, so at least 3/5 each, and no other edge
+    assert np.array_equal(A.row // 6, A.col // 6)
+    assert A.data.min() >= 3 / 5 - 1e-12 and A.data.max() <= 1
+
+
+def test_without_pynndescent_the_approximate_search_says_what_to_install(monkeypatch):
+    X, _ = _planted(n=200)
+    monkeypatch.setitem(sys.modules, "pynndescent", None)
+    with pytest.raises(ImportError, match=r"fedsonmf\[scale\].*refine='kmeans'"):
+        client_graph(X, n_neighbors=5, search="approximate")
+
+
+def test_an_unknown_search_is_refused():
+    X, _ = _planted(n=50)
+    with pytest.raises(ValueError, match="search must be"):
+        client_graph(X, search="fast")
