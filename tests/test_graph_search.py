@@ -92,3 +92,22 @@ def test_an_unknown_search_is_refused():
     X, _ = _planted(n=50)
     with pytest.raises(ValueError, match="search must be"):
         client_graph(X, search="fast")
+
+
+def test_missing_extra_is_said_before_any_fit(monkeypatch):
+    """Above EXACT_GRAPH_MAX samples the graph stage needs pynndescent: without it the estimator says so
+    before the factorisation runs (no fit is started), and refine='kmeans' needs nothing more."""
+    import sys
+
+    import scipy.sparse as sp
+
+    from fedsonmf import FedMultiViewClustering
+    from fedsonmf.pipeline.graph import EXACT_GRAPH_MAX
+
+    monkeypatch.setitem(sys.modules, "pynndescent", None)  # import fails as if not installed
+    n = EXACT_GRAPH_MAX + 1
+    views = [sp.random(n, 20, density=0.2, format="csr", random_state=p) for p in range(2)]
+    model = FedMultiViewClustering(2, max_rounds=1, n_init=1, random_state=0)
+    with pytest.raises(ImportError, match=r"fedsonmf\[scale\]"):
+        model.fit(views)
+    assert not hasattr(model, "result_")  # nothing was fitted

@@ -62,7 +62,7 @@ import scipy.sparse as sp
 
 from fedsonmf.pipeline.refine import refine_view
 
-__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "graph_neighbors",
+__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "approximate_search", "graph_neighbors",
            "client_graph", "client_links", "client_products",
            "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
 
@@ -151,6 +151,20 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     return sp.csr_array(A.maximum(A.T))
 
 
+
+def approximate_search(n_samples: int):
+    """The approximate search's module (pynndescent) for a graph of ``n_samples`` held samples above
+    :data:`EXACT_GRAPH_MAX`, or an ImportError that says what to install. The estimator calls it before
+    the fits, so a missing extra is said before hours of factorisation, not after them."""
+    try:
+        import pynndescent
+    except ImportError:
+        raise ImportError(
+            f"the k-NN graph of {n_samples} samples needs the approximate search above "
+            f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
+            "(pynndescent), or refine='kmeans' to leave the graph stage out") from None
+    return pynndescent
+
 def _share_ties(S, k: int) -> np.ndarray:
     """The edge weights of each row of similarities ``S`` (rows, candidates; -inf: no candidate):
     1 for the candidates strictly above the row's k-th largest, the rest of k shared by those tied
@@ -189,13 +203,7 @@ def _exact_edges(P, k: int):
 def _approximate_edges(P, k: int):
     """Candidates from nearest-neighbour descent, weighted by :func:`_share_ties` on their exact
     cosine similarities: (rows, cols, weights) in ``P``'s rows; O(m k) memory."""
-    try:
-        import pynndescent
-    except ImportError:
-        raise ImportError(
-            f"the k-NN graph of {P.shape[0]} samples needs the approximate search above "
-            f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
-            "(pynndescent), or refine='kmeans' to leave the graph stage out") from None
+    pynndescent = approximate_search(P.shape[0])
     m = P.shape[0]
     width = min(m, k + 1)  # +1: the search lists the sample itself
     data = sp.csr_matrix(P, dtype=np.float32) if sp.issparse(P) else np.asarray(P, dtype=np.float32)
