@@ -92,6 +92,25 @@ def test_a_blob_that_does_not_match_its_index_is_refused():
         codec.decode(RecordDict({codec.META: ConfigRecord(meta)}))
 
 
+def test_a_header_that_claims_more_than_its_bytes_is_refused_before_allocation():
+    """A peer's npy header declaring 10^11 float64 over 16 bytes would make numpy reserve 800 GB
+    before finding the data short: the codec compares the header with the bytes first."""
+    import io
+    import json
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False, "shape": (10**11,)})
+    segment = head.getvalue() + bytes(16)
+    rd = codec.encode(_msg(), client=0, job_id="j")
+    meta = dict(rd[codec.META])
+    index = json.loads(str(meta[codec.INDEX]))
+    index = [[index[0][0], index[0][1], len(segment)]]  # one array: the hostile segment
+    meta[codec.INDEX] = json.dumps(index)
+    meta[codec.INLINE_BLOB] = segment
+    with pytest.raises(ValueError, match="declares"):
+        codec.decode(RecordDict({codec.META: ConfigRecord(meta)}))
+
+
 def test_an_array_packed_twice_is_refused():
     """Two entries of one name: one of them would be hidden from the wire log and the audit."""
     rd = codec.encode(Message("round", 1, {"a": np.ones(2)}, {}), client=0, job_id="j")

@@ -182,6 +182,23 @@ def _segments(rd: RecordDict):
 
 
 def _load(data: bytes) -> np.ndarray:
+    """One packed array, from its ``np.save`` bytes. The header's shape and dtype must account for
+    exactly the bytes that follow it, checked before numpy allocates the array: a peer's header
+    that declares a huge shape over a few bytes is refused instead of reserving that memory."""
+    fp = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(fp)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read:
+            raise ValueError(f"npy format version {version}")
+        shape, _, dtype = read[version](fp)
+    except (ValueError, TypeError, SyntaxError) as ex:
+        raise ValueError(f"a packed array's header is not an npy header: {ex}") from None
+    if dtype.hasobject:
+        raise ValueError("a packed array holds Python objects")
+    count = int(np.prod(shape, dtype=object))
+    if count * dtype.itemsize != len(data) - fp.tell():
+        raise ValueError(f"a packed array's header declares {shape} {dtype} but {len(data) - fp.tell()} bytes follow")
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
