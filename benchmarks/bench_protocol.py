@@ -19,7 +19,7 @@ issue 56: the mean ACC of ``fedmvc`` against the mean of the best reference per 
 
 Choices are made on the development half only; the confirmation half is run once per adopted
 change, with today's defaults beside it.  The data stay outside the repository
-(``--data-dir``, default ``$FEDSONMF_MVDATA`` or ``/work/mvdata``).
+(``--data-dir``, default ``$FEDSONMF_MVDATA`` or ``mvdata/`` beside the checkout, as ``shared/`` is).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--budget", type=float, default=240.0, help="wall-clock seconds per fit (default 240)")
     ap.add_argument("--workers", type=int, default=1, help="fits at once (default 1; the machine may be shared)")
-    ap.add_argument("--data-dir", type=Path, default=Path(os.environ.get("FEDSONMF_MVDATA", "/work/mvdata")))
+    ap.add_argument("--data-dir", type=Path, default=Path(os.environ.get("FEDSONMF_MVDATA", ROOT.parent / "mvdata")))
     ap.add_argument("--params", default="{}", help="JSON keyword arguments of FedMultiViewClustering (a variant)")
     ap.add_argument("--tag", default="", help="suffix of the record's name for a variant")
     ap.add_argument("--references-from", type=Path, default=None,
