@@ -142,3 +142,23 @@ def test_none_leaves_the_view_alone():
     Y, _info = preprocess_view(X, "none")
     np.testing.assert_array_equal(X, Y)
     assert Y is not X
+
+
+def test_a_sparse_view_the_rule_would_densify_past_the_budget_is_refused_by_name(monkeypatch):
+    """Centring a sparse view makes it dense: when its dense copies would exceed the memory budget
+    (FEDSONMF_MAX_VIEW_BYTES here) the fit says so, naming the view and preprocess='l2', before any
+    dense array is made; 'l2' keeps the view sparse and fits."""
+    import scipy.sparse as sp
+
+    from fedsonmf import FedMultiViewClustering
+    from fedsonmf.exceptions import InputError
+
+    rng = np.random.default_rng(0)
+    dense_like = sp.csr_matrix(1.0 + 0.1 * rng.random((300, 200)))  # mean sample: most of the energy
+    text_like = sp.random(300, 50, density=0.1, format="csr", random_state=1)
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "1M")  # 3 x 300 x 200 x 8 B = 1.44 MB needed
+    with pytest.raises(InputError, match=r"view 0: .*preprocess='l2' keeps it sparse"):
+        FedMultiViewClustering(2, max_rounds=2, n_init=1, random_state=0).fit([dense_like, text_like])
+    FedMultiViewClustering(2, max_rounds=2, n_init=1, random_state=0, preprocess="l2").fit([dense_like, text_like])
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "1G")
+    FedMultiViewClustering(2, max_rounds=2, n_init=1, random_state=0).fit([dense_like, text_like])

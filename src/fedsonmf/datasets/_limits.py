@@ -102,7 +102,8 @@ def max_inflation() -> float:
     return value
 
 
-def _budget_hint(budget: int) -> str:
+def budget_hint(budget: int) -> str:
+    """How the memory budget was set, and how to change it (for an error message)."""
     source = f"{BUDGET_ENV}={os.environ[BUDGET_ENV]}" if os.environ.get(BUDGET_ENV) else \
         "half of the memory available"
     return f"more than the budget of {human(budget)} ({source}; set {BUDGET_ENV} to change it)"
@@ -112,7 +113,7 @@ def check_budget(path: Path, need: float, what: str) -> None:
     """Refuse reading ``path`` when ``need`` bytes (the estimate for ``what``) exceed :func:`view_budget`."""
     budget = view_budget()
     if need > budget:
-        raise InputError(f"{path}: {what} needs about {human(need)} of memory to read, {_budget_hint(budget)}; "
+        raise InputError(f"{path}: {what} needs about {human(need)} of memory to read, {budget_hint(budget)}; "
                          "refused before reading")
 
 

@@ -87,10 +87,14 @@ def prepare_view(X, *, preprocess: str, n_components: int, normalize_views: bool
         without ``normalize_views``).  It holds the statistic that decided the
         rule, and the training mean / scales: it stays with the client.
     """
-    if held is None:
-        Y, info = preprocess_view(X, preprocess)
-    else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
-        Yh, info = preprocess_view(X[held], preprocess)
+    try:
+        if held is None:
+            Y, info = preprocess_view(X, preprocess)
+        else:  # fit the transform on the held rows; rows outside the mask stay zero (never read)
+            Yh, info = preprocess_view(X[held], preprocess)
+    except InputError as ex:  # the rule sees one view: its name is added here
+        raise InputError(f"view {view}: {ex}") from None
+    if held is not None:
         # scatter back to n rows without densifying a sparse view
         k = held.size
         S = sp.csr_matrix((np.ones(k), (held, np.arange(k))), shape=(X.shape[0], k))

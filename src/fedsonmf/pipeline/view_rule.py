@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from fedsonmf.datasets._limits import budget_hint, human, view_budget
+from fedsonmf.exceptions import InputError
 from fedsonmf.pipeline.row_norms import row_normalize
 from fedsonmf.protocol.params import options_of
 
@@ -135,6 +137,7 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
             "; for clustering a sparse view like this one (text), zero rows measured 1-10 ACC points better"))
     if dense_rule and share > threshold:
         if sp.issparse(Y):
+            _check_densify(Y, share)
             Y = Y.toarray()
         mean = Y.mean(axis=0)
         Yc = Y - mean[None, :]
@@ -162,6 +165,21 @@ def preprocess_view(X, rule: str = "auto", *, threshold: float = MEAN_SHARE_THRE
         Y = row_normalize(Y)
         info["resample_l2"] = True
     return Y, info
+
+
+def _check_densify(Y, share: float) -> None:
+    """Refuse centring a sparse view whose dense copies would not fit: centring makes every entry
+    nonzero, and the rule holds about three n x d float64 arrays at once (the view, its centred copy,
+    the standardised one). The budget is the one a view file's read gets
+    (:func:`fedsonmf.datasets._limits.view_budget`: half the available memory, or
+    ``FEDSONMF_MAX_VIEW_BYTES``)."""
+    need = 3.0 * Y.shape[0] * Y.shape[1] * 8
+    budget = view_budget()
+    if need > budget:
+        raise InputError(
+            f"its mean sample holds {100 * share:.0f} % of its energy, so preprocess='auto' would centre it, "
+            f"making the sparse {Y.shape[0]} x {Y.shape[1]} view dense: about {human(need)} of memory, "
+            f"{budget_hint(budget)}; preprocess='l2' keeps it sparse")
 
 
 def apply_view_preprocessing(X, info: dict):
