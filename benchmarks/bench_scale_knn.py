@@ -5,8 +5,9 @@ rows scaled to unit norm, k = 20 neighbours by cosine. The exact neighbours of 1
 are the reference. Searched: pynndescent on the sparse view as it is; hnswlib, usearch and faiss-cpu
 (HNSW) on the view densified (float32; ``--dense``, n x d_p floats, so only at small n); and the
 four on a truncated SVD of the view (``--svd-dim``), their candidates re-ranked by exact cosine.
-Needs the libraries: ``pip install pynndescent hnswlib usearch faiss-cpu`` (only pynndescent is a
-dependency of fedsonmf, in the extra ``fedsonmf[scale]``).
+Needs the libraries: ``pip install pynndescent hnswlib usearch faiss-cpu`` (only usearch is a
+dependency of fedsonmf, in the extra ``fedsonmf[scale]``; the graph stage's own search, candidates
+from a principal subspace ranked by exact cosine, is timed by ``bench_scale_clustering.py``).
 
     nice -n 10 env OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/bench_scale_knn.py \
         --n 10000 --dense --svd-dim 64

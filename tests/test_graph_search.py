@@ -1,6 +1,6 @@
 """The search behind each client's k-NN graph (fedsonmf.pipeline.graph.client_graph): exact up to
-EXACT_GRAPH_MAX held samples, approximate (nearest-neighbour descent, pynndescent) above, with the
-same weights and tie rule on the candidates found."""
+EXACT_GRAPH_MAX held samples, approximate (an HNSW index over each view's principal subspace, usearch)
+above, with the same weights and tie rule on the candidates found."""
 
 import sys
 
@@ -34,7 +34,7 @@ def test_the_default_search_is_exact_below_the_threshold():
 
 
 def test_the_default_search_is_approximate_above_the_threshold(monkeypatch):
-    pytest.importorskip("pynndescent")
+    pytest.importorskip("usearch")
     X, _ = _planted()
     monkeypatch.setattr(graph, "EXACT_GRAPH_MAX", 100)
     A, B = client_graph(X, n_clusters=4), client_graph(X, n_clusters=4, search="approximate")
@@ -42,9 +42,11 @@ def test_the_default_search_is_approximate_above_the_threshold(monkeypatch):
 
 
 @pytest.mark.parametrize("dense", [False, True])
-def test_the_approximate_graph_finds_most_exact_edges_with_the_same_weights(dense):
-    pytest.importorskip("pynndescent")
-    X, _ = _planted()
+def test_on_few_features_the_approximate_graph_finds_the_exact_edges_with_the_same_weights(dense):
+    """A view no wider than the subspace is searched as it is: the candidates are the exact cosine
+    neighbours but for the index's misses, and every edge has the exact graph's weight."""
+    pytest.importorskip("usearch")
+    X, _ = _planted(d=graph.SUBSPACE_MIN, per_row=6)
     X = X.toarray() if dense else X
     E = client_graph(X, n_neighbors=10, search="exact")
     A = client_graph(X, n_neighbors=10, search="approximate")
@@ -56,8 +58,26 @@ def test_the_approximate_graph_finds_most_exact_edges_with_the_same_weights(dens
     assert recall > 0.9
 
 
+def test_on_many_features_the_candidates_come_from_the_principal_subspace():
+    """A wide sparse view is searched in its top singular subspace and the candidates ranked by their
+    exact cosine: k edges a sample, and at least as much of the graph's weight inside the planted
+    clusters as the exact graph has (the subspace leaves out the features no cluster shares)."""
+    pytest.importorskip("usearch")
+    X, labels = _planted(n=800, d=400, per_row=10)
+
+    def inside(A):
+        A = sp.coo_array(A)
+        return A.data[labels[A.row] == labels[A.col]].sum() / A.data.sum()
+
+    E = client_graph(X, n_neighbors=10, n_clusters=4, search="exact")
+    A = client_graph(X, n_neighbors=10, n_clusters=4, search="approximate")
+    assert (A != A.T).nnz == 0 and A.diagonal().max() == 0
+    assert np.diff(sp.csr_array(A).indptr).min() >= 10
+    assert inside(A) >= inside(E) - 0.01
+
+
 def test_the_approximate_graph_gives_held_and_nonzero_samples_edges_only():
-    pytest.importorskip("pynndescent")
+    pytest.importorskip("usearch")
     X, _ = _planted()
     X = sp.lil_array(X)
     X[5] = 0
@@ -69,7 +89,7 @@ def test_the_approximate_graph_gives_held_and_nonzero_samples_edges_only():
 
 
 def test_duplicated_rows_join_only_their_twins_in_the_approximate_search():
-    pytest.importorskip("pynndescent")
+    pytest.importorskip("usearch")
     rng = np.random.default_rng(3)
     base = rng.random((40, 30))
     X = np.repeat(base, 6, axis=0)  # every row 6 times: its 5 copies tie at similarity 1
@@ -81,9 +101,10 @@ def test_duplicated_rows_join_only_their_twins_in_the_approximate_search():
     assert A.data.min() >= 3 / 5 - 1e-12 and A.data.max() <= 1
 
 
-def test_without_pynndescent_the_approximate_search_says_what_to_install(monkeypatch):
+def test_without_usearch_the_approximate_search_says_what_to_install(monkeypatch):
     X, _ = _planted(n=200)
-    monkeypatch.setitem(sys.modules, "pynndescent", None)
+    monkeypatch.setitem(sys.modules, "usearch", None)
+    monkeypatch.setitem(sys.modules, "usearch.index", None)
     with pytest.raises(ImportError, match=r"fedsonmf\[scale\].*refine='kmeans'"):
         client_graph(X, n_neighbors=5, search="approximate")
 
@@ -95,7 +116,7 @@ def test_an_unknown_search_is_refused():
 
 
 def test_missing_extra_is_said_before_any_fit(monkeypatch):
-    """Above EXACT_GRAPH_MAX samples the graph stage needs pynndescent: without it the estimator says so
+    """Above EXACT_GRAPH_MAX samples the graph stage needs usearch: without it the estimator says so
     before the factorisation runs (no fit is started), and refine='kmeans' needs nothing more."""
     import sys
 
@@ -104,7 +125,8 @@ def test_missing_extra_is_said_before_any_fit(monkeypatch):
     from fedsonmf import FedMultiViewClustering
     from fedsonmf.pipeline.graph import EXACT_GRAPH_MAX
 
-    monkeypatch.setitem(sys.modules, "pynndescent", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "usearch", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "usearch.index", None)
     n = EXACT_GRAPH_MAX + 1
     views = [sp.random(n, 20, density=0.2, format="csr", random_state=p) for p in range(2)]
     model = FedMultiViewClustering(2, max_rounds=1, n_init=1, random_state=0)

@@ -79,6 +79,15 @@ TIE_TOLERANCE = 1e-9
 #: exact search (quadratic in n: 2.3 s of CPU per planted sparse view at 10^4, ~9 s at 2 x 10^4)
 #: gives way to the approximate one (client_graph; docs/speed.md, "The graph stage")
 EXACT_GRAPH_MAX = 20_000
+#: the approximate search (client_graph) ranks this many candidates per neighbour by their exact cosine
+CANDIDATES = 3
+#: the principal subspace the approximate search looks in: 2c dimensions, at least this many
+SUBSPACE_MIN = 20
+#: power iterations of its randomized SVD
+SUBSPACE_ITER = 4
+#: the HNSW index's links per node and its candidate lists while building and searching
+HNSW_CONNECTIVITY = 16
+HNSW_EXPANSION = 128
 
 
 def graph_neighbors(n_samples: int, n_clusters: int | None = None, n_held: int | None = None) -> int:
@@ -122,12 +131,16 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     feature with anyone else nearby), and the graph stays O(n k). Measured: docs/clustering.md.
 
     **The search** (``search``): ``"exact"`` compares every pair of held samples, in blocks --
-    O(m^2 nnz/d_p) for m held samples, quadratic in n; ``"approximate"`` takes
-    k candidates per sample from nearest-neighbour descent
-    (``pynndescent``, the optional extra ``fedsonmf[scale]``; about O(m^1.14) on measured views)
-    and applies the rule above to their exact cosine similarities, so a tie group is shared among
-    the candidates found; ``"auto"`` (the default) is exact up to :data:`EXACT_GRAPH_MAX` held
-    samples and approximate above. Recall of the approximate graph and the labels' agreement:
+    O(m^2 nnz/d_p) for m held samples, quadratic in n; ``"approximate"`` ranks by exact cosine the
+    :data:`CANDIDATES` x k samples nearest to each in the view's principal subspace (its top
+    max(2c, :data:`SUBSPACE_MIN`) right singular vectors, or the view itself when it is no wider),
+    found by an HNSW index (``usearch``, the optional extra ``fedsonmf[scale]``; about O(m log m)),
+    and applies the rule above to those, so a tie group is shared among the candidates found;
+    ``"auto"`` (the default) is exact up to :data:`EXACT_GRAPH_MAX` held samples and approximate
+    above. The subspace keeps the directions the view's samples share and drops the features few
+    samples hold, so on a wide sparse view the approximate graph is a different graph, not a lossy
+    copy: few of the exact neighbours, more of its weight inside a cluster. Measured (its recall of
+    the exact edges, their share inside the planted clusters, the labels against the exact graph's):
     docs/speed.md, "The graph stage".
     """
     if search not in ("auto", "exact", "approximate"):
@@ -144,7 +157,7 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
     del Y
     approximate = search == "approximate" or (search == "auto" and m > EXACT_GRAPH_MAX)
     if approximate and k + 1 < m:
-        rows, cols, weights = _approximate_edges(P, k)
+        rows, cols, weights = _approximate_edges(P, k, n_clusters)
     else:
         rows, cols, weights = _exact_edges(P, k)
     A = sp.csr_array((weights, (present[rows], present[cols])), shape=(n, n))
@@ -153,17 +166,17 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
 
 
 def approximate_search(n_samples: int):
-    """The approximate search's module (pynndescent) for a graph of ``n_samples`` held samples above
+    """The approximate search's index module (``usearch.index``) for a graph of ``n_samples`` held samples above
     :data:`EXACT_GRAPH_MAX`, or an ImportError that says what to install. The estimator calls it before
     the fits, so a missing extra is said before hours of factorisation, not after them."""
     try:
-        import pynndescent
+        import usearch.index as index_module
     except ImportError:
         raise ImportError(
             f"the k-NN graph of {n_samples} samples needs the approximate search above "
             f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
-            "(pynndescent), or refine='kmeans' to leave the graph stage out") from None
-    return pynndescent
+            "(usearch), or refine='kmeans' to leave the graph stage out") from None
+    return index_module
 
 def _share_ties(S, k: int) -> np.ndarray:
     """The edge weights of each row of similarities ``S`` (rows, candidates; -inf: no candidate):
@@ -200,30 +213,55 @@ def _exact_edges(P, k: int):
     return np.concatenate(rows), np.concatenate(cols), np.concatenate(weights)
 
 
-def _approximate_edges(P, k: int):
-    """Candidates from nearest-neighbour descent, weighted by :func:`_share_ties` on their exact
-    cosine similarities: (rows, cols, weights) in ``P``'s rows; O(m k) memory."""
-    pynndescent = approximate_search(P.shape[0])
+def _subspace(P, dim: int) -> np.ndarray:
+    """The rows of ``P`` (m, d; unit l2 norm) in the span of their top ``dim`` right singular vectors,
+    scaled to unit norm again: (m, min(d, dim)) float32, where the search looks for candidates. With
+    d <= dim the rows themselves (an exact picture of the cosines)."""
+    if P.shape[1] <= dim:
+        Z = np.asarray(P.toarray() if sp.issparse(P) else P, dtype=np.float32)
+    else:
+        from sklearn.utils.extmath import randomized_svd
+
+        _, _, Vt = randomized_svd(P, dim, n_iter=SUBSPACE_ITER, random_state=0)
+        Z = np.asarray(P @ Vt.T, dtype=np.float32)
+    norms = np.linalg.norm(Z, axis=1, keepdims=True)
+    Z /= np.where(norms > 0, norms, 1.0)
+    return np.ascontiguousarray(Z)
+
+
+def _candidate_index(P, width: int, n_clusters: int | None):
+    """An HNSW index (usearch: one thread, rows added in order, so the same index on every run) over
+    the rows of ``P`` in their principal subspace (:func:`_subspace`), and that picture ``Z``."""
+    index_module = approximate_search(P.shape[0])
+    Z = _subspace(P, max(SUBSPACE_MIN, 2 * int(n_clusters or 0)))
+    index = index_module.Index(ndim=Z.shape[1], metric="ip", dtype="f32", connectivity=HNSW_CONNECTIVITY,
+                               expansion_add=HNSW_EXPANSION, expansion_search=max(HNSW_EXPANSION, width))
+    index.add(np.arange(P.shape[0], dtype=np.uint64), Z, threads=1)
+    return index, Z
+
+
+def _approximate_edges(P, k: int, n_clusters: int | None = None):
+    """The :data:`CANDIDATES` x k nearest of every row in the index of :func:`_candidate_index`,
+    weighted by :func:`_share_ties` on their exact cosine similarities in the view: (rows, cols,
+    weights) in ``P``'s rows. Searched and ranked a block of rows at a time: O(m k) memory."""
     m = P.shape[0]
-    width = min(m, k + 1)  # +1: the search lists the sample itself
-    data = sp.csr_matrix(P, dtype=np.float32) if sp.issparse(P) else np.asarray(P, dtype=np.float32)
-    # one thread and a fixed seed: the same graph on every run and machine
-    index = pynndescent.NNDescent(data, metric="cosine", n_neighbors=width, random_state=0, n_jobs=1,
-                                  compressed=True)
-    C = np.asarray(index.neighbor_graph[0], dtype=np.int64)
-    del index, data
+    width = min(m, CANDIDATES * k + 1)  # +1: the search lists the sample itself
+    index, Z = _candidate_index(P, width, n_clusters)
     rows, cols, weights = [], [], []
-    # the candidates' rows are gathered a block of samples at a time: about 2^21 stored values per block
+    # a block's candidates' rows are gathered at once: about 2^21 stored values per block
     per_row = P.nnz / max(m, 1) if sp.issparse(P) else P.shape[1]
     chunk = max(1, int((1 << 21) // (width * max(per_row, 1.0))))
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
-        Cb = C[lo:hi]
+        found = index.search(Z[lo:hi], width, threads=1)
+        Cb = np.asarray(found.keys, dtype=np.int64).reshape(hi - lo, -1)
+        counts = np.asarray(found.counts, dtype=np.int64).reshape(hi - lo)
         own = np.arange(lo, hi)[:, None]
-        valid = (Cb >= 0) & (Cb != own)
+        valid = (np.arange(Cb.shape[1])[None, :] < counts[:, None]) & (Cb != own)  # fewer found than asked
         safe = np.where(valid, Cb, own)
         if sp.issparse(P):
-            S = np.asarray(P[np.repeat(own.ravel(), width)].multiply(P[safe.ravel()]).sum(axis=1)).reshape(Cb.shape)
+            S = np.asarray(P[np.repeat(own.ravel(), Cb.shape[1])].multiply(P[safe.ravel()]).sum(axis=1))
+            S = S.reshape(Cb.shape)
         else:
             S = np.einsum("ij,ikj->ik", P[lo:hi], P[safe])
         S = np.where(valid, S, -np.inf)
