@@ -174,9 +174,14 @@ def case_graph(n: int, search: str = "approximate", seed: int = 0, queries: int 
     out["same_cluster_weight"] = float(A.data[truth[rows] == truth[A.indices]].sum() / A.data.sum())
     Y = sp.csr_array(refine_view(X))
     Q = np.random.default_rng(1).choice(n, min(queries, n), replace=False)
-    S = (Y[Q] @ Y.T).toarray()
-    S[np.arange(Q.size), Q] = -np.inf
-    E = np.argpartition(-S, out["k"], axis=1)[:, :out["k"]]  # continuous values: no ties
+    YT = sp.csr_array(Y.T)
+    E = []
+    for lo in range(0, Q.size, max(1, (1 << 25) // n)):  # 256 MB of similarities at a time
+        q = Q[lo:lo + max(1, (1 << 25) // n)]
+        S = (Y[q] @ YT).toarray()
+        S[np.arange(q.size), q] = -np.inf
+        E.append(np.argpartition(-S, out["k"], axis=1)[:, :out["k"]])  # continuous values: no ties
+    E = np.concatenate(E)
     out["recall"] = float(np.mean([np.isin(E[i], A.indices[A.indptr[q]:A.indptr[q + 1]]).mean()
                                    for i, q in enumerate(Q)]))
     out["exact_same_cluster"] = float(np.mean(truth[E] == truth[Q][:, None]))  # of the exact neighbours

@@ -485,8 +485,11 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
             # one view: warned above
             res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
             # the server's last state (V-bar and V, two r x n arrays) is kept for a resume the clustering
-            # never makes from memory (its checkpoints are files): n_init of them would be held to the end
+            # never makes from memory (its checkpoints are files): n_init of them would be held to the
+            # end, beside each fit's V (the kept one's is refined; the others' partitions pick it)
             res.server_state = None
+            if model.embedding_.dtype == res.V.dtype:  # V^T as a view, not a second copy of V per fit
+                model.embedding_ = res.V.T
             self._say(f"fit {i + 1}/{len(models)}: {res.n_rounds} rounds, {res.stopping_reason}")
             labels, km = kmeans_on_embedding(
                 res.V.T, self.n_clusters, normalize=self._o.normalize_embedding, n_init=self._o.kmeans_n_init,
