@@ -514,9 +514,13 @@ def run_federation(
     monitor = DivergenceMonitor(alg, cfg)
     if cfg.dp_enabled:
         monitor.warned = True  # the DP noise, not the steps, makes ||V|| grow: only a real blow-up is reported
+    prev_state: ServerState | None = None
     while not converged and state.round <= max_rounds:
         t0 = time.perf_counter()
         s = state.round
+        # released before the clients work: the last round's uploads (m x 2 r x n with the diagnostics),
+        # their sums and the server's previous state would otherwise live through this round's exchange
+        replies, agg, prev_state = [], None, None
         msg = alg.broadcast(state)
         if kept_sum:
             msg = dataclasses.replace(msg, scalars={**msg.scalars, "kept_sum": True})
@@ -564,6 +568,11 @@ def run_federation(
         for key, kept in (("secagg_exp", sa_exp_arr), (ECHOES_STATE, echoes_arr), (BOUND_STATE, bound_arr)):
             if kept is not None:
                 state.arrays[key] = kept
+        diag_masked = sum(a.nbytes for rep in replies for k, a in rep.arrays.items()
+                          if k.startswith(secagg.MASKED_PREFIX + "diagnostics."))
+        bytes_up = int(sum(rep.nbytes for rep in replies) - diag_masked + extra_up)
+        bytes_diagnostics = int(sum(rep.diagnostics_nbytes for rep in replies) + diag_masked)
+        replies = []  # counted and summed: not held through the residuals' temporaries
         row: dict[str, Any] = {"round": s}
         if cfg.diagnostics:
             counts = None
@@ -576,11 +585,9 @@ def run_federation(
                 row.update({"objective": float(agg.sums["f0"] / agg.count) + cfg.mu_value * l21_norm(V_s),
                             "R_U": float(agg.sums["rU"] / agg.count)})
         row["effective_rank"] = effective_rank(alg.current_v(state))
-        diag_masked = sum(a.nbytes for rep in replies for k, a in rep.arrays.items()
-                          if k.startswith(secagg.MASKED_PREFIX + "diagnostics."))
-        row["bytes_up"] = int(sum(rep.nbytes for rep in replies) - diag_masked + extra_up)
+        row["bytes_up"] = bytes_up
         row["bytes_down"] = int(m * msg.nbytes) if participation is None else int(sum(x.nbytes for x in msgs))
-        row["bytes_diagnostics"] = int(sum(rep.diagnostics_nbytes for rep in replies) + diag_masked)
+        row["bytes_diagnostics"] = bytes_diagnostics
         if participation is not None:
             row["participants"] = list(who)
             row["n_participants"] = len(who)
