@@ -12,6 +12,9 @@ fresh subprocess (its peak RSS counted from after the planted data are made) on 
   against the planted clusters;
 * ``factorization``: one default ``federated_sonmf`` fit (r = 10): CPU seconds, rounds, peak RSS,
   bytes per client;
+* ``simulation`` (``--simulation N``): one default factorisation (r = 10) of ten planted views of N
+  samples in Flower's simulation engine, a virtual node per view with the app's secure defaults,
+  beside the same fit in process: wall seconds, rounds, bytes per client, V equal bit for bit;
 * ``graph``: one view's k-NN graph (:func:`fedsonmf.pipeline.graph.client_graph`), exact and
   approximate: CPU seconds and the approximate graph's recall of the exact one's edges (the exact
   neighbours of 1 000 random samples, so it runs at every size).
@@ -188,6 +191,41 @@ def case_graph(n: int, search: str = "approximate", seed: int = 0, queries: int 
     return out
 
 
+def case_simulation(n: int, m: int = 10, seed: int = 0, rounds: int | None = None) -> dict:
+    """One default factorisation (r = 10) of ``m`` planted views in Flower's simulation engine (a
+    virtual node per view, secure aggregation on, the app's defaults) beside the same fit in process:
+    wall seconds of each, rounds, bytes per client, peak RSS of this (the driver's) process, and
+    whether the two V are equal bit for bit."""
+    import tempfile
+
+    from threadpoolctl import threadpool_limits
+
+    from fedsonmf._validation import check_views
+    from fedsonmf.federation.flower import run_simulation
+    from fedsonmf.federation.inprocess import run_inprocess
+    from fedsonmf.protocol.config import FedConfig
+
+    views, _ = make_planted(n, m=m, seed=seed)
+    data = sum(_nbytes(X) for X in views)
+    cfg = FedConfig(n_components=10)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        res = run_simulation(views, cfg, run_dir=Path(tmp) / "sim", max_rounds=rounds, seed=seed,
+                             node_timeout=1800.0, round_timeout=1800.0, timeout=7200.0)
+        wall = time.perf_counter() - t0
+    with threadpool_limits(1):  # the simulation pins BLAS to one thread in every process
+        t0 = time.perf_counter()
+        ref = run_inprocess(check_views(views, 10), cfg.replace(secure_aggregation=True), "fedsonmf",
+                            max_rounds=rounds, seed=seed)
+        wall_inprocess = time.perf_counter() - t0
+    rows = res.history.rows
+    return {"n": n, "clients": m, "data_bytes": data, "wall_seconds": wall, "inprocess_wall_seconds": wall_inprocess,
+            "rounds": int(res.n_rounds), "stopping_reason": res.stopping_reason,
+            "bytes_per_client": float(sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in rows) / m),
+            "diagnostic_bytes_per_client": float(sum(r.get("bytes_diagnostics", 0) for r in rows) / m),
+            "driver_peak_rss": _peak_rss(), "equal_to_inprocess": bool(np.array_equal(res.V, ref.V))}
+
+
 def run_sub(fn: str, **kw) -> dict:
     code = (f"import json, sys; sys.path.insert(0, {str(SRC)!r}); import bench_scale_clustering as b; "
             f"print(json.dumps(b.{fn}(**{kw!r})))")
@@ -211,9 +249,13 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", type=int, default=10_000, help="n of the exact/approximate comparison (0: none)")
     ap.add_argument("--exact-up-to", type=int, default=100_000, help="the exact graph timed up to this n")
     ap.add_argument("--jobs", type=int, default=1, help="cases run side by side (each its own process)")
+    ap.add_argument("--simulation", type=int, default=0,
+                    help="n of a 10-client factorisation in Flower's simulation engine (0: none; needs Ray)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scale_clustering.json"))
     args = ap.parse_args(argv)
     cases = []
+    if args.simulation:
+        cases.append(("simulation", "case_simulation", {"n": args.simulation}))
     if args.compare:
         cases += [("compare", "case_clustering", {"n": args.compare, "search": s}) for s in ("exact", "approximate")]
     for n in args.sizes:
@@ -229,7 +271,7 @@ def main(argv=None) -> int:
     report: dict = {"machine": "2 cores shared with other jobs, each case one process on one BLAS thread, "
                                f"{max(1, args.jobs)} case(s) at a time; CPU seconds of the case's process",
                     "command": " ".join(["benchmarks/bench_scale_clustering.py", *sys.argv[1:]])}
-    for key in ("graph", "factorization", "clustering"):
+    for key in ("graph", "factorization", "clustering", "simulation"):
         report[key] = [r for k, r in results if k == key]
     for r in report["clustering"]:
         r.pop("labels")
