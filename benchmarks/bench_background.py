@@ -14,13 +14,13 @@ Labels are used only to score each round's partition (the figure), never by the 
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from fedsonmf._io import new_private_dir, save_figure_atomic, write_json_atomic
 from fedsonmf._validation import check_views
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators.clustering import FedMultiViewClustering, _check_view_structure, kmeans_on_embedding
@@ -86,8 +86,8 @@ def main() -> None:
                 last = [run[-1] for run in runs]
                 print(f"{name:9s} {v:40s} final largest share {np.mean([x['largest_share'] for x in last]):.2f}  "
                       f"ACC {100 * np.mean([x['acc'] for x in last]):.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"seeds": args.seeds, "every": args.every, "results": out}, indent=1))
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, {"seeds": args.seeds, "every": args.every, "results": out}, indent=1)
     plot(out, args.png)
     print(f"wrote {args.out} and {args.png}")
 
@@ -114,8 +114,8 @@ def plot(out: dict, path: Path) -> None:
         axes[1, j].set_xlabel("round")
         axes[0, j].legend(fontsize=8, loc="best")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    new_private_dir(path.parent)
+    save_figure_atomic(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

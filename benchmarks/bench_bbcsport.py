@@ -10,7 +10,6 @@ preprocessing (Frobenius per view) and seeds for both; BLAS pinned to one thread
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators.clustering import FedMultiViewClustering
 from fedsonmf.experiments.evaluation import concat_nmf
@@ -57,8 +57,8 @@ def main() -> None:
     base = out["sklearn NMF concat + k-means"]["seconds_mean"]
     for v in out.values():
         v["time_ratio_to_sklearn_nmf"] = v["seconds_mean"] / base
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"dataset": "BBCSport/zskong", "seeds": args.seeds, "results": out}, indent=1))
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, {"dataset": "BBCSport/zskong", "seeds": args.seeds, "results": out}, indent=1)
     print(f"wrote {args.out}")
 
 

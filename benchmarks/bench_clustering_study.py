@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data files, one map)
 
+from fedsonmf._io import write_json_atomic  # noqa: E402
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators import clustering as _clustering  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
                          "acc_per_seed": acc, "seconds": round(float(np.mean(secs)), 2)}
             print(name, key, rows[key]["acc"], f"{rows[key]['seconds']:.1f}s", flush=True)
             if args.json:
-                args.json.write_text(json.dumps(out, indent=1))
+                write_json_atomic(args.json, out, indent=1)
     _with_rank_factor(None)
     return 0
 

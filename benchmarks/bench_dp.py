@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from fedsonmf._io import new_private_dir, save_figure_atomic, write_json_atomic
 from fedsonmf.datasets import default_data_dir, load_mat
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.options import from_flat  # noqa: E402
@@ -41,21 +40,6 @@ DATASETS = {"BBCSport": ("BBCSport", "zskong", "BBCSport.mat"),
             "3Sources": ("3Sources", "ChuanbinZhang", "3Sources.mat")}
 EPSILONS = (1e1, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
 QUICK_EPSILONS = (1e2, 1e5, 1e8)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Temporary file in the same folder, fsync, replace: a reader sees the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def fit(ds, seed: int, **params) -> dict:
@@ -165,8 +149,8 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    new_private_dir(path.parent)
+    save_figure_atomic(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

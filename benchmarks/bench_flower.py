@@ -126,7 +126,10 @@ def main(argv=None) -> None:
     ap.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
-        args.worker_out.write_text(json.dumps(worker(args.worker, args.rounds, secure_aggregation=not args.plain)))
+        from fedsonmf._io import write_json_atomic  # 0600, atomic
+
+        write_json_atomic(args.worker_out, worker(args.worker, args.rounds, secure_aggregation=not args.plain),
+                          indent=None)
         return
     loops = [x.strip() for x in args.node_loops.split(",") if x.strip()]
     if not loops or set(loops) - {"flower", "fedsonmf"}:

@@ -42,6 +42,7 @@ def prepare(data: Path, out: Path, name: str) -> None:
     from threadpoolctl import threadpool_limits
 
     from fedsonmf import FedMultiViewClustering
+    from fedsonmf._io import write_json_atomic
     from fedsonmf.datasets.mat import load_mat
     from fedsonmf.estimators.options import from_flat
     from fedsonmf.federation.flower import write_views
@@ -55,8 +56,8 @@ def prepare(data: Path, out: Path, name: str) -> None:
         model = FedMultiViewClustering(c, random_state=0, **from_flat({"secure_aggregation": True})).fit(ds.views)
     seconds = time.perf_counter() - t0
     np.save(out / "inprocess_labels.npy", np.asarray(model.labels_))
-    (out / "prep.json").write_text(json.dumps({"paths": [str(p) for p in paths], "inprocess_seconds": seconds,
-                                               "n": int(ds.views[0].shape[0])}))
+    write_json_atomic(out / "prep.json", {"paths": [str(p) for p in paths], "inprocess_seconds": seconds,
+                                         "n": int(ds.views[0].shape[0])}, indent=None)
 
 
 def measure(src: Path, data: Path, name: str) -> dict:

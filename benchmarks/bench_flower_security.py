@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.federation.flower import run_flower, write_views
 from fedsonmf.federation.flower.launcher import InsecureDeploymentWarning
@@ -65,8 +66,8 @@ def main(argv=None) -> dict:
     summary.update({"rounds": args.rounds, "repeats": args.repeats, "n_supernodes": 3, "same_V": same_v})
     print(json.dumps(summary, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+        new_private_dir(args.out.parent)
+        write_json_atomic(args.out, summary, indent=1)
     return summary
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf._validation import check_views
 from fedsonmf.core.objective import grad_u, stationarity_u
 from fedsonmf.core.prox import prox_l21_nonneg
@@ -46,8 +47,8 @@ TARGET = 1e-4
 
 
 def save(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=float))
+    new_private_dir(out.parent)
+    write_json_atomic(out, results, default=float, indent=1)
 
 
 # ----------------------------------------------------------------------------- 3Sources

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from bench_clustering import FILES, data_folder  # noqa: E402  (the shared data files, one map)
 
+from fedsonmf._io import write_json_atomic  # noqa: E402
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators.clustering import FedMultiViewClustering  # noqa: E402
 from fedsonmf.estimators.options import from_flat  # noqa: E402
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
 
     def save():
         if args.json:
-            args.json.write_text(json.dumps(out, indent=1))
+            write_json_atomic(args.json, out, indent=1)
 
     if "removed" in args.parts:
         out["removed"] = {}

@@ -281,7 +281,7 @@ def bbcsport_views(root: Path):
 
 
 def main() -> None:
-    from bench_dp import write_json_atomic  # same folder
+    from fedsonmf._io import write_json_atomic
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="synthetic only, 1 seed, one DP budget")

@@ -231,6 +231,8 @@ def main() -> None:
             warnings.simplefilter("ignore")
             print(json.dumps(measure(root, args._child, args.seeds)))
         return
+    from fedsonmf._io import new_private_dir, write_json_atomic  # the parent's code, 0600, atomic
+
     result = {"seeds": args.seeds, "baseline_seeds": args.baseline_seeds, "big_seeds": args.big_seeds,
               "current": {}, "baseline": {}, "sklearn_nmf_concat_kmeans": {}, "loadavg": {}}
     for name in names:  # interleaved: current, baseline, scikit-learn, data set by data set
@@ -251,8 +253,8 @@ def main() -> None:
             result["sklearn_nmf_concat_kmeans"][name] = sklearn_reference(
                 root, name, _seeds_for(name, args.seeds, args.big_seeds))
         print(f"{name} done (load {result['loadavg'][name][0]:.2f})", file=sys.stderr, flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        new_private_dir(args.out.parent)
+        write_json_atomic(args.out, result, indent=1)
     print(table(result))
     print(f"wrote {args.out}")
 

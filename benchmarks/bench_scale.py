@@ -147,8 +147,10 @@ def main():
             print(f"[scaling {var}] {values} -> {np.round(times, 3).tolist()}  exponent {slope:.2f}", flush=True)
         report["scaling"] = {"base": base, **scaling}
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    from fedsonmf._io import new_private_dir, write_json_atomic  # 0600, atomic
+
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, report, indent=1)
     print(f"wrote {args.out}")
 
 

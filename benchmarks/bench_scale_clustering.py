@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     from fedsonmf._io import new_private_dir, write_json_atomic
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--compare", type=int, default=10_000, help="n of the exact/approximate comparison (0: none)")
     ap.add_argument("--exact-up-to", type=int, default=100_000, help="the exact graph timed up to this n")
     ap.add_argument("--jobs", type=int, default=1, help="cases run side by side (each its own process)")

@@ -13,7 +13,6 @@ Results: ``benchmarks/results/scale_invariance.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from fedsonmf import federated_sonmf
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf.datasets import make_synthetic
 
 SCALES = (1e-6, 1e-3, 1.0, 1e3, 1e6)
@@ -51,8 +51,8 @@ def main() -> None:
         dv = float(np.max(np.abs(res.V / c - ref.V)) / np.max(ref.V))
         out.append({"c": c, "seconds": t, "ratio_to_c1": t / t_ref, "max_abs_diff_U": du, "rel_diff_V_over_c": dv})
         print(f"{c:8.0e} {t:7.3f} {t / t_ref:6.2f} {du:14.2e} {dv:25.2e}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rounds": args.rounds, "repeats": args.repeats, "runs": out}, indent=1))
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, {"rounds": args.rounds, "repeats": args.repeats, "runs": out}, indent=1)
     print(f"wrote {args.out}")
 
 

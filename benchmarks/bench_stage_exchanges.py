@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_clustering import FILES, data_folder  # noqa: E402
 
+from fedsonmf._io import write_json_atomic  # noqa: E402
 from fedsonmf.datasets.mat import load_mat  # noqa: E402
 from fedsonmf.estimators import FedMultiViewClustering  # noqa: E402
 from fedsonmf.metrics import clustering_accuracy  # noqa: E402
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
                     print(f"    tol {tol:g}: {json.dumps(sub)}", flush=True)
                     row.setdefault("tolerances", {})[f"{tol:g}"] = sub
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json_atomic(args.json, out, indent=1)
     return 0
 
 

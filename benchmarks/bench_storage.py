@@ -26,7 +26,7 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fedsonmf._io import write_json_atomic  # noqa: E402
+from fedsonmf._io import new_private_dir, write_json_atomic  # noqa: E402
 from fedsonmf._provenance import meta  # noqa: E402
 from fedsonmf._validation import SPARSE_STORAGE_DENSITY  # noqa: E402
 from fedsonmf.core._linalg import ut_x, x_vt  # noqa: E402
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
             rows.append({"n": n, "d": d, "r": r, "density": density, "dense_s": td, "csc_s": ts, "ratio": td / ts})
             print(f"{n:>6} {d:>6} {r:>4} {density:>8.2f} {1e3 * td:>9.1f} {1e3 * ts:>8.1f} {td / ts:>9.1f}", flush=True)
     fits = [fit_both_ways(path) for path in args.fit]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    new_private_dir(args.out.parent)
     write_json_atomic(args.out, {"line": SPARSE_STORAGE_DENSITY, "cases": rows, "fits": fits,
                                  "meta": meta(seeds=0, inputs=args.fit)})
     return 0

@@ -11,7 +11,6 @@ R^s/R^1 <= 1e-2 (and under the other normalisations), and the wall time of a
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from fedsonmf import federated_sonmf
+from fedsonmf._io import new_private_dir, write_json_atomic
 from fedsonmf.core.ustep import PenaltyOptions
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.protocol.params import SYNTHETIC_STUDY
@@ -75,15 +75,15 @@ def main() -> None:
     for name in timing:
         timing[name]["ratio_to_default"] = timing[name]["seconds"] / base
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, {
         "machine": {"python": platform.python_version(), "processor": platform.processor(),
                     "blas": [{k: i.get(k) for k in ("internal_api", "num_threads", "version")}
                              for i in threadpool_info()]},
         "setup": {"n_clients": 10, "n_samples": 100, "n_features": 20, "rank": 6, "tau": 10, "rounds": args.rounds,
                   "seeds": args.seeds},
         "convergence": rows, "ustep_variants": timing,
-    }, indent=1))
+    }, indent=1)
     print(f"wrote {args.out}")
 
 

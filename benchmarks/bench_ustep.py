@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import importlib.util
-import json
 import platform
 import pstats
 import subprocess
@@ -44,6 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import fedsonmf.core.ustep as new
+from fedsonmf._io import new_private_dir, write_json_atomic
 
 OLD_COMMIT = "24dd862"
 
@@ -226,8 +226,8 @@ def main():
     if args.replay_3sources is not None:  # the replay alone (no old solver needed)
         result = {"python": platform.python_version(), "numpy": np.__version__,
                   "replay_3sources": replay_3sources(args.replay_3sources)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        new_private_dir(args.out.parent)
+        write_json_atomic(args.out, result, indent=1)
         print(f"wrote {args.out}")
         return
     old = load_old()
@@ -235,8 +235,8 @@ def main():
               "machine": platform.machine(), "ustep": bench_ustep(old, args.cap)}
     if args.bbcsport:
         result["bbcsport"] = bench_bbcsport(old)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    new_private_dir(args.out.parent)
+    write_json_atomic(args.out, result, indent=1)
     print(f"wrote {args.out}")
 
 
