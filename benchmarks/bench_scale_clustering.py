@@ -24,7 +24,8 @@ At ``--compare`` (default 10^4) the clustering also runs with the exact graph fo
 (ARI): the effect of the approximate graph on the pipeline.
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_scale_clustering.py \
-        [--sizes 10000 100000] [--compare 10000] [--out benchmarks/results/scale_clustering.json]
+        [--sizes 10000 100000] [--compare 10000] [--simulation 100000] \
+        [--out benchmarks/results/scale_clustering.json]
 
 The results file is written atomically, 0600 (its folder 0700 if created).
 """
