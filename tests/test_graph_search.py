@@ -133,3 +133,24 @@ def test_missing_extra_is_said_before_any_fit(monkeypatch):
     with pytest.raises(ImportError, match=r"fedsonmf\[scale\]"):
         model.fit(views)
     assert not hasattr(model, "result_")  # nothing was fitted
+
+
+def test_a_row_with_fewer_candidates_than_k_keeps_the_ones_it_has():
+    """-inf marks a missing candidate: it is never tied with a row's k-th (which is then -inf itself),
+    so such a row keeps its finite candidates at weight 1 and nothing is NaN."""
+    S = np.array([[0.9, 0.5, -np.inf, -np.inf], [0.9, 0.5, 0.5, 0.1]])
+    W = graph._share_ties(S, 3)
+    assert np.array_equal(W[0], [1.0, 1.0, 0.0, 0.0])
+    assert np.allclose(W[1], [1.0, 1.0, 1.0, 0.0]) and np.isfinite(W).all()
+
+
+def test_one_row_is_searched_as_a_block_of_one():
+    """usearch answers a single query unbatched: the search still gives one row of keys and its count."""
+    pytest.importorskip("usearch")
+    X, _ = _planted(n=60, d=graph.SUBSPACE_MIN, per_row=6)
+    P = sp.csr_array(X / np.sqrt(X.multiply(X).sum(axis=1)).reshape(-1, 1))
+    index, Z, order = graph._candidate_index(P, 9, None)
+    C, counts = graph._search(index, Z[order[:1]], 9)
+    Cb, counts_b = graph._search(index, Z[order[:2]], 9)
+    assert C.shape == (1, 9) and counts.tolist() == [9]
+    assert np.array_equal(C[0], Cb[0])  # the same answer as in a batch

@@ -186,9 +186,10 @@ def _share_ties(S, k: int) -> np.ndarray:
     width = S.shape[1]
     kth = np.partition(S, width - k, axis=1)[:, width - k]  # the k-th largest similarity of each row
     strict = S > kth[:, None] + TIE_TOLERANCE
-    tied = ~strict & (S >= kth[:, None] - TIE_TOLERANCE)
+    # no candidate (-inf) is ever tied: a row with fewer than k of them keeps its strictly nearer ones
+    tied = ~strict & (S >= kth[:, None] - TIE_TOLERANCE) & (S > -np.inf)
     n_strict, n_tied = strict.sum(axis=1), tied.sum(axis=1)
-    share = (k - n_strict) / n_tied
+    share = np.divide(k - n_strict, n_tied, out=np.zeros(n_tied.shape), where=n_tied > 0)
     share[n_tied > MAX_TIE_GROUP * k] = 0.0
     return strict + tied * share[:, None]
 
@@ -246,6 +247,19 @@ def _candidate_index(P, width: int, n_clusters: int | None):
     return index, Z, order
 
 
+def _search(index, Q, width: int):
+    """The ``width`` nearest keys of every row of ``Q`` in ``index``, (rows, width) int64, and how many
+    of each row's are real (usearch fills a short list with key 0; one row comes back unbatched)."""
+    found = index.search(Q, width, threads=1)
+    if hasattr(found, "counts"):
+        return (np.asarray(found.keys, dtype=np.int64).reshape(Q.shape[0], -1),
+                np.asarray(found.counts, dtype=np.int64).reshape(Q.shape[0]))
+    keys = np.asarray(found.keys, dtype=np.int64).ravel()[:len(found)]
+    C = np.zeros((1, width), dtype=np.int64)
+    C[0, :keys.size] = keys
+    return C, np.array([keys.size], dtype=np.int64)
+
+
 def _approximate_edges(P, k: int, n_clusters: int | None = None):
     """The :data:`CANDIDATES` x k nearest of every row in the index of :func:`_candidate_index`,
     weighted by :func:`_share_ties` on their exact cosine similarities in the view: (rows, cols,
@@ -259,9 +273,7 @@ def _approximate_edges(P, k: int, n_clusters: int | None = None):
     chunk = max(1, int((1 << 21) // (width * max(per_row, 1.0))))
     for lo in range(0, m, chunk):
         block = order[lo:lo + chunk]  # in the index's order: its memory is read in sequence
-        found = index.search(Z[block], width, threads=1)
-        Cb = np.asarray(found.keys, dtype=np.int64).reshape(block.size, -1)
-        counts = np.asarray(found.counts, dtype=np.int64).reshape(block.size)
+        Cb, counts = _search(index, Z[block], width)
         own = block[:, None]
         valid = (np.arange(Cb.shape[1])[None, :] < counts[:, None]) & (Cb != own)  # fewer found than asked
         safe = np.where(valid, Cb, own)
