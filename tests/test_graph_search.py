@@ -154,3 +154,23 @@ def test_one_row_is_searched_as_a_block_of_one():
     Cb, counts_b = graph._search(index, Z[order[:2]], 9)
     assert C.shape == (1, 9) and counts.tolist() == [9]
     assert np.array_equal(C[0], Cb[0])  # the same answer as in a batch
+
+
+def test_a_clustering_fit_runs_its_graph_stage_on_the_approximate_search(monkeypatch):
+    """End to end above the threshold: the fit's graph stage uses the approximate graphs and recovers
+    two planted clusters; the same fit twice gives the same labels."""
+    pytest.importorskip("usearch")
+    from fedsonmf import FedMultiViewClustering
+    from fedsonmf.metrics import adjusted_rand
+
+    monkeypatch.setattr(graph, "EXACT_GRAPH_MAX", 100)
+    calls = []
+    search = graph._approximate_edges
+    monkeypatch.setattr(graph, "_approximate_edges", lambda *a, **k: calls.append(1) or search(*a, **k))
+    X1, labels = _planted(n=400, d=200, c=2, per_row=10, seed=1)
+    rng = np.random.default_rng(2)
+    X2 = sp.csr_array(X1[:, rng.permutation(200)])  # a second view of the same clusters
+    fits = [FedMultiViewClustering(2, n_init=2, random_state=0).fit([X1, X2]) for _ in range(2)]
+    assert fits[0].fit_report_["graph_exchanges"] >= 1 and len(calls) == 4  # two views, two fits
+    assert np.array_equal(fits[0].labels_, fits[1].labels_)
+    assert adjusted_rand(labels, fits[0].labels_) > 0.9
