@@ -135,7 +135,7 @@ class FakeGrid:
 
 
 def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None, masks=None, before_handle=None,
-              **rc_extra):
+              nodes_see_run_config=False, **rc_extra):
     paths = write_views(views, tmp_path / "views")
     new_paths = write_views(new_views, tmp_path / "new") if new_views is not None else [None] * len(views)
     mask_paths = write_masks(masks, tmp_path / "masks") if masks is not None else [None] * len(views)
@@ -156,6 +156,9 @@ def _fake_run(tmp_path, views, new_views=None, node_extra=None, reply_hook=None,
                "job-id": "job-c", "round-timeout": 30.0, "node-timeout": 5.0, "poll-interval": 0.001,
                "record-wire": True, "n-clusters": C, "n-init": "1"})
     rc.update(rc_extra)
+    if nodes_see_run_config:  # as on a SuperNode, whose ClientApp context carries the run's config
+        for ctx in grid.contexts.values():
+            ctx.run_config = rc
     with threadpool_limits(1):
         server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
     return grid, rc
@@ -1053,3 +1056,21 @@ def test_a_node_answers_a_block_of_partitions_within_its_limits():
     for c in (0, 13, 10**9):  # a reply of n x c numbers: no more clusters than samples (the node's memory)
         with pytest.raises(ProtocolError, match=f"request for {c} clusters of a view of 12 samples"):
             _request_labels(Message("graph", 1, {"labels": rows[0]}, {"n_clusters": c}), 12, 0, "graph", 1)
+
+
+def test_a_node_without_the_scale_extra_says_so_at_set_up_not_after_the_fits(tmp_path, monkeypatch):
+    """Above EXACT_GRAPH_MAX held samples a node's graph needs the approximate search: a node without
+    its extra refuses the set-up with the install hint, before any round runs."""
+    import sys
+
+    import fedsonmf.pipeline.graph as graph
+
+    monkeypatch.setattr(graph, "EXACT_GRAPH_MAX", 10)
+    monkeypatch.setitem(sys.modules, "usearch", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "usearch.index", None)
+    views, _ = blobs()
+    kinds = []
+    with pytest.raises(FederationError, match=r"fedsonmf\[scale\]"):
+        _fake_run(tmp_path, views, nodes_see_run_config=True,
+                  before_handle=lambda fed_msg, context, job_id: kinds.append(fed_msg.kind))
+    assert "round" not in kinds
