@@ -180,8 +180,9 @@ def case_graph(n: int, search: str = "approximate", seed: int = 0, queries: int 
     Q = np.random.default_rng(1).choice(n, min(queries, n), replace=False)
     YT = sp.csr_array(Y.T)
     E = []
-    for lo in range(0, Q.size, max(1, (1 << 25) // n)):  # 256 MB of similarities at a time
-        q = Q[lo:lo + max(1, (1 << 25) // n)]
+    step = max(1, (1 << 25) // n)  # 256 MB of similarities at a time
+    for lo in range(0, Q.size, step):
+        q = Q[lo:lo + step]
         S = (Y[q] @ YT).toarray()
         S[np.arange(q.size), q] = -np.inf
         E.append(np.argpartition(-S, out["k"], axis=1)[:, :out["k"]])  # continuous values: no ties

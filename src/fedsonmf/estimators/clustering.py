@@ -82,7 +82,7 @@ from fedsonmf.core.server import total
 from fedsonmf.estimators.options import MethodOptions, check_params, constraints, flat
 from fedsonmf.estimators.sonmf import FedSONMF, _blas_limit, _progress_callback
 from fedsonmf.exceptions import DataWarning, InputError, ParameterError, warn
-from fedsonmf.pipeline.graph import EXACT_GRAPH_MAX, approximate_search, client_graph, client_links, client_products
+from fedsonmf.pipeline.graph import check_graph_search, client_graph, client_links, client_products
 from fedsonmf.pipeline.rank_rule import RANK_RULES, resolve_rank
 from fedsonmf.pipeline.refine import client_refine, refine_stages, refine_view, score_weight
 from fedsonmf.pipeline.restarts import resolve_n_init, restart_seeds
@@ -391,8 +391,7 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         callback = check_callback(callback)
         n = views[0].shape[0]
         self._validate(n)
-        if "graph" in refine_stages(self.refine, dp=self._dp()) and n > EXACT_GRAPH_MAX:
-            approximate_search(n)  # the graph stage's extra, asked for before any fit runs
+        check_graph_search(self.refine, n, dp=self._dp())  # the graph stage's extra, before any fit runs
         if len(views) == 1:
             warn("FedMultiViewClustering got a single view: a federation of one client (nothing is "
                  "federated); pass every view as a list", UserWarning)

@@ -60,9 +60,10 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from fedsonmf.pipeline.refine import refine_view
+from fedsonmf.pipeline.refine import refine_stages, refine_view
 
-__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "approximate_search", "graph_neighbors",
+__all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "approximate_search", "check_graph_search",
+           "graph_neighbors",
            "client_graph", "client_links", "client_products",
            "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
 
@@ -168,8 +169,8 @@ def client_graph(X, held=None, n_neighbors: int | None = None, n_clusters: int |
 
 def approximate_search(n_samples: int):
     """The approximate search's index module (``usearch.index``) for a graph of ``n_samples`` held samples above
-    :data:`EXACT_GRAPH_MAX`, or an ImportError that says what to install. The estimator calls it before
-    the fits, so a missing extra is said before hours of factorisation, not after them."""
+    :data:`EXACT_GRAPH_MAX`, or an ImportError that says what to install (asked before any fit:
+    :func:`check_graph_search`)."""
     try:
         import usearch.index as index_module
     except ImportError:
@@ -178,6 +179,15 @@ def approximate_search(n_samples: int):
             f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
             "(usearch), or refine='kmeans' to leave the graph stage out") from None
     return index_module
+
+def check_graph_search(refine: str, n_held: int, *, dp: bool = False) -> None:
+    """Raise :func:`approximate_search`'s ImportError when the stages of ``refine`` (with ``dp``:
+    :func:`~fedsonmf.pipeline.refine.refine_stages`) build a graph of more than :data:`EXACT_GRAPH_MAX`
+    held samples and the extra is missing. The estimator calls it before the fits, a Flower node at
+    its set-up: a missing extra is said before hours of factorisation, not after them."""
+    if "graph" in refine_stages(refine, dp=dp) and n_held > EXACT_GRAPH_MAX:
+        approximate_search(n_held)
+
 
 def _share_ties(S, k: int) -> np.ndarray:
     """The edge weights of each row of similarities ``S`` (rows, candidates; -inf: no candidate):

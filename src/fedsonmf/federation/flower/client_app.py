@@ -65,8 +65,7 @@ from fedsonmf.federation.flower import clustering as fclust
 from fedsonmf.federation.flower import codec, nodeconfig
 from fedsonmf.federation.loop import ClientRuntime
 from fedsonmf.federation.rejoin import load_latest_client_state
-from fedsonmf.pipeline import graph
-from fedsonmf.pipeline.refine import refine_stages
+from fedsonmf.pipeline.graph import check_graph_search
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["app", "make_client_app", "load_view", "load_mask", "state_dir_of"]
@@ -293,11 +292,8 @@ def _clustering_setup(fed_msg: Message, context: Context, sdir: Path, p: int, ma
     X = _raw_view(context, p)
     held = held_columns(mask, X.shape[0], client=p)
     opts = fclust.clustering_options(context.run_config)
-    n_held = X.shape[0] if held is None else len(held)
-    if (opts is not None and "graph" in refine_stages(opts["refine"], dp=cfg.dp_enabled)
-            and n_held > graph.EXACT_GRAPH_MAX):
-        # this node's graph will need the approximate search's extra: said at set-up, not after the fits
-        graph.approximate_search(n_held)
+    if opts is not None:  # this node's graph may need the approximate search's extra: said now, not after the fits
+        check_graph_search(opts["refine"], X.shape[0] if held is None else len(held), dp=cfg.dp_enabled)
     path = fclust.prepare_node_view(X, sdir, p, dict(fed_msg.scalars), cfg.n_components, held=held)
     return path, max(int(X.shape[1]), cfg.n_components)
 
