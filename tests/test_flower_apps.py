@@ -660,3 +660,33 @@ def test_after_an_error_reply_the_other_replies_are_still_awaited(monkeypatch):
     grid = Grid()
     _, got, pending = transport._push_pull(grid, ["m0", "m1", "m2"], timeout=60.0, poll=0.0)
     assert set(got) == {"a"} and pending == {"b", "c"} and grid.pulls == 1
+
+
+def test_an_exchange_first_pulls_when_its_replies_are_expected_and_learns_their_time(monkeypatch):
+    """The first pull of an exchange waits the estimate of its kind (docs/flower.md, "The node loop");
+    the time to its first reply is recorded under that kind."""
+    from types import SimpleNamespace
+
+    from fedsonmf.federation.flower import transport
+    from fedsonmf.federation.flower.waits import ArrivalEstimate
+
+    slept = []
+    monkeypatch.setattr(transport.time, "sleep", slept.append)
+
+    class Grid:
+        def push_messages(self, msgs):
+            return ["a", "b"]
+
+        def pull_messages(self, ids):
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid), has_error=lambda: False)
+                    for mid in ids]
+
+    est = ArrivalEstimate(fraction=0.5, memory=3)
+    for t in (0.08, 0.09, 0.1):
+        est.observe(t, "round")
+    _, got, pending = transport._push_pull(Grid(), ["m0", "m1"], timeout=60.0, poll=0.0, expect=(est, "round"))
+    assert set(got) == {"a", "b"} and not pending
+    assert slept == [pytest.approx(0.04)]  # one wait, then one pull found both replies
+    assert est.first_wait("round") == 0.0  # found by that first pull: measured afresh next time
+    transport._push_pull(Grid(), ["m0", "m1"], timeout=60.0, poll=0.0, expect=(est, "round"))
+    assert slept[-1] == 0.0 and est._recent["round"][-1] >= 0.0  # no wait; its time is recorded

@@ -611,7 +611,8 @@ def test_external_stop_is_reported_with_the_round_to_resume_from(gated, tmp_path
     same deployment then waited at its handshake until the 600 s ceiling (seen in a clean-clone CI)."""
     out = gated.run_dir / "stopme"
     got = {}
-    th = threading.Thread(target=lambda: got.setdefault("o", _our_run(gated, "stopme", rounds=30)))
+    # rounds enough that the stop lands mid-run: a trivial round takes about a tenth of a second
+    th = threading.Thread(target=lambda: got.setdefault("o", _our_run(gated, "stopme", rounds=3000, tol=0.0)))
     th.start()
     wait_until((out / "checkpoint" / "server.npz").exists, "round 1's checkpoint", progress=status_progress(out),
                alive=th.is_alive)
@@ -635,7 +636,7 @@ def test_superlink_kill9_is_reported_and_leaves_no_process(tmp_path, views):
 
     def go():
         try:
-            run_flower(views, CFG, run_dir=run_dir, max_rounds=30, tol=0, seed=5, round_timeout=STALL,
+            run_flower(views, CFG, run_dir=run_dir, max_rounds=3000, tol=0, seed=5, round_timeout=STALL,
                        node_timeout=STALL)
         except FlowerRunError as exc:
             got["error"] = exc

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -78,7 +79,8 @@ __all__ = [
     "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid",
     # the node loop's
     "fleet_connection", "parse_config_args", "get_fused_config_from_fab", "pull_and_inflate_object_from_tree",
-    "push_objects", "get_object_tree", "get_all_nested_objects", "iterate_object_tree", "no_object_id_recompute",
+    "pull_objects", "inflate_object_from_contents", "push_objects", "get_object_tree", "get_all_nested_objects",
+    "iterate_object_tree", "no_object_id_recompute",
     "TaskIdentity", "RunNotRunningException", "ErrorCode", "load_ssh_private_key",
     # the gate's
     "build_fab_from_disk", "SubStatus", "context_from_proto", "context_to_proto", "fab_from_proto", "run_from_proto",
@@ -89,6 +91,8 @@ __all__ = [
     "make_simple_http_retry_invoker", "RuntimeHttpClient", "validate_and_resolve_root_certificates", "HttpGrid",
     "push_message", "push_task_output",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: seconds before a second pull of an object that is not there yet (Flower's default: 1 s).  A
 #: message is listed as soon as its sender has pushed its head, before its objects: on loopback
@@ -213,9 +217,12 @@ class ReplyGrid(HttpGrid):
 
     A subclass, not a patch: ``pull_messages`` is the same sequence as Flower 1.42's (pull the
     replies' heads, pull each reply's objects, confirm it, inflate it; a reply whose objects
-    stay unavailable becomes a ``MESSAGE_UNAVAILABLE`` error reply), with the backoff given and
-    the replies pulled side by side (Flower pulls them one after the other).
+    stay unavailable becomes a ``MESSAGE_UNAVAILABLE`` error reply), with the backoff given,
+    the replies pulled side by side (Flower pulls them one after the other), and each reply's
+    confirmation sent beside the work that follows rather than before its inflation.
     """
+
+    _confirms: ThreadPoolExecutor | None = None
 
     def pull_messages(self, message_ids):
         run_id = self.run.run_id
@@ -227,6 +234,20 @@ class ReplyGrid(HttpGrid):
         # the replies side by side (each pull of one reply's objects is itself at most 2 at a time)
         with ThreadPoolExecutor(max_workers=min(len(pairs), MAX_PARALLEL_REPLIES)) as pool:
             return list(pool.map(lambda pair: self._pull_one(run_id, *pair), pairs))
+
+    def _confirm(self, request) -> None:
+        """Confirm a reply's receipt (the SuperLink may then drop its objects) beside the work that
+        follows rather than before it, one confirmation at a time, in order; a failure is logged."""
+        if self._confirms is None:
+            self._confirms = ThreadPoolExecutor(max_workers=1)
+
+        def confirm():
+            try:
+                self._runtime_client.ConfirmMessageReceived(request)
+            except Exception as exc:  # noqa: BLE001 - the reply is in hand; its objects expire with its TTL
+                _log.warning("confirming reply %s failed: %s: %s", request.message_object_id, type(exc).__name__, exc)
+
+        self._confirms.submit(confirm)
 
     def _pull_one(self, run_id, msg_proto, tree):
         client = self._runtime_client
@@ -242,8 +263,7 @@ class ReplyGrid(HttpGrid):
                                   ttl=0, reply_to_message_id=msg_proto.metadata.reply_to_message_id,
                                   created_at=now().timestamp()),
                 error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=f"Reply message objects are unavailable. {exc}"))
-        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=self.node, run_id=run_id,
-                                                                    message_object_id=msg_id))
+        self._confirm(ConfirmMessageReceivedRequest(node=self.node, run_id=run_id, message_object_id=msg_id))
         message = inflate_object_from_contents(msg_id, contents)
         assert isinstance(message, Message)  # the head of a reply's tree
         message.metadata.__dict__["_message_id"] = msg_id

@@ -20,18 +20,19 @@ What it does for every message pulled:
 3. the message's content, then the installed ClientApp (``fedsonmf``'s, or the operator's
    ``--app``) on it, in this process, with the run series' context (``context.state`` kept
    in memory per series, as Flower's SuperNode keeps it);
-4. the reply pushed before the next pull: tasks are sequential, as in the gate executor.
+4. the reply pushed before the next pull: tasks are sequential, as in the gate executor.  The
+   message's receipt is confirmed to the SuperLink beside the ClientApp's work, not before it.
 
 Against the stock pair (``flower-supernode`` + the gate executor over the node's Runtime API)
 it has one process fewer per node and no Runtime API port at all: nothing on the node's host can
 acquire a task, with or without the SuperExec secret.
 
-The waits.  The Fleet API has no server push: a node learns of a message by pulling.  After a
-message the loop pulls again within :data:`MIN_IDLE_WAIT`; while none comes, each wait is
-:data:`IDLE_FRACTION` of the time since the last message, between :data:`MIN_IDLE_WAIT` and
-:data:`MAX_IDLE_WAIT`.  A message thus waits at most a quarter of the node's idle time (never
-more than 0.5 s), the pulls of an idle node fall to two a second, and a stop (SIGTERM) ends the
-wait at once.
+The waits (:mod:`.waits`).  The Fleet API has no server push: a node learns of a message by
+pulling.  After its reply the node first waits half the shortest recent time the next message took
+to come, then each wait is :data:`~.waits.IDLE_FRACTION` of the time since the reply, between
+:data:`~.waits.MIN_IDLE_WAIT` and :data:`~.waits.MAX_IDLE_WAIT`.  A message thus waits at most a
+quarter of the node's idle time (never more than 0.5 s) beyond the expected time, the pulls of an
+idle node fall to two a second, and a stop (SIGTERM) ends the wait at once.
 
 Command line (started by :class:`~fedsonmf.federation.flower.deployment.LoopbackDeployment`)::
 
@@ -61,39 +62,9 @@ from fedsonmf.federation.flower.gate import (
     Refused,
     _load_object,
 )
+from fedsonmf.federation.flower.waits import MAX_IDLE_WAIT, IdleWait
 
-__all__ = ["MIN_IDLE_WAIT", "MAX_IDLE_WAIT", "IDLE_FRACTION", "IdleWait", "NodeLoop", "node_argv", "main"]
-
-#: seconds between the pulls right after a message (the next one usually follows within milliseconds)
-MIN_IDLE_WAIT = 0.002
-#: the longest wait between two pulls of an idle node, seconds
-MAX_IDLE_WAIT = 0.5
-#: a wait is this fraction of the time since the last message (bounded by the two above)
-IDLE_FRACTION = 0.25
-
-
-class IdleWait:
-    """The wait between two empty pulls: a fraction of the idle time, bounded; ``stop`` ends it."""
-
-    def __init__(self, stop: threading.Event, *, min_wait: float = MIN_IDLE_WAIT, max_wait: float = MAX_IDLE_WAIT,
-                 fraction: float = IDLE_FRACTION, clock=time.monotonic):
-        if not 0.0 < min_wait <= max_wait:
-            raise ValueError(f"need 0 < min_wait <= max_wait, got {min_wait}, {max_wait}")
-        self.stop, self.min_wait, self.max_wait, self.fraction, self.clock = stop, min_wait, max_wait, fraction, clock
-        self.last = clock()
-
-    def activity(self) -> None:
-        """A message came: the next waits are short again."""
-        self.last = self.clock()
-
-    def next_wait(self) -> float:
-        """Seconds until the next pull."""
-        return min(self.max_wait, max(self.min_wait, self.fraction * (self.clock() - self.last)))
-
-    def wait(self) -> bool:
-        """Wait before the next pull; False when the loop is to stop."""
-        return not self.stop.wait(self.next_wait())
-
+__all__ = ["NodeLoop", "node_argv", "main"]
 
 class NodeLoop:
     """The node's message handling (see the module docstring); :meth:`serve` runs it on a connection.
@@ -118,6 +89,7 @@ class NodeLoop:
         self._context_run: dict[int, int] = {}  # run series -> the run its context was made for
         self.timings: list[float] = []  # seconds per handled message (pull of content to reply pushed)
         self.pulls: tuple[int, float] = (0, 0.0)  # empty pulls before the message in hand, their mean seconds
+        self._background = ThreadPoolExecutor(max_workers=1)  # confirmations, in the order of the messages
 
     def serve(self, conn, stop: threading.Event, idle: IdleWait | None = None) -> None:
         """Pull and handle messages on ``conn`` (the tuple ``compat.fleet_connection`` yields)
@@ -134,6 +106,7 @@ class NodeLoop:
                     return
                 continue
             t0 = time.perf_counter()
+            idle.arrived(first_pull=empty == 0)
             self.pulls = (empty, empty_s / max(empty, 1))
             self.handle(calls, *got)
             self.timings.append(time.perf_counter() - t0)
@@ -179,11 +152,14 @@ class NodeLoop:
                 self.log(f"run {run_id}: {details}")
                 reply = Message(Error(code=compat.ErrorCode.INVALID_FAB, reason=details), reply_to=message)
             else:
-                full = compat.pull_and_inflate_object_from_tree(
-                    tree, lambda oid: calls["pull_object"](run_id, oid),
-                    lambda oid: calls["confirm_message_received"](run_id, oid),
-                    return_type=Message, max_time=MESSAGE_PULL_SECONDS, initial_backoff=compat.OBJECT_BACKOFF,
-                    backoff_cap=compat.OBJECT_BACKOFF_CAP)
+                contents = compat.pull_objects(
+                    [t.object_id for t in compat.iterate_object_tree(tree)],
+                    lambda oid: calls["pull_object"](run_id, oid), max_time=MESSAGE_PULL_SECONDS,
+                    initial_backoff=compat.OBJECT_BACKOFF, backoff_cap=compat.OBJECT_BACKOFF_CAP)
+                self._confirm(calls, run_id, tree.object_id)
+                full = compat.inflate_object_from_contents(tree.object_id, contents)
+                if not isinstance(full, Message):
+                    raise TypeError(f"the message's object tree holds a {type(full).__name__}, not a Message")
                 full.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message lacks its own id
                 parts["pull"] = time.perf_counter() - t0
                 pulled = sum(1 for _ in compat.iterate_object_tree(tree))
@@ -212,6 +188,16 @@ class NodeLoop:
             steps += (f"; {pulled} objects in, {pushed} out; {self.pulls[0]} empty pulls before it, "
                       f"{1e3 * self.pulls[1]:.1f} ms each")
             self.log(f"task handled in {time.perf_counter() - t0:.3f} s ({steps})")
+
+    def _confirm(self, calls, run_id: int, message_id: str) -> None:
+        """Tell the SuperLink the message is here (it may drop its objects), beside the ClientApp's
+        work rather than before it; a failed confirmation is logged, the message is still answered."""
+        def confirm():
+            try:
+                calls["confirm_message_received"](run_id, message_id)
+            except Exception as ex:  # noqa: BLE001 - the SuperLink's objects then expire with the message
+                self.log(f"run {run_id}: confirming message {message_id} failed: {type(ex).__name__}: {ex}")
+        self._background.submit(confirm)
 
     @staticmethod
     def _push(calls, run_id: int, reply, runtime: float) -> int:

@@ -29,6 +29,7 @@ from fedsonmf.exceptions import FederationError
 from fedsonmf.federation.flower import codec
 from fedsonmf.federation.flower.nodeconfig import MIN_CLUSTER_SIZE
 from fedsonmf.federation.flower.security import Pin, check_pin, read_pins, read_retired
+from fedsonmf.federation.flower.waits import ArrivalEstimate, reply_wait
 from fedsonmf.protocol.messages import Message
 
 _log = logging.getLogger(__name__)
@@ -377,26 +378,8 @@ def _error_text(rep: FlwrMessage) -> str:
 
 #: seconds the other clients' replies are still awaited after an error reply, before the run fails
 DRAIN_SECONDS = 30.0
-#: the longest wait between two pulls of an exchange's replies, seconds (:func:`_push_pull`)
-MAX_REPLY_POLL = 0.25
-#: the first wait for an exchange's replies, seconds: a node of the project's loop answers a
-#: trivial message within tenths of a second (docs/flower.md, "The node loop")
-FIRST_REPLY_POLL = 0.002
-#: each later wait is this fraction of the time the exchange has taken so far (bounded by the two above)
-REPLY_POLL_FRACTION = 0.25
-
-
-def reply_wait(elapsed: float, poll: float = MAX_REPLY_POLL) -> float:
-    """Seconds before the next pull of an exchange that has waited ``elapsed`` seconds.
-
-    A quarter of the elapsed time, at least :data:`FIRST_REPLY_POLL` and at most
-    ``max(poll, MAX_REPLY_POLL)``: a reply that arrives is seen within a quarter of the
-    exchange's own time, and a slow exchange (a node's long
-    local step, Flower's own node loop) costs a pull every quarter second at most."""
-    return min(max(poll, MAX_REPLY_POLL), max(FIRST_REPLY_POLL, REPLY_POLL_FRACTION * elapsed))
-
-
-def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True):
+def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_on_error: bool = True,
+               expect: tuple[ArrivalEstimate, str] | None = None):
     """Push ``msgs``; return ``(msgs_by_id, replies_by_id, missing_ids)``; stops at
     the first error reply (returned among the replies; unless ``stop_on_error``
     is False) or at the timeout.
@@ -408,15 +391,25 @@ def _push_pull(grid, msgs: list[FlwrMessage], timeout: float, poll: float, stop_
     (measured: the deployment test after a raising client, "views [0] did not answer" in the next
     run's handshake). Waiting lets every node finish its task while the run is still running.
 
-    The pulls wait :func:`reply_wait` apart (every pull is a request to the SuperLink).
+    The pulls wait :func:`reply_wait` apart (every pull is a request to the SuperLink); with
+    ``expect = (estimate, kind)`` the first pull waits ``estimate.first_wait(kind)``, and the time
+    to the first reply is recorded in it (:class:`.waits.ArrivalEstimate`).
     """
     ids = list(grid.push_messages(msgs))
     by_id = dict(zip(ids, msgs))
-    pending, got = set(ids), {}
+    pending = set(ids)
+    got: dict[str, FlwrMessage] = {}
     start = time.monotonic()
     deadline = start + timeout
+    if expect is not None:
+        time.sleep(min(expect[0].first_wait(expect[1]), timeout))
+    pulls = 0
     while pending:
-        for rep in grid.pull_messages(list(pending)):
+        replies = grid.pull_messages(list(pending))
+        pulls += 1
+        if replies and expect is not None and not got:
+            expect[0].observe(time.monotonic() - start, expect[1], first_pull=pulls == 1)
+        for rep in replies:
             rid = rep.metadata.reply_to_message_id
             if rid in pending:
                 pending.discard(rid)
@@ -481,7 +474,7 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     timeout : float
         Seconds until every view must have answered.
     poll : float, default=0.05
-        The longest wait between two pulls, with :data:`MAX_REPLY_POLL` (:func:`reply_wait`: the
+        The longest wait between two pulls, with :data:`.waits.MAX_REPLY_POLL` (:func:`reply_wait`: the
         waits start at milliseconds and grow with the time the handshake has taken).
     recorder : WireRecorder or None, default=None
         Logs every message (privacy audit).
@@ -632,6 +625,8 @@ class FlowerTransport:
         self.startup_timeout = max(self.round_timeout, float(startup_timeout if startup_timeout is not None
                                                              else self.round_timeout))
         self.poll = float(poll)
+        #: when an exchange's first reply is expected, per kind of exchange (:mod:`.waits`)
+        self.expect = ArrivalEstimate()
         self.recorder = recorder
         #: per exchange: {"round", "kind", "down", "up" (serialised array bytes), "seconds" (push to last reply)}
         self.wire_bytes: list[dict] = []
@@ -732,7 +727,8 @@ class FlowerTransport:
                            message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
                for p in order]
         t0 = time.monotonic()
-        by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False)
+        by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False,
+                                         expect=(self.expect, kind))
         seconds = time.monotonic() - t0
         client_of = dict(zip(by_id, order))
         if self.recorder:
@@ -795,7 +791,7 @@ class FlowerTransport:
             for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
         ]
         t0 = time.monotonic()
-        by_id, got, pending = _push_pull(self.grid, flw, timeout, self.poll)
+        by_id, got, pending = _push_pull(self.grid, flw, timeout, self.poll, expect=(self.expect, kind))
         seconds = time.monotonic() - t0
         client_of = {mid: p for p, mid in enumerate(by_id)}
         if self.recorder:
