@@ -123,6 +123,32 @@ def test_an_array_packed_twice_is_refused():
 
 def test_a_batch_carries_packed_messages():
     contents = [codec.encode(_msg(), client=0, job_id=f"j{i}") for i in range(3)]
-    back = [codec.decode(rd) for rd in codec.unpack(codec.pack(contents))]
+    packed = codec.pack(contents)
+    assert list(packed.keys()) == [codec.BATCH]  # one record: Flower moves 3 objects, not 2 + one per message
+    back = [codec.decode(rd) for rd in codec.unpack(packed)]
     assert [meta["job-id"] for _, meta in back] == ["j0", "j1", "j2"]
     assert all(np.array_equal(m.arrays["G"], _msg().arrays["G"]) for m, _ in back)
+
+
+def test_a_batch_keeps_large_blobs_and_errors_apart_and_round_trips_exactly():
+    big = Message("round", 2, {"V": np.arange(codec.INLINE_LIMIT // 8 + 1, dtype=np.float64)}, {"mu": 0.5})
+    contents = [codec.encode(_msg(), client=1, job_id="a"), codec.error_content(2, "boom"),
+                codec.encode(big, client=1, job_id="b"), codec.encode(_msg(), client=1, job_id="c")]
+    packed = codec.pack(contents)
+    assert "2:" + codec.BLOB in packed  # above the inline limit: its own record, as alone
+    inline = sum(len(v) for v in packed[codec.BATCH].values() if isinstance(v, bytes))
+    assert inline <= codec.INLINE_LIMIT
+    back = codec.unpack(packed)
+    assert [sorted(rd.keys()) for rd in back] == [sorted(rd.keys()) for rd in contents]
+    assert dict(back[1][codec.ERROR]) == {"code": 2, "reason": "boom"}
+    m, meta = codec.decode(back[2])
+    assert meta["job-id"] == "b" and np.array_equal(m.arrays["V"], big.arrays["V"]) and m.scalars["mu"] == 0.5
+    assert codec.decode(back[3])[1]["job-id"] == "c"
+
+
+@pytest.mark.parametrize("key", ["3|fedsonmf.meta|kind", "x|fedsonmf.meta|kind", "0|kind", "0||kind"])
+def test_a_batch_key_that_names_no_message_is_refused(key):
+    packed = codec.pack([codec.encode(_msg(), client=0, job_id="j")])
+    packed[codec.BATCH] = ConfigRecord({**dict(packed[codec.BATCH]), key: "round"})
+    with pytest.raises(ValueError, match="not one of its messages"):
+        codec.unpack(packed)
