@@ -14,17 +14,17 @@ views, config and seed run
 
 A round of the fit is one exchange (the server's message to every node and their replies) plus
 the server's step, so the seconds per round of this tiny problem are a trivial exchange's
-latency.  Recorded per run: seconds per round (median, min, max of the history's per-round
-seconds) and the mean's excess over the in-process round; time to round 1 (``V.npy``'s
-modification time minus the rounds' seconds; ``time_to_round1_exact`` from ``status.json`` where
-the code records it); the deployment start; the wall time; whether V is bit-identical to the
-in-process V.
+latency; every one of the ``--rounds`` rounds runs (``tol`` = 0).  Recorded per run: seconds per
+round (median, min, max of the history's per-round seconds) and the mean's excess over the
+in-process round; time to round 1 (``V.npy``'s modification time minus the rounds' seconds;
+``time_to_round1_exact`` from ``status.json`` where the code records it); the deployment start;
+the wall time; whether V is bit-identical to the in-process V.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_flower.py --nodes 2 --rounds 6 \\
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_flower.py --nodes 2 --rounds 30 \\
         [--node-loops flower,fedsonmf] [--before-src /tmp/before/src] [--repeats 1] \\
         [--out benchmarks/results/flower_exchange.json]
 
-The record is written atomically, 0600.  Two node loops, 2 nodes, 6 rounds: ≈ 2 min on 2 cores.
+The record is written atomically, 0600.  Two node loops, 2 nodes, 30 rounds: ≈ 3 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def worker(m: int, rounds: int, seed: int = 0, secure_aggregation: bool = True) -> dict:
     """One Flower run with whatever ``fedsonmf`` is on the path (old or new API: only
-    ``run_flower(paths, cfg, run_dir=, max_rounds=, seed=)`` is used); the node loop is the
+    ``run_flower(paths, cfg, run_dir=, max_rounds=, tol=, seed=)`` is used); the node loop is the
     environment's ``FEDSONMF_NODE_LOOP`` (code that predates it runs Flower's)."""
     import numpy as np
     from threadpoolctl import threadpool_limits
@@ -63,8 +63,9 @@ def worker(m: int, rounds: int, seed: int = 0, secure_aggregation: bool = True) 
     secure_kw = ({"secure_aggregation": bool(secure_aggregation)}
                  if "secure_aggregation" in inspect.signature(FedConfig).parameters else {})
     cfg = FedConfig(n_components=SPEC["rank"], **secure_kw)
+    # every round runs (tol = 0): the exchanges measured are the rounds asked for, not a stopping rule's
     with threadpool_limits(1):
-        ref = run_inprocess(check_views(data.views, cfg.n_components), cfg, max_rounds=rounds, seed=seed)
+        ref = run_inprocess(check_views(data.views, cfg.n_components), cfg, max_rounds=rounds, tol=0.0, seed=seed)
     in_secs = [row["seconds"] for row in ref.history.rows]
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         paths = write_views(data.views, Path(tmp) / "views")
@@ -72,7 +73,7 @@ def worker(m: int, rounds: int, seed: int = 0, secure_aggregation: bool = True) 
         kw = ({"secure_aggregation": bool(secure_aggregation)}
               if "secure_aggregation" in inspect.signature(run_flower).parameters else {})
         t0 = time.time()
-        res = run_flower(paths, cfg, run_dir=Path(tmp) / "run", max_rounds=rounds, seed=seed, **kw)
+        res = run_flower(paths, cfg, run_dir=Path(tmp) / "run", max_rounds=rounds, tol=0.0, seed=seed, **kw)
         wall = time.time() - t0
         secs = [row["seconds"] for row in res.history.rows]
         v_written = os.path.getmtime(Path(tmp) / "run" / "server" / "V.npy")
