@@ -316,9 +316,9 @@ def unpack(rd: RecordDict) -> list[RecordDict]:
         if not (sep and sep2) or not j.isdigit() or int(j) >= count or not name:
             raise ValueError(f"key {key!r} of a batch of {count} is not one of its messages'")
         fields[int(j)].setdefault(name, {})[inner] = value
-    for j, records in enumerate(fields):
+    for part, records in zip(parts, fields):
         for name, items in records.items():
-            parts[j][name] = ConfigRecord(items)
+            part[name] = ConfigRecord(items)
     for name, rec in rd.items():
         if name == BATCH:
             continue
