@@ -1,14 +1,18 @@
-"""The clustering's label-free stopping rule, the server-side stopping hook, blas_threads='auto'."""
+"""The clustering's stopping rules (step residual, labels), the server-side stopping hook, blas_threads='auto'."""
 
 import numpy as np
 import pytest
 
+from fedsonmf.core.residuals import step_residual
 from fedsonmf.datasets import make_synthetic
 from fedsonmf.estimators import FedMultiViewClustering
 from fedsonmf.estimators.options import MethodOptions
 from fedsonmf.estimators.sonmf import AUTO_BLAS_WORK, _blas_limit
 from fedsonmf.exceptions import ParameterError
-from fedsonmf.pipeline.stopping import LabelStability
+from fedsonmf.federation.inprocess import run_inprocess
+from fedsonmf.pipeline.steps import stop_rule
+from fedsonmf.pipeline.stopping import FirstOf, LabelStability, StepResidual
+from fedsonmf.protocol.config import FedConfig
 
 
 def _views():
@@ -35,6 +39,44 @@ def test_label_rule_stops_before_tol_and_is_deterministic():
 def test_tol_zero_runs_every_round():
     model = FedMultiViewClustering(3, random_state=0, max_rounds=7, tol=0.0).fit(_views())
     assert model.n_rounds_ == 7
+
+
+def test_the_step_residual_is_the_servers_step_mapping_plus_r_u_and_needs_no_upload():
+    """R_step^s = ||(V^s - V^{s+1}) / eta||^2 + R_U^s (docs/algorithm.md §7.5), from the server's own
+    matrices; R_step_rel is it over round 1's."""
+    data = make_synthetic(n_clients=2, n_samples=60, n_features=10, rank=3, random_state=1)
+    cfg = FedConfig(n_components=3)
+    res = run_inprocess(data.views, cfg, max_rounds=5, tol=0.0, seed=0)
+    # V after k rounds: a shorter run is the first rounds of the longer one, bit for bit
+    Vs = {k: run_inprocess(data.views, cfg, max_rounds=k, tol=0.0, seed=0).V for k in range(1, 6)}
+    for s in range(1, 5):  # row s: round s + 1, from V after s rounds to V after s + 1
+        row = res.history.rows[s]
+        assert row["R_step"] == pytest.approx(step_residual(Vs[s], Vs[s + 1], cfg.eta_tilde) + row["R_U"], rel=1e-12)
+        assert row["R_step_rel"] == pytest.approx(row["R_step"] / res.history.rows[0]["R_step"], rel=1e-12)
+    assert step_residual(Vs[5], Vs[5], cfg.eta_tilde) == 0.0  # a fixed point
+
+
+def test_a_clustering_fit_stops_on_the_servers_step_and_sends_no_gradient():
+    views = _views()
+    model = FedMultiViewClustering(3, random_state=0, max_rounds=200, tol=1e-3,
+                                   method=MethodOptions(early_stop="none")).fit(views)
+    rows = model.result_.history.rows
+    assert "R_step/R_step1" in model.result_.stopping_reason and model.result_.converged
+    assert rows[-1]["R_step_rel"] <= 1e-3 < min(r["R_step_rel"] for r in rows[:-1])
+    r, n = model.embedding_.shape[1], model.embedding_.shape[0]
+    # each reply's diagnostics are the three scalars, not the r x n gradient R/R1 would need
+    assert all(row["bytes_diagnostics"] < r * n * 8 for row in rows) and "R_rel" not in rows[0]
+
+
+def test_stop_rules_are_asked_in_order_and_tol_zero_has_none():
+    assert stop_rule("labels", 3, seed=0, tol=0.0) is None
+    rule = stop_rule("none", 3, seed=0, tol=1e-2)
+    assert rule(4, np.ones((2, 5)), {"R_step_rel": 0.5}) is None
+    assert "R_step/R_step1 = 0.005 <= tol = 0.01 at round 4" in rule(4, np.ones((2, 5)), {"R_step_rel": 0.005})
+    seen = []
+    both = FirstOf(StepResidual(1e-2), lambda s, V, row: seen.append(s))
+    assert both(1, None, {"R_step_rel": 1.0}) is None and seen == [1]
+    assert both(2, None, {"R_step_rel": 0.0}) and seen == [1]  # the first that stops ends the round's asking
 
 
 def test_bad_early_stop_raises():

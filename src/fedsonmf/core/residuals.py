@@ -12,6 +12,10 @@ Server side (:func:`round_metrics`): the objective F^s, and
 with the measurement step eta = eta_tilde of the proposed method for every
 algorithm.  :func:`normalised` gives R^s / ref and the running average over
 rounds divided by ref, for ref in {R^1 (paper), R^0 (at initialisation)}.
+
+The server's own step gives a second reading without any upload (:func:`step_residual`, §7.5):
+R_step^s = ||(V^s - V^{s+1}) / eta||_F^2 + R_U^s, the mapping of the step it took with the
+clients' trajectory gradient; a clustering fit stops on R_step^s / R_step^1.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from fedsonmf.core.objective import grad_u, grad_v_orth, stationarity_u
 from fedsonmf.core.prox import l21_norm, prox_l21_nonneg
 
 __all__ = [
-    "client_diagnostics", "round_metrics", "round_metrics_from_sums", "diagnostic_sums", "normalised",
+    "client_diagnostics", "round_metrics", "round_metrics_from_sums", "diagnostic_sums", "normalised", "step_residual",
     "effective_rank", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS", "DIAGNOSTIC_DEGREES",
 ]
 
@@ -123,6 +127,13 @@ def round_metrics(V: np.ndarray, diagnostics: Sequence[dict], eta: float, mu: fl
         counts = column_counts(cols, V.shape[1])
     return round_metrics_from_sums(V, diagnostic_sums(diagnostics, cols, V.shape), len(diagnostics), eta, mu,
                                    counts=counts)
+
+
+def step_residual(V: np.ndarray, V_next: np.ndarray, eta: float) -> float:
+    """``||(V^s - V^{s+1}) / eta||_F^2``: the squared prox-gradient mapping of the server's own step
+    (docs/algorithm.md §7.5), from the two matrices the server holds; nothing is sent for it."""
+    D = np.subtract(V, V_next)
+    return float(np.vdot(D, D)) / (float(eta) ** 2)
 
 
 def normalised(R: Sequence[float], ref: float, average: bool, eps: float = 1e-12) -> np.ndarray:

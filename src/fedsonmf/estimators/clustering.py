@@ -88,7 +88,14 @@ from fedsonmf.pipeline.refine import client_refine, refine_stages, refine_view, 
 from fedsonmf.pipeline.restarts import resolve_n_init, restart_seeds
 from fedsonmf.pipeline.row_norms import normalize_rows
 from fedsonmf.pipeline.stages import STAGE_EXCHANGES, STAGE_OPTIONS, cluster_fits
-from fedsonmf.pipeline.steps import apply_view, assign_to_centers, kmeans_on_embedding, prepare_view, stop_rule
+from fedsonmf.pipeline.steps import (
+    apply_view,
+    assign_to_centers,
+    kmeans_on_embedding,
+    prepare_view,
+    stop_rule,
+    warn_unsettled,
+)
 from fedsonmf.protocol.params import CLUSTERING_SIGNATURE, FED_PARAMS, RUN_PARAMS, default
 
 __all__ = [
@@ -167,8 +174,9 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
     max_rounds : int, default=200
         Communication rounds of each fit at most.
     tol : float, default=1e-4
-        A fit stops when R/R1 <= tol (or when its partition has settled: ``MethodOptions.early_stop``);
-        0 runs every round.
+        A fit stops when the server's step residual has fallen to tol of its first round's,
+        R_step/R_step1 <= tol (docs/algorithm.md §7.5; it needs no upload, unlike the paper's R/R1),
+        or when its partition has settled (``MethodOptions.early_stop``); 0 runs every round.
     method : MethodOptions or None, default=None
         The factorisation's parameters (mu, tau, alpha, eta_g, rho1, correction, init_u, init_v,
         diagnostics, ustep: as in :class:`~fedsonmf.FedSONMF`), the views' Frobenius scaling, k-means
@@ -465,10 +473,9 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
         lock, cancel = threading.Lock(), threading.Event()
 
         def restart(i, model, s):
-            stop = None
-            if model._validate()[1]["tol"] > 0:  # tol = 0: every round runs
-                stop = stop_rule(self._o.early_stop, self.n_clusters, seed=s,
-                                 normalize_embedding=self._o.normalize_embedding)
+            tol = float(model._validate()[1]["tol"])
+            stop = stop_rule(self._o.early_stop, self.n_clusters, seed=s, tol=tol,
+                             normalize_embedding=self._o.normalize_embedding)  # None at tol = 0
             if workers > 1:  # a restart in a thread ends at its next round once another has failed
                 stop = _cancellable(stop, cancel)
             rows = None
@@ -482,7 +489,9 @@ class FedMultiViewClustering(ViewsSplitGuard, TransformerMixin, ClusterMixin, Ba
                         if callback is not None:
                             callback({**row, "restart": i, "n_restarts": len(models)})
             # one view: warned above
-            res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop)
+            # the loop's own R/R1 test is off: it would have every client send an r x n gradient each round
+            res = model._fit(Xs, callback=rows, masks=masks, single_view_ok=True, stop_rule=stop, loop_tol=0.0)
+            warn_unsettled(res, tol)
             # the server's last state (V-bar and V, two r x n arrays) is kept for a resume the clustering
             # never makes from memory (its checkpoints are files): n_init of them would be held to the
             # end, beside each fit's V (the kept one's is refined; the others' partitions pick it)

@@ -127,6 +127,8 @@ def _progress_callback(verbose: int, max_rounds: int, tol: float, prefix: str = 
             msg += f"  F={row['objective']:.6g}  R/R1={row['R_rel']:.3e}"
             if tol > 0:
                 msg += f" (tol {tol:.0e})"
+        elif "R_step_rel" in row:  # a clustering fit: it stops on the server's step
+            msg += f"  R_step/R_step1={row['R_step_rel']:.3e}" + (f" (tol {tol:.0e})" if tol > 0 else "")
         msg += f"  rank={row['effective_rank']}  {elapsed:.1f}s, <= {elapsed / k * (max_rounds - k):.0f}s left"
         print(msg, file=sys.stderr, flush=True)
 
@@ -310,7 +312,11 @@ class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
         seed = check_seed(self.random_state)
         return cfg, run, seed
 
-    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False, stop_rule=None) -> FitResult:
+    def _fit(self, Xs, callback=None, masks=None, *, single_view_ok=False, stop_rule=None,
+             loop_tol: float | None = None) -> FitResult:
+        """The fit; ``stop_rule`` and ``loop_tol`` (the loop's R/R1 tolerance in place of ``tol``) are a
+        clustering fit's, which stops on the server's step instead (:func:`fedsonmf.pipeline.steps.stop_rule`):
+        with ``loop_tol`` given, the clients send no diagnostic arrays, as on Flower."""
         Xs = as_view_list(Xs)
         cfg, run, seed = self._validate()
         callback = check_callback(callback)
@@ -329,7 +335,8 @@ class FedSONMF(ViewsSplitGuard, TransformerMixin, BaseEstimator):
             resume = has_server_checkpoint(ckpt_dir)
         with threadpool_limits(limits=_blas_limit(run["blas_threads"], views, cfg.n_components, run["n_jobs"])):
             res = run_inprocess(
-                views, cfg, run["algorithm"], max_rounds=run["max_rounds"], tol=run["tol"], seed=seed,
+                views, cfg, run["algorithm"], max_rounds=run["max_rounds"],
+                tol=run["tol"] if loop_tol is None else loop_tol, seed=seed, residuals=loop_tol is None,
                 callback=callback, n_jobs=run["n_jobs"], checkpoint_dir=ckpt_dir, resume=resume, masks=masks,
                 stop_rule=stop_rule,
             )

@@ -89,6 +89,7 @@ def run_inprocess(
     participation=None,
     available=None,
     stop_rule=None,
+    residuals: bool = True,
 ) -> FitResult:
     """Run a federation of ``len(views_dn)`` clients in this process.
 
@@ -131,6 +132,9 @@ def run_inprocess(
 
     stop_rule : callable or None, default=None
         A server-side stopping rule on V (see :func:`~fedsonmf.federation.loop.run_federation`).
+    residuals : bool, default=True
+        Whether the clients compute and send the diagnostic arrays R/R1 needs (always, when
+        ``tol`` > 0; see :func:`~fedsonmf.federation.loop.run_federation`).
 
     Returns
     -------
@@ -208,6 +212,7 @@ def run_inprocess(
     result = run_federation(
         transport, algorithm, cfg, max_rounds=max_rounds, tol=tol, seed=seed, callback=callback,
         on_round_end=on_round_end, resume=resume_from, participation=participation, stop_rule=stop_rule,
+        residuals=residuals,
     )
     result.bases = [_final_basis(c) for c in clients]
     return result

@@ -31,7 +31,7 @@ from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
 from fedsonmf.core.prox import l21_norm
-from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, effective_rank, round_metrics_from_sums
+from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, effective_rank, round_metrics_from_sums, step_residual
 from fedsonmf.core.server import total
 from fedsonmf.exceptions import (
     DivergenceWarning,
@@ -584,6 +584,8 @@ def run_federation(
             else:  # the same objective and R_U as round_metrics_from_sums, without the gradient's R_V
                 row.update({"objective": float(agg.sums["f0"] / agg.count) + cfg.mu_value * l21_norm(V_s),
                             "R_U": float(agg.sums["rU"] / agg.count)})
+        # the server's own step: its residual needs no upload (§7.5); a clustering fit stops on it
+        row["R_step"] = step_residual(V_s, alg.current_v(state), cfg.eta_tilde) + float(row.get("R_U", 0.0))
         row["effective_rank"] = effective_rank(alg.current_v(state))
         row["bytes_up"] = bytes_up
         row["bytes_down"] = int(m * msg.nbytes) if participation is None else int(sum(x.nbytes for x in msgs))

@@ -27,7 +27,7 @@ from fedsonmf.pipeline.row_norms import normalize_rows
 from fedsonmf.pipeline.view_rule import apply_view_preprocessing, preprocess_view, view_warnings
 from fedsonmf.preprocessing import normalize_views as _frobenius_scale  # the parameter below has its name
 
-__all__ = ["prepare_view", "apply_view", "cluster_embedding", "assign_to_centers", "stop_rule",
+__all__ = ["prepare_view", "apply_view", "cluster_embedding", "assign_to_centers", "stop_rule", "warn_unsettled",
            "embedding_centers", "refine_starts", "kmeans_on_embedding"]
 
 
@@ -163,17 +163,33 @@ def assign_to_centers(E, centers, *, normalize_embedding: bool = True) -> np.nda
     return np.argmin(d2, axis=1)
 
 
-def stop_rule(early_stop: str, n_clusters: int, *, seed: int, normalize_embedding: bool = True):
-    """The server's label-free stopping rule of a clustering fit (``early_stop``), or None.
+def stop_rule(early_stop: str, n_clusters: int, *, seed: int, tol: float, normalize_embedding: bool = True):
+    """The server's stopping rule of a clustering fit, or None (``tol`` = 0: every round runs).
 
-    ``"labels"``: :class:`fedsonmf.pipeline.stopping.LabelStability` (the server's warm-started
-    k-means of V unchanged for a few rounds); ``"none"``: None (``tol`` alone).
+    :class:`fedsonmf.pipeline.stopping.StepResidual` (R_step/R_step1 <= ``tol``), then with
+    ``early_stop="labels"`` :class:`fedsonmf.pipeline.stopping.LabelStability` (the server's
+    warm-started k-means of V unchanged for a few rounds).  The fit itself runs with the loop's
+    ``tol`` = 0, so no client sends the r x n gradient that R/R1 needs.
     """
-    if early_stop != "labels":
+    if not tol > 0:
         return None
-    from fedsonmf.pipeline.stopping import LabelStability  # imports this module: here, not at the top
+    from fedsonmf.pipeline.stopping import FirstOf, LabelStability, StepResidual  # imports this module
 
-    return LabelStability(n_clusters, normalize=normalize_embedding, random_state=seed)
+    labels = (LabelStability(n_clusters, normalize=normalize_embedding, random_state=seed)
+              if early_stop == "labels" else None)
+    return FirstOf(StepResidual(tol), labels)
+
+
+def warn_unsettled(res, tol: float) -> None:
+    """A :class:`~fedsonmf.exceptions.ConvergenceWarning` when a clustering fit (``res``, a FitResult)
+    ran all its rounds before its :func:`stop_rule` stopped it, as the loop warns for R/R1."""
+    if not (tol > 0 and not res.converged and str(res.stopping_reason).startswith("max_rounds=")):
+        return
+    from fedsonmf.exceptions import ConvergenceWarning, warn  # ConvergenceWarning imports scikit-learn
+
+    rel = res.history.rows[-1].get("R_step_rel", float("nan")) if res.history.rows else float("nan")
+    warn(f"stopped after max_rounds={res.n_rounds} with R_step/R_step1 = {rel:.3g} > tol = {tol:g}; "
+         "increase max_rounds or tol", ConvergenceWarning)
 
 
 def embedding_centers(V, labels, n_clusters: int, *, normalize_embedding: bool = True) -> np.ndarray:

@@ -1,10 +1,16 @@
-"""Label-free stopping for clustering: stop when the server's k-means on V has settled.
+"""Label-free stopping for clustering: the server's step has settled, or its k-means on V has.
 
 A clustering fit needs the partition, not the factorisation's last digits: on the shared
 data sets the k-means assignments stop changing long before R/R1 reaches 1e-4
-(measurement in docs/speed.md).  The rule runs on the server, on the V it holds after
-every round -- no labels, nothing more sent -- so it works for any engine that calls a
-stopping hook on V (:func:`fedsonmf.federation.loop.run_federation`'s ``stop``).
+(measurement in docs/speed.md).  Both rules run on the server, on what it holds after every
+round -- no labels, nothing more sent -- so they work for any engine that calls a stopping hook
+(:func:`fedsonmf.federation.loop.run_federation`'s ``stop_rule``):
+
+* :class:`StepResidual`: R_step^s / R_step^1 <= ``tol``, the residual of the server's own step
+  (docs/algorithm.md §7.5).  It replaces the paper's R/R1 in a clustering fit because R/R1 needs
+  every client's r x n gradient at the round's start in every reply, as large as the upload
+  itself; the step's residual needs nothing sent.
+* :class:`LabelStability` (``early_stop="labels"``).
 """
 
 from __future__ import annotations
@@ -15,10 +21,41 @@ import numpy as np
 
 from fedsonmf.protocol.params import options_of
 
-__all__ = ["STOPPING_RULES", "LabelStability"]
+__all__ = ["STOPPING_RULES", "StepResidual", "LabelStability", "FirstOf"]
 
 #: FedMultiViewClustering's ``early_stop``: "labels" (this rule, and R/R1 <= tol) or "none" (tol only)
 STOPPING_RULES = options_of("early_stop")  # declared once, in the parameter table
+
+
+class StepResidual:
+    """Stop when the server's step residual has fallen to ``tol`` of the first round's:
+    ``row["R_step_rel"] <= tol`` (:class:`fedsonmf.protocol.history.History`).
+
+    Call it as ``rule(round, V, row)``; it returns a reason string or None.
+    """
+
+    def __init__(self, tol: float):
+        self.tol = float(tol)
+
+    def __call__(self, round_: int, V: np.ndarray, row: dict | None = None) -> str | None:
+        rel = (row or {}).get("R_step_rel")
+        if rel is not None and rel <= self.tol:
+            return f"R_step/R_step1 = {rel:.3g} <= tol = {self.tol:g} at round {round_}"
+        return None
+
+
+class FirstOf:
+    """Several stopping rules, asked in order every round (each sees every round until one stops)."""
+
+    def __init__(self, *rules):
+        self.rules = [r for r in rules if r is not None]
+
+    def __call__(self, round_: int, V: np.ndarray, row: dict | None = None) -> str | None:
+        for rule in self.rules:
+            why = rule(round_, V, row)
+            if why:
+                return why
+        return None
 
 
 class LabelStability:

@@ -15,7 +15,7 @@ __all__ = ["History", "FitResult", "json_default"]
 
 #: columns of one history row, in order (``R_*`` are absent without diagnostics)
 COLUMNS = (
-    "round", "objective", "R_V", "R_U", "R", "R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0",
+    "round", "objective", "R_V", "R_U", "R", "R_rel", "R_avg_rel", "R_rel0", "R_avg_rel0", "R_step", "R_step_rel",
     "effective_rank", "bytes_up", "bytes_down", "bytes_diagnostics", "participants", "n_participants", "seconds",
 )
 
@@ -25,8 +25,10 @@ class History:
 
     ``R_rel = R^s/R^1``, ``R_avg_rel = mean_{t<=s} R^t / R^1`` (the paper's printed
     metric), ``R_rel0``/``R_avg_rel0`` the same over R^0 (residual at the
-    initial point).  ``effective_rank`` counts nonzero rows of V^{s+1}, the
-    output of the round; ``seconds`` is the wall time of the round.
+    initial point).  ``R_step_rel = R_step^s / R_step^1``, the server's step residual
+    (:func:`fedsonmf.core.residuals.step_residual`) over the first round's.  ``effective_rank``
+    counts nonzero rows of V^{s+1}, the output of the round; ``seconds`` is the wall time of the
+    round.
     """
 
     def __init__(self, rows: list[dict] | None = None, R0: float | None = None):
@@ -44,6 +46,9 @@ class History:
             for key, ref, average in (("R_rel", R[0], False), ("R_avg_rel", R[0], True),
                                       ("R_rel0", self.R0, False), ("R_avg_rel0", self.R0, True)):
                 row[key] = float(normalised(R, ref, average)[-1])
+        if "R_step" in row:
+            first = self.rows[0].get("R_step", row["R_step"]) if self.rows else row["R_step"]
+            row["R_step_rel"] = float(row["R_step"] / max(first, 1e-12))  # the guard of normalised()
         self.rows.append(row)
         return row
 

@@ -63,7 +63,7 @@ from fedsonmf.federation.loop import run_federation
 from fedsonmf.pipeline.refine import refine_stages
 from fedsonmf.pipeline.restarts import final_objective, resolve_n_init, restart_seeds
 from fedsonmf.pipeline.stages import cluster_fits
-from fedsonmf.pipeline.steps import assign_to_centers, stop_rule
+from fedsonmf.pipeline.steps import assign_to_centers, stop_rule, warn_unsettled
 from fedsonmf.protocol.config import FedConfig
 from fedsonmf.protocol.history import json_default
 from fedsonmf.protocol.messages import Message
@@ -450,13 +450,15 @@ def server_main(grid: Grid, context: Context) -> None:
                     last_state["state"] = state
                     status.round_done(state.round - 1, history.rows[-1]["seconds"])
 
-            stop = (stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i],
-                                    normalize_embedding=copts["normalize_embedding"])
-                    if copts and tol > 0 else None)
-            # the diagnostic arrays (as large as the upload) go up only when tol stops on R/R1
-            res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=tol, seed=seeds[i],
+            # a clustering fit stops on the server's step (no upload for it); a factorisation on R/R1,
+            # whose diagnostic arrays (as large as the upload) go up only when tol > 0
+            stop = (stop_rule(copts["early_stop"], copts["n_clusters"], seed=seeds[i], tol=tol,
+                              normalize_embedding=copts["normalize_embedding"]) if copts else None)
+            res = run_federation(tr, alg, cfg, max_rounds=max_rounds, tol=0.0 if copts else tol, seed=seeds[i],
                                  on_round_end=on_round_end, resume=resume, participation=participation,
                                  stop_rule=stop, residuals=False)
+            if copts:
+                warn_unsettled(res, tol)
             res.extra["flower"] = {
                 "node_ids": node_ids, "job_id": job_ids[i], "run_id": int(context.run_id),
                 "handshake_seconds": t_hs, "wire_bytes": list(tr.wire_bytes),
