@@ -82,6 +82,9 @@ def test_rounds_bar_follows_r_rel_towards_tol():
     assert round_fraction({"round": 5, "effective_rank": 3}, 10, 1e-4) == 0.5  # no diagnostics
     text = round_status(row, 200, 1e-4)
     assert "round 20/200" in text and "R/R1=1.00e-02 -> 1e-04" in text
+    step = {"round": 20, "R_step_rel": 1e-2, "effective_rank": 3}  # a clustering fit's row: the step's residual
+    assert round_fraction(step, 200, 1e-4) == pytest.approx(0.5)
+    assert "R_step/R_step1=1.00e-02 -> 1e-04" in round_status(step, 200, 1e-4)
 
 
 def test_progress_bars_run_with_eta(two_csv_views, capsys):

@@ -2,9 +2,9 @@
 
 A rounds bar measures how far the run is from its end, which is whichever comes
 first: the round budget or the tolerance.  With ``tol > 0`` the bar follows
-R/R1 on a log scale from 1 down to tol (so it does not crawl to 80 of 200 rounds
-and stop); the text beside it says ``round k/K`` and ``R/R1 = ... -> tol``.  Every
-bar shows elapsed time and an ETA.
+R/R1 (a clustering fit: R_step/R_step1, docs/algorithm.md §7.5) on a log scale from 1
+down to tol (so it does not crawl to 80 of 200 rounds and stop); the text beside it
+says ``round k/K`` and ``R/R1 = ... -> tol``.  Every bar shows elapsed time and an ETA.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def progress_columns():
 def round_fraction(row: dict, max_rounds: int, tol: float | None) -> float:
     """How far the run is from its end after ``row``: rounds / budget, or log(R/R1) / log(tol) if further."""
     frac = row["round"] / max(int(max_rounds), 1)
-    rel = row.get("R_rel")
+    rel = row.get("R_rel", row.get("R_step_rel"))  # a clustering fit's rows carry only the step's
     if tol and tol > 0 and rel is not None and rel > 0 and math.isfinite(rel):
         frac = max(frac, min(1.0, max(0.0, math.log(rel) / math.log(tol))))
     return min(frac, 1.0)
@@ -47,6 +47,8 @@ def round_status(row: dict, max_rounds: int, tol: float | None) -> str:
     if "R_rel" in row:
         text += f"  R/R1={row['R_rel']:.2e}" + (f" -> {tol:.0e}" if tol and tol > 0 else "")
         text += f"  F={row['objective']:.5g}"
+    elif "R_step_rel" in row:
+        text += f"  R_step/R_step1={row['R_step_rel']:.2e}" + (f" -> {tol:.0e}" if tol and tol > 0 else "")
     return text + f"  rank={row['effective_rank']}"
 
 

@@ -23,7 +23,8 @@ from fedsonmf.protocol.params import options_of
 
 __all__ = ["STOPPING_RULES", "StepResidual", "LabelStability", "FirstOf"]
 
-#: FedMultiViewClustering's ``early_stop``: "labels" (this rule, and R/R1 <= tol) or "none" (tol only)
+#: FedMultiViewClustering's ``early_stop``: "labels" (:class:`LabelStability`, and R_step/R_step1 <= tol) or
+#: "none" (R_step/R_step1 <= tol only)
 STOPPING_RULES = options_of("early_stop")  # declared once, in the parameter table
 
 

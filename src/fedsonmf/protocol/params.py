@@ -116,7 +116,8 @@ _TABLE = [
                            "and tol, which need the diagnostics).", (_POS_INT,), group="privacy"),
     # -- the run
     Param("max_rounds", 200, "Communication rounds at most.", (_POS_INT,)),
-    Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics); 0 runs all rounds.", (_NONNEG_REAL,)),
+    Param("tol", 1e-4, "Stop when R/R1 <= tol (needs diagnostics; a clustering fit: R_step/R_step1, "
+          "docs/algorithm.md §7.5); 0 runs all rounds.", (_NONNEG_REAL,)),
     Param("algorithm", "fedsonmf", "Federated algorithm (fedsonmf.algorithms.ALGORITHMS)."),
     Param("random_state", None, "Seed of every random choice: None, int, RandomState or Generator.", ("random_state",)),
     Param("n_jobs", 1, "Clients run in this many threads; FedMultiViewClustering runs up to this many of its "

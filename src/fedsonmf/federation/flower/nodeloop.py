@@ -66,6 +66,7 @@ from fedsonmf.federation.flower.waits import MAX_IDLE_WAIT, IdleWait
 
 __all__ = ["NodeLoop", "node_argv", "main"]
 
+
 class NodeLoop:
     """The node's message handling (see the module docstring); :meth:`serve` runs it on a connection.
 
