@@ -146,6 +146,15 @@ def test_a_batch_keeps_large_blobs_and_errors_apart_and_round_trips_exactly():
     assert codec.decode(back[3])[1]["job-id"] == "c"
 
 
+def test_a_batch_count_beyond_its_records_is_refused_before_anything_is_made():
+    """A hostile count must not make a node allocate a message per claimed part (10^9 of them)."""
+    packed = codec.pack([codec.encode(_msg(), client=0, job_id="j")])
+    for count in (10**9, 2):
+        packed[codec.BATCH] = ConfigRecord({**dict(packed[codec.BATCH]), "count": count})
+        with pytest.raises(ValueError, match="carries|without records"):
+            codec.unpack(packed)
+
+
 @pytest.mark.parametrize("key", ["3|fedsonmf.meta|kind", "x|fedsonmf.meta|kind", "0|kind", "0||kind"])
 def test_a_batch_key_that_names_no_message_is_refused(key):
     packed = codec.pack([codec.encode(_msg(), client=0, job_id="j")])

@@ -298,7 +298,8 @@ def unpack(rd: RecordDict) -> list[RecordDict]:
     Raises
     ------
     ValueError
-        ``rd`` is not a batch, or a record's or key's name is not one of its parts'.
+        ``rd`` is not a batch, its count is not the number of its parts (checked before anything is
+        allocated for them), or a record's or key's name is not one of its parts'.
     """
     if BATCH not in rd:
         raise ValueError(f"not a fedsonmf batch: records {sorted(rd.keys())}")
@@ -306,6 +307,9 @@ def unpack(rd: RecordDict) -> list[RecordDict]:
     count = batch.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ValueError(f"a batch's count is {count!r}, not a number of messages")
+    entries = len(batch) - 1 + len(rd) - 1  # every part carries at least one; checked before allocating
+    if count > entries:
+        raise ValueError(f"a batch of {count} messages carries {entries} records")
     parts: list[RecordDict] = [RecordDict() for _ in range(count)]
     fields: list[dict[str, dict[str, Any]]] = [{} for _ in range(count)]
     for key, value in batch.items():
@@ -326,6 +330,8 @@ def unpack(rd: RecordDict) -> list[RecordDict]:
         if not sep or not j.isdigit() or int(j) >= count or inner in parts[int(j)]:
             raise ValueError(f"record {name!r} of a batch of {count} is not one of its messages'")
         parts[int(j)][inner] = rec
+    if any(len(part) == 0 for part in parts):
+        raise ValueError(f"a batch of {count} messages has one without records")
     return parts
 
 
