@@ -63,9 +63,8 @@ import scipy.sparse as sp
 from fedsonmf.pipeline.refine import refine_stages, refine_view
 
 __all__ = ["MAX_TIE_GROUP", "TIE_TOLERANCE", "EXACT_GRAPH_MAX", "approximate_search", "check_graph_search",
-           "graph_neighbors",
-           "client_graph", "client_links", "client_products",
-           "graph_assign", "normalized_cut", "GraphSearch", "graph_refine"]
+           "graph_neighbors", "client_graph", "client_links", "client_products", "graph_assign", "normalized_cut",
+           "GraphSearch", "graph_refine"]
 
 #: the fewest neighbours of the k-NN graphs (the multi-view spectral reference's rule)
 MIN_NEIGHBORS = 10
@@ -179,6 +178,7 @@ def approximate_search(n_samples: int):
             f"{EXACT_GRAPH_MAX} samples (the exact one is quadratic in n): pip install 'fedsonmf[scale]' "
             "(usearch), or refine='kmeans' to leave the graph stage out") from None
     return index_module
+
 
 def check_graph_search(refine: str, n_held: int, *, dp: bool = False) -> None:
     """Raise :func:`approximate_search`'s ImportError when the stages of ``refine`` (with ``dp``:

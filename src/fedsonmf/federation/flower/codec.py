@@ -282,8 +282,7 @@ def pack(contents: list[RecordDict]) -> RecordDict:
     rd = RecordDict()
     for j, content in enumerate(contents):
         for name, rec in content.items():
-            size = _inline_bytes(rec) if isinstance(rec, ConfigRecord) else -1
-            if 0 <= size and inline + size <= INLINE_LIMIT:
+            if isinstance(rec, ConfigRecord) and inline + (size := _inline_bytes(rec)) <= INLINE_LIMIT:
                 batch.update({f"{j}|{name}|{k}": v for k, v in rec.items()})
                 inline += size
             else:
