@@ -92,9 +92,8 @@ def diagnostics_of(X, x_sqnorm: float, state_arrays: dict, V: np.ndarray, trace:
     """The standard diagnostics dict (same as the proposed method's) or {}."""
     if not cfg.diagnostics:
         return {}
-    return client_diagnostics(
-        x_sqnorm, state_arrays["U"], state_arrays["UtX"], V, trace.U, trace.XVt0, trace.VVt0
-    )
+    return client_diagnostics(x_sqnorm, state_arrays["U"], V, trace.U, trace.XVt0, trace.VVt0,
+                              UtX0=state_arrays["UtX"])
 
 
 def resolve_step(spec: str | float, cfg: FedConfig) -> float:

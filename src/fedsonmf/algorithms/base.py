@@ -17,7 +17,7 @@ import numpy as np
 
 from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.init import client_rng, init_basis, server_rng
-from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.prox import shared_prox
 from fedsonmf.core.residuals import DIAGNOSTIC_DEGREES
 from fedsonmf.core.server import aggregate
 from fedsonmf.protocol.config import FedConfig, resolve_mu
@@ -155,7 +155,10 @@ class FederatedAlgorithm:
         return state
 
     def server_init(self, Vbar1: np.ndarray, cfg: FedConfig) -> ServerState:
-        return ServerState(1, {"Vbar": Vbar1, "V": prox_l21_nonneg(Vbar1, cfg.eta_tilde * cfg.mu_value)})
+        """Round 1's state; V-bar^1 and V^1 read-only, as every later state's (``core.server``)."""
+        Vbar1 = np.asarray(Vbar1)
+        Vbar1.flags.writeable = False
+        return ServerState(1, {"Vbar": Vbar1, "V": shared_prox(Vbar1, cfg.eta_tilde * cfg.mu_value)})
 
     def broadcast(self, state: ServerState) -> Message:
         """The downlink message of round ``state.round``."""

@@ -23,11 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from fedsonmf.algorithms.base import FederatedAlgorithm
+from fedsonmf.core._linalg import ut_x
 from fedsonmf.core.init import batch_rng
 from fedsonmf.core.masks import check_coverage, column_counts, column_mean
 from fedsonmf.core.objective import grad_v_orth
-from fedsonmf.core.prox import prox_l21_nonneg
-from fedsonmf.core.residuals import client_diagnostics
+from fedsonmf.core.prox import shared_prox
+from fedsonmf.core.residuals import RESIDUALS_KEY, client_diagnostics
 from fedsonmf.core.server import server_step_from_mean
 from fedsonmf.core.vstep import draw_batches, drift_correction, local_round, resolve_batch
 from fedsonmf.protocol.config import FedConfig
@@ -59,7 +60,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
         so the noise covers the client's change of V (its held columns with masks)."""
         if msg.kind == "setup":
             return super().dp_references(msg, cfg, cols)
-        V = prox_l21_nonneg(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu_value)
+        V = shared_prox(msg.arrays["Vbar"], cfg.eta_tilde * cfg.mu_value)
         return {"Vhat": V if cols is None else V[:, cols]}
 
     def dp_released(self, state: ClientState, sent: Message, released: Message, cfg: FedConfig) -> ClientState:
@@ -102,7 +103,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     def client_round(self, X, x_sqnorm, state: ClientState, msg: Message, cfg: FedConfig, cols=None):
         eta = cfg.eta_tilde
         Vbar = msg.arrays["Vbar"]
-        V = prox_l21_nonneg(Vbar, eta * cfg.mu_value)
+        V = shared_prox(Vbar, eta * cfg.mu_value)  # in one process, the server's own V^s
         st = state.arrays
         rejoin = msg.scalars.get("rejoin")
         sel = (lambda A: A) if cols is None else (lambda A: A[:, cols])
@@ -113,7 +114,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             elif not rejoin:
                 C = drift_correction(st["V_prev"], sel(Vbar), eta, st["G_prev"])
             elif rejoin in ("refresh", "stale", "server") and "V_prev" in msg.arrays:
-                local = grad_v_orth(st["UtX"], sel(V)) if rejoin == "refresh" else st["G_prev"]
+                local = grad_v_orth(_carried_utx(st, X), sel(V)) if rejoin == "refresh" else st["G_prev"]
                 C = drift_correction(sel(msg.arrays["V_prev"]), sel(Vbar), eta, local)
             # "drop" (c): no correction in the returning round
         if cols is None:
@@ -131,14 +132,20 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
                               ustep=cfg.ustep, cols=cols, weights=w)
         diag = {}
         if cfg.diagnostics:
+            # the gradient grad0 (r x n) only when the server computes R/R1 from it
+            arrays = msg.scalars.get(RESIDUALS_KEY, True) is not False
             if cols is None:
-                diag = client_diagnostics(x_sqnorm, st["U"], st["UtX"], V, res.U, res.XVt0, res.VVt0)
+                diag = client_diagnostics(x_sqnorm, st["U"], V, res.U, res.XVt0, res.VVt0,
+                                          UtX0=_carried_utx(st, X) if arrays else None)
             else:
                 xsq_w = float(np.dot(_col_sqnorms(X), w))
                 Vc = V[:, cols]
-                diag = client_diagnostics(xsq_w, st["U"], st["UtX"] * w, Vc, res.U, res.XVt0, res.VVt0)
-                diag["grad0"] = grad_v_orth(st["UtX"], Vc)  # unweighted; the server divides by c_j
-        new_state = ClientState(msg.round, {"U": res.U, "UtX": res.UtX, "G_prev": res.G_avg, "V_prev": sel(V)})
+                diag = client_diagnostics(xsq_w, st["U"], Vc, res.U, res.XVt0, res.VVt0)
+                if arrays:  # unweighted; the server divides by c_j
+                    diag["grad0"] = grad_v_orth(_carried_utx(st, X), Vc)
+        new_state = ClientState(msg.round, {"U": res.U, "G_prev": res.G_avg, "V_prev": sel(V)})
+        if res.UtX is not None:  # U^T X of the round's last basis, when the steps made it anyway
+            new_state.arrays["UtX"] = res.UtX
         if "batch" in st:
             new_state.arrays["batch"] = st["batch"]
         up = {"Vhat": res.Vhat}
@@ -231,8 +238,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
             else:
                 mean, _ = column_mean([rep.arrays["Vhat"] for rep in replies], self.reply_columns(state, idx),
                                       V.shape, fill=V)
-            Vbar = V + cfg.eta_g * (mean - V)
-            Vn = prox_l21_nonneg(Vbar, cfg.eta_tilde * cfg.mu_value)
+            Vbar, Vn = server_step_from_mean(V, mean, cfg.eta_g, cfg.eta_tilde, cfg.mu_value)
         arrays = {"Vbar": Vbar, "V": Vn}
         if member is not None:
             arrays["membership"] = member
@@ -308,6 +314,13 @@ def _mean_from_sums(S: np.ndarray, counts: np.ndarray, fill: np.ndarray) -> np.n
     out = fill.astype(np.float64, copy=True)
     out[:, held] = S[:, held] / counts[held]
     return out
+
+
+def _carried_utx(st: dict, X) -> np.ndarray:
+    """U_p^{s,0} X_p from the client's state: carried when the previous round's local steps made
+    it anyway (full batch), else computed from the carried basis (stochastic local steps end on a
+    basis whose U^T X they never form: one pass over X, only when a rule needs it)."""
+    return st["UtX"] if "UtX" in st else ut_x(st["U"], X)
 
 
 def _col_sqnorms(X) -> np.ndarray:

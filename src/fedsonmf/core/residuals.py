@@ -29,7 +29,7 @@ from fedsonmf.core.prox import l21_norm, prox_l21_nonneg
 
 __all__ = [
     "client_diagnostics", "round_metrics", "round_metrics_from_sums", "diagnostic_sums", "normalised", "step_residual",
-    "effective_rank", "DIAGNOSTIC_ARRAYS", "DIAGNOSTIC_SCALARS", "DIAGNOSTIC_DEGREES",
+    "effective_rank", "DIAGNOSTIC_ARRAYS", "RESIDUALS_KEY", "DIAGNOSTIC_SCALARS", "DIAGNOSTIC_DEGREES",
 ]
 
 #: what :func:`client_diagnostics` returns (declared for the privacy audit)
@@ -38,21 +38,28 @@ DIAGNOSTIC_SCALARS = ("f0", "rU0", "rU")
 #: how each diagnostic scales with the data (X -> cX: grad0 -> c grad0, f0 -> c^2 f0, r_U -> c^4 r_U);
 #: the server only ever uses their sums over the clients (:func:`round_metrics_from_sums`)
 DIAGNOSTIC_DEGREES = {"grad0": 1, "f0": 2, "rU0": 4, "rU": 4}
+#: the round-message scalar that asks for no diagnostic arrays: False when the server stops on nothing
+#: they give (``fedsonmf.federation.loop.run_federation``'s ``residuals``), so no client computes them
+RESIDUALS_KEY = "residuals"
 
 
-def client_diagnostics(x_sqnorm, U0, UtX0, V, U_end, XVt0, VVt0) -> dict:
+def client_diagnostics(x_sqnorm, U0, V, U_end, XVt0, VVt0, UtX0=None) -> dict:
     """Monitoring values a client adds to its round-s reply.
 
-    U0 : (d_p, r) = U_p^{s,0};  UtX0 : (r, n) = U0^T X_p;  V : (r, n) = V^s;
-    U_end : (d_p, r) = U_p^{s,tau};  XVt0 : (d_p, r) = X_p V^{sT};  VVt0 : (r, r).
+    U0 : (d_p, r) = U_p^{s,0};  V : (r, n) = V^s;  U_end : (d_p, r) = U_p^{s,tau};
+    XVt0 : (d_p, r) = X_p V^{sT};  VVt0 : (r, r);  UtX0 : (r, n) = U0^T X_p, given when the reply
+    carries the gradient ``grad0`` (the server's R_V; without it the scalars only).
+    f_p(U0, V^s) = ||X||^2 - 2 <U0, X V^T> + <U0^T U0, V V^T> needs no r x n array.
     """
     UtU0 = U0.T @ U0
-    return {
-        "f0": max(x_sqnorm - 2.0 * float(np.vdot(UtX0, V)) + float(np.vdot(UtU0, VVt0)), 0.0),
-        "grad0": grad_v_orth(UtX0, V),
+    out = {
+        "f0": max(x_sqnorm - 2.0 * float(np.vdot(U0, XVt0)) + float(np.vdot(UtU0, VVt0)), 0.0),
         "rU0": stationarity_u(U0, grad_u(U0, XVt0, VVt0)),
         "rU": stationarity_u(U_end, grad_u(U_end, XVt0, VVt0)),
     }
+    if UtX0 is not None:
+        out["grad0"] = grad_v_orth(UtX0, V)
+    return out
 
 
 def effective_rank(V: np.ndarray, tol: float = 0.0) -> int:

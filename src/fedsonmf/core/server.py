@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedsonmf.core.prox import prox_l21_nonneg
+from fedsonmf.core.prox import prox_l21_nonneg, shared_prox
 
 __all__ = ["total", "aggregate", "server_step", "server_step_from_mean", "embed_new_samples"]
 
@@ -52,9 +52,13 @@ def server_step(V: np.ndarray, Vhats: Sequence[np.ndarray], eta_g: float, eta_ti
 
 def server_step_from_mean(V: np.ndarray, Vhat_mean: np.ndarray, eta_g: float, eta_tilde: float, mu: float):
     """:func:`server_step` given the mean of the uploads (r, n) -- all the server needs of them,
-    which is what secure aggregation relies on.  Returns ``(Vbar_next, V_next)``."""
-    Vbar_next = V + eta_g * (Vhat_mean - V)
-    return Vbar_next, prox_l21_nonneg(Vbar_next, eta_tilde * mu)
+    which is what secure aggregation relies on.  Returns ``(Vbar_next, V_next)``, both read-only:
+    they are the server's state, and in one process the clients share its V (:func:`shared_prox`)."""
+    Vbar_next = np.subtract(Vhat_mean, V)  # V + eta_g (mean - V) in one r x n array, bit for bit
+    Vbar_next *= eta_g
+    Vbar_next += V
+    Vbar_next.flags.writeable = False
+    return Vbar_next, shared_prox(Vbar_next, eta_tilde * mu)
 
 
 def embed_new_samples(UtXs: Sequence[np.ndarray], mu: float) -> np.ndarray:

@@ -40,14 +40,18 @@ def drift_correction(V_prev: np.ndarray, Vbar: np.ndarray, eta_tilde: float, G_p
     Because Vbar^s = V^{s-1} - eta_tilde G^{s-1}, this equals the previous
     round's global average gradient minus this client's, so sum_p C_p^s = 0.
     """
-    return (V_prev - Vbar) / eta_tilde - G_prev
+    C = np.subtract(V_prev, Vbar)  # one r x n array for the three operations, bit for bit
+    C /= eta_tilde
+    C -= G_prev
+    return C
 
 
 @dataclass
 class LocalResult:
     """Output of one client's tau local steps.
 
-    U : (d_p, r) final basis U^{s,tau};  UtX : (r, n) U^T X_p for that U;
+    U : (d_p, r) final basis U^{s,tau};  UtX : (r, n) U^T X_p for that U (None after stochastic
+    local steps, which never form it: the caller computes it when a rule needs it);
     Vhat : (r, n) pre-proximal copy to upload;  G_avg : (r, n) mean local
     gradient G_p^s;  XVt0, VVt0 : X_p V^{sT} (d_p, r) and V^s V^{sT} (r, r)
     from the first step, reused for diagnostics;  inner : total penalty
@@ -55,7 +59,7 @@ class LocalResult:
     """
 
     U: np.ndarray
-    UtX: np.ndarray
+    UtX: np.ndarray | None
     Vhat: np.ndarray
     G_avg: np.ndarray
     XVt0: np.ndarray
@@ -262,8 +266,8 @@ def _local_round_batches(X, U, V_start, C, *, alpha, mu, tau, rho1, ustep, block
     Columns with equal (v_j, c_j) share T_j; per such class the statistics
     W_c = X_c y_c^T (d_p x r) and P_c = y_c y_c^T (r x r) are kept exact by rank-b updates, so
     X V_k^T = sum_c W_c diag(s_c) and V_k V_k^T = sum_c diag(s_c) P_c diag(s_c).  One pass over X
-    at the start (X V^{sT}, also the diagnostics'), one at the end (U^T X for the carried
-    state), and per step two passes over the columns X_B.
+    at the start (X V^{sT}, also the diagnostics'), and per step two passes over the columns X_B; no U^T X
+    of the final basis (``LocalResult.UtX`` is None).
     """
     Vhat = np.array(V_start, dtype=np.float64, copy=True)
     XVt0 = x_vt(X, V_start)  # the round's one full pass for the U-step (and the diagnostics)
@@ -331,9 +335,8 @@ def _local_round_batches(X, U, V_start, C, *, alpha, mu, tau, rho1, ustep, block
             if st_old[2] == 0:
                 del stats[old]
         visits[B] += 1
-    UtX = ut_x(U, X)  # the carried U^T X (state, diagnostics of the next round)
     G_avg = V_start - Vhat
     G_avg *= 1.0 / (alpha * tau)
     if C is not None:
         G_avg -= C
-    return LocalResult(U, UtX, Vhat, G_avg, XVt0, VVt0, inner)
+    return LocalResult(U, None, Vhat, G_avg, XVt0, VVt0, inner)

@@ -31,7 +31,13 @@ from fedsonmf.core._linalg import sqnorm
 from fedsonmf.core.dp import gaussian_release
 from fedsonmf.core.masks import column_counts, held_columns, scatter_columns
 from fedsonmf.core.prox import l21_norm
-from fedsonmf.core.residuals import DIAGNOSTIC_ARRAYS, effective_rank, round_metrics_from_sums, step_residual
+from fedsonmf.core.residuals import (
+    DIAGNOSTIC_ARRAYS,
+    RESIDUALS_KEY,
+    effective_rank,
+    round_metrics_from_sums,
+    step_residual,
+)
 from fedsonmf.core.server import total
 from fedsonmf.exceptions import (
     DivergenceWarning,
@@ -257,10 +263,6 @@ class ClientRuntime:
         # the algorithm's memory of its own upload follows what was released (its drift correction)
         self.state = alg.dp_released(self.state, reply, released, cfg)
         return released
-
-
-#: the round-message scalar that asks for no diagnostic arrays (:func:`run_federation`'s ``residuals``)
-RESIDUALS_KEY = "residuals"
 
 
 def without_residuals(spec: dict) -> dict:

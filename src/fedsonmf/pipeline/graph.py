@@ -278,9 +278,9 @@ def _approximate_edges(P, k: int, n_clusters: int | None = None):
     width = min(m, CANDIDATES * k + 1)  # +1: the search lists the sample itself
     index, Z, order = _candidate_index(P, width, n_clusters)
     rows, cols, weights = [], [], []
-    # a block's candidates' rows are gathered at once: about 2^21 stored values per block
+    # a block's candidates' rows are gathered at once: about 2^19 stored values per block (~25 MB live)
     per_row = P.nnz / max(m, 1) if sp.issparse(P) else P.shape[1]
-    chunk = max(1, int((1 << 21) // (width * max(per_row, 1.0))))
+    chunk = max(1, int((1 << 19) // (width * max(per_row, 1.0))))
     for lo in range(0, m, chunk):
         block = order[lo:lo + chunk]  # in the index's order: its memory is read in sequence
         Cb, counts = _search(index, Z[block], width)
