@@ -100,3 +100,24 @@ def test_blas_auto():
     assert _blas_limit("auto", big, 10, 1) is None
     assert _blas_limit("auto", big, 10, 2) == 1
     assert _blas_limit(None, small, 10, 1) is None and _blas_limit(3, small, 10, 1) == 3
+
+
+@pytest.mark.parametrize("n", [9_999, 20_000])
+def test_label_stability_allows_a_ten_thousandth_of_the_samples_to_move(n):
+    """Two well-separated groups; every round one sample on the boundary changes side. Below 10 000
+    samples that is a change (the rule never settles); from 10 000 on, up to n / 10 000 moving samples
+    count as settled, so one boundary sample cannot hold a large fit to its round budget."""
+    rng = np.random.default_rng(0)
+    half = n // 2
+    base = np.zeros((2, n))
+    base[0, :half] = 1.0 + 0.01 * rng.random(half)
+    base[1, half:] = 1.0 + 0.01 * rng.random(n - half)
+    rule = LabelStability(2, patience=2)
+    stopped = None
+    for s in range(1, 6):
+        V = base.copy()
+        V[:, 0] = (1.0, 0.0) if s % 2 else (0.0, 1.0)  # sample 0 changes side every round
+        stopped = stopped or rule(s, V)
+    assert (stopped is not None) == (n >= 10_000)
+    if stopped:
+        assert "at most 2 samples" in stopped
