@@ -64,6 +64,9 @@ def cluster_fits(Vs, seeds, n_clusters: int, *, opts: Mapping, results=None, kme
     with the same seed and options gives the same); ``exchanges(best) -> dict`` (optional): the
     exchanges of :func:`finish_clustering` (``refine``, ``graph``, ``spectral``, ``both``, ``policy``)
     for the kept fit, made once it is known (an engine points its clients at that fit's bases).
+    Once the medoid is chosen the entries of ``Vs`` and ``results`` of the fits not kept are set to None:
+    the stages need the kept fit's V only, and a caller holding no other reference to the others
+    frees their r x n arrays before the graph stage.
 
     Returns ``(best, labels, centers, km, report)``: the index of the fit kept, the final partition
     and centres, that fit's k-means and :func:`finish_clustering`'s report.
@@ -77,6 +80,11 @@ def cluster_fits(Vs, seeds, n_clusters: int, *, opts: Mapping, results=None, kme
     if say is not None and len(kmeans) > 1:
         say(f"fit {best + 1} of {len(kmeans)} kept (the medoid of their partitions)")
     labels, centers, km = kmeans[best]
+    for i in range(len(Vs)):
+        if i != best:
+            Vs[i] = None
+            if results is not None:
+                results[i] = None
     ex = exchanges(best) if exchanges is not None else {}
     labels, centers, report = finish_clustering(Vs[best], labels, centers, n_clusters, seed=int(seeds[best]),
                                                 opts=opts, say=say, **ex)

@@ -569,7 +569,7 @@ def server_main(grid: Grid, context: Context) -> None:
                                                           policy) if "kmeans" in stages else None)}
 
             best, labels, centers, km, report = cluster_fits([f.V for f in fits], seeds, copts["n_clusters"],
-                                                             opts=copts, results=fits, exchanges=exchanges)
+                                                             opts=copts, results=list(fits), exchanges=exchanges)
             res = kept["res"]
             restarts = None if n_init == 1 else {
                 "n_init": n_init, "seeds": seeds, "best_restart": best,
