@@ -361,6 +361,31 @@ def test_shipped_app_template(tmp_path):
         "LICENSE", "__init__.py", "client_app.py", "pyproject.toml", "server_app.py"]
 
 
+def test_a_round_sends_every_node_one_content(tmp_path, problem):
+    """A round's message is the same for every client: one encoded content (client BROADCAST) goes to
+    every node, so Flower stores and pushes its records once (object ids are content hashes); each node
+    answers as its own view, and the fit is the in-process one."""
+    views, views_dn = problem
+
+    class Recording(FakeGrid):
+        sent: list = []
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            self.sent.append(messages)
+            return super().push_messages(messages)
+
+    grid = Recording(make_client_app(), _nodes(tmp_path, views))
+    V, _ = _server(grid, _run_config(tmp_path))
+    assert np.array_equal(V, run_inprocess(views_dn, CFG, max_rounds=3, seed=9).V)
+    rounds = [ms for ms in grid.sent if codec.decode(ms[0].content)[0].kind == "round"]
+    assert len(rounds) == 3
+    for ms in rounds:
+        assert len(ms) == 3 and all(m.content is ms[0].content for m in ms)
+        assert int(ms[0].content[codec.META]["client"]) == codec.BROADCAST
+        assert len({m.metadata.dst_node_id for m in ms}) == 3
+
+
 def test_client_app_refuses_misrouted_message(tmp_path, problem):
     views, _ = problem
     app = make_client_app()

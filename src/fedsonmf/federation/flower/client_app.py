@@ -392,7 +392,7 @@ def make_client_app(before_handle: Callable[[Message, Context, str], None] | Non
         """The reply's content to one train message's ``content`` (alone, or one of a batch)."""
         fed_msg, meta = codec.decode(content)
         p = _partition(context)
-        if int(meta["client"]) != p:
+        if int(meta["client"]) not in (p, codec.BROADCAST):
             raise ProtocolError(f"message for client {meta['client']} reached the node of view {p}")
         job_id = str(meta["job-id"])
         sdir = state_dir_of(context, job_id)

@@ -43,7 +43,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from fedsonmf.protocol.messages import Message
 
 __all__ = ["encode", "decode", "describe", "META", "ARRAYS", "SCALARS", "DIAG_ARRAYS", "DIAG_SCALARS",
-           "SETUP_AT_HELLO", "IDS_DIGEST", "salted_ids_digest", "BATCH", "BATCH_ACTION", "ERROR", "pack", "unpack",
+           "SETUP_AT_HELLO", "BROADCAST", "IDS_DIGEST", "salted_ids_digest", "BATCH", "BATCH_ACTION", "ERROR", "pack",
+           "unpack",
            "error_content", "error_reason", "BLOB", "INLINE_LIMIT", "INDEX", "INLINE_BLOB", "arrays_of",
            "array_bytes", "scalars_of", "meta_of", "set_meta"]
 
@@ -66,6 +67,10 @@ _PACKED_NAMES = (ARRAYS, SCALARS, DIAG_ARRAYS, DIAG_SCALARS)
 BATCH_ACTION = "batch"
 #: the kind of a hello (handshake) that carries the setup, and of its reply carrying the setup reply
 SETUP_AT_HELLO = "hello+setup"
+#: the ``client`` of a message sent alike to every node (a round's broadcast, the hello): one content for
+#: all, so Flower stores and pushes its records once (object ids are content hashes); the node answers
+#: as its own view (its partition-id), which the server checks on the reply
+BROADCAST = -1
 #: the hello reply's fingerprint of the node's set of sample ids, salted with the job id
 #: (only from a view file that carries ids; docs/flower.md, "Sample ids")
 IDS_DIGEST = "ids-digest"
@@ -114,7 +119,8 @@ def encode(msg: Message, *, client: int, job_id: str) -> RecordDict:
     msg : Message
         The message (kind, round, arrays, scalars, diagnostics).
     client : int
-        The view index it is addressed to or comes from (in the ``fedsonmf.meta`` record).
+        The view index it is addressed to or comes from (in the ``fedsonmf.meta`` record), or
+        :data:`BROADCAST` for a message every node receives alike.
     job_id : str
         The run's job id (in the ``fedsonmf.meta`` record).
 

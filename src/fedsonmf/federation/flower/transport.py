@@ -512,9 +512,10 @@ def handshake(grid, n_clients: int, *, job_id: str, timeout: float, poll: float 
     asked: dict[str, int] = {}  # message id -> node id
     owner: dict[int, int] = {}  # view -> node id
     kind = codec.SETUP_AT_HELLO if setup else "hello"
-    content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": -1, "job-id": job_id})})
+    content = RecordDict({codec.META: ConfigRecord({"kind": kind, "round": 0, "client": codec.BROADCAST,
+                                                    "job-id": job_id})})
     if setup:
-        content = codec.encode(Message(kind, 0, {}, dict(setup)), client=-1, job_id=job_id)
+        content = codec.encode(Message(kind, 0, {}, dict(setup)), client=codec.BROADCAST, job_id=job_id)
     pinned = {pin.node_id for pin in pins.values()} if pins is not None else None
     left_out: set[int] = set()  # online nodes with no pinned key: never asked
     while True:
@@ -673,7 +674,7 @@ class FlowerTransport:
                                         self._left_out)
         new = sorted(unseen)
         if new:
-            content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": -1,
+            content = RecordDict({codec.META: ConfigRecord({"kind": "hello", "round": 0, "client": codec.BROADCAST,
                                                             "job-id": self.hello_job_id})})
             msgs = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.QUERY, group_id="rejoin",
                                 ttl=3600.0) for nid in new]
@@ -723,8 +724,11 @@ class FlowerTransport:
         s, kind = messages[order[0]].round, messages[order[0]].kind
         if self.on_exchange is not None:
             self.on_exchange(kind, s)
-        flw = [FlwrMessage(codec.encode(messages[p], client=p, job_id=self.job_id), dst_node_id=self.node_ids[p],
-                           message_type=MessageType.TRAIN, group_id=str(s), ttl=self.round_timeout + 60.0)
+        broadcast = all(messages[p] is messages[order[0]] for p in order)  # as in exchange()
+        shared = codec.encode(messages[order[0]], client=codec.BROADCAST, job_id=self.job_id) if broadcast else None
+        flw = [FlwrMessage(shared if shared is not None else codec.encode(messages[p], client=p, job_id=self.job_id),
+                           dst_node_id=self.node_ids[p], message_type=MessageType.TRAIN, group_id=str(s),
+                           ttl=self.round_timeout + 60.0)
                for p in order]
         t0 = time.monotonic()
         by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False,
@@ -785,9 +789,13 @@ class FlowerTransport:
         what = {"setup": "setup", "round": f"round {s}"}.get(kind, kind)
         timeout = self.startup_timeout if kind == "setup" else self.round_timeout
         timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
+        # the same message to every client (a round's broadcast): encoded once, one content for all nodes, so
+        # Flower pushes its records once, not once per node (setup messages differ: each names its view)
+        broadcast = all(msg is messages[0] for msg in messages)
+        shared = codec.encode(messages[0], client=codec.BROADCAST, job_id=self.job_id) if broadcast else None
         flw = [
-            FlwrMessage(codec.encode(msg, client=p, job_id=self.job_id), dst_node_id=nid,
-                        message_type=MessageType.TRAIN, group_id=str(s), ttl=timeout + 60.0)
+            FlwrMessage(shared if shared is not None else codec.encode(msg, client=p, job_id=self.job_id),
+                        dst_node_id=nid, message_type=MessageType.TRAIN, group_id=str(s), ttl=timeout + 60.0)
             for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
         ]
         t0 = time.monotonic()
