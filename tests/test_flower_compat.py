@@ -118,3 +118,49 @@ def test_the_server_pulls_replies_quickly_first_then_backs_off_to_its_ceiling():
     assert reply_wait(0.2) == pytest.approx(0.05)
     assert reply_wait(60.0) == MAX_REPLY_POLL
     assert reply_wait(60.0, poll=1.0) == 1.0  # a larger configured poll is the ceiling
+
+
+@pytest.fixture
+def _task_identity():
+    old = (compat.TaskIdentity._task_id, compat.TaskIdentity._run_id, compat.TaskIdentity._node_id)
+    compat.TaskIdentity.task_id, compat.TaskIdentity.run_id, compat.TaskIdentity.node_id = 1, 7, 5
+    yield
+    compat.TaskIdentity._task_id, compat.TaskIdentity._run_id, compat.TaskIdentity._node_id = old
+
+
+def test_a_pulled_message_head_is_rebuilt_exactly_or_pulled(_task_identity):
+    """The head object rebuilt from a message's listing is the sender's own (its hash is the message id),
+    for a message and for a reply, on the ServerApp's side (the listing's proto) and a node's (through
+    Flower's Message); anything else is pulled, and pull_message_objects says which."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+    from flwr.common.serde import message_from_proto, message_to_proto
+
+    sent = compat.Message(RecordDict({"c": ConfigRecord({"x": 1, "b": b"z"}),
+                                      "a": ArrayRecord({"v": Array(np.arange(4.0))})}),
+                          dst_node_id=3, message_type="train", group_id="2", ttl=60.0)
+    reply = compat.Message(RecordDict({"c": ConfigRecord({"y": 2})}), reply_to=message_from_proto(
+        message_to_proto(_with_id(sent))))
+    for msg in (_with_id(sent), _with_id(reply)):
+        tree, proto = compat.get_object_tree(msg), message_to_proto(msg)
+        assert compat._message_head(proto.metadata, tree) == msg.deflate()
+        node_side = compat.metadata_to_proto(message_from_proto(proto).metadata)
+        assert compat._message_head(node_side, tree) == msg.deflate()
+        objects = compat.get_all_nested_objects(msg)
+        asked = []
+
+        def pull(oid, objects=objects, asked=asked):
+            asked.append(oid)
+            return objects[oid].deflate()
+
+        contents, head_pulled = compat.pull_message_objects(proto.metadata, tree, pull)
+        assert not head_pulled and tree.object_id not in asked
+        assert contents == {oid: obj.deflate() for oid, obj in objects.items()}
+        proto.metadata.group_id = "other"  # a listing that does not match the tree: the head is pulled
+        contents, head_pulled = compat.pull_message_objects(proto.metadata, tree, pull)
+        assert head_pulled and tree.object_id in asked
+
+
+def _with_id(msg):
+    msg.metadata.__dict__["_message_id"] = msg.object_id
+    return msg
