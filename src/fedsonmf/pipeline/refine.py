@@ -138,16 +138,21 @@ def refine_view(X, held=None):
     ndarray or CSR matrix of shape (n_samples, n_features), float64; all-zero rows stay zero.
     """
     if sp.issparse(X):
+        # one copy of the view, scaled in place: the squares share its indices, the scales are
+        # its entries' (at 10^6 samples a copy of a view is hundreds of MB)
         Y = sp.csr_matrix(X, dtype=np.float64, copy=True)
-        norms = np.sqrt(np.asarray(Y.multiply(Y).sum(axis=1)).ravel())
+        Y.sum_duplicates()
+        squares = sp.csr_matrix((Y.data * Y.data, Y.indices, Y.indptr), shape=Y.shape, copy=False)
+        norms = np.sqrt(np.asarray(squares.sum(axis=1)).ravel())
+        del squares
         scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
         if held is not None:
             keep = np.zeros(Y.shape[0], dtype=bool)
             keep[np.asarray(held)] = True
             scale[~keep] = 0.0
-        Y = sp.diags(scale) @ Y
+        Y.data *= np.repeat(scale, np.diff(Y.indptr))
         Y.eliminate_zeros()
-        return sp.csr_matrix(Y)
+        return Y
     Y = np.array(X, dtype=np.float64, copy=True)
     norms = np.sqrt(np.einsum("ij,ij->i", Y, Y))
     scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
