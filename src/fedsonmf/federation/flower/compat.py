@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -30,9 +29,7 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import get_fused_config_from_fab, parse_config_args
 from flwr.common.constant import ErrorCode, SubStatus
 from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
-from flwr.common.serde_utils import metadata_to_proto
 from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.proto.node_pb2 import Node
 from flwr.proto.runtime_pb2 import (
     AcquireTaskRequest,
@@ -42,12 +39,11 @@ from flwr.proto.runtime_pb2 import (
     PushTaskOutputRequest,
     SendTaskHeartbeatRequest,
 )
-from flwr.supercore.constant import HEAD_BODY_DIVIDER, HEAD_VALUE_DIVIDER, SYSTEM_MESSAGE_TYPE, TaskType
+from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE, TaskType
 from flwr.supercore.date import now
 from flwr.supercore.heartbeat import HeartbeatSender
 from flwr.supercore.inflatable.inflatable_object import (
     get_all_nested_objects,
-    get_object_id,
     get_object_tree,
     iterate_object_tree,
     no_object_id_recompute,
@@ -80,11 +76,11 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 __all__ = [
     "CONTRACT", "check_contract", "resolve", "FLOWER_RANGE", "FLEET_CALLBACKS", "OBJECT_BACKOFF",
-    "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid", "pull_message_objects",
+    "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid",
     # the node loop's
     "fleet_connection", "parse_config_args", "get_fused_config_from_fab", "pull_and_inflate_object_from_tree",
     "pull_objects", "inflate_object_from_contents", "push_objects", "get_object_tree", "get_all_nested_objects",
-    "iterate_object_tree", "no_object_id_recompute", "metadata_to_proto",
+    "iterate_object_tree", "no_object_id_recompute",
     "TaskIdentity", "RunNotRunningException", "ErrorCode", "load_ssh_private_key",
     # the gate's
     "build_fab_from_disk", "SubStatus", "context_from_proto", "context_to_proto", "fab_from_proto", "run_from_proto",
@@ -97,7 +93,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-_deferred_lock = threading.Lock()  # ReplyGrid pulls replies side by side
 
 #: seconds before a second pull of an object that is not there yet (Flower's default: 1 s).  A
 #: message is listed as soon as its sender has pushed its head, before its objects: on loopback
@@ -151,12 +146,6 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "flwr.supercore.inflatable.inflatable_utils:inflate_object_from_contents": ("object_id", "object_contents"),
     "flwr.supercore.inflatable.inflatable_utils:ObjectPullError": (),
     "flwr.supercore.inflatable.inflatable_object:iterate_object_tree": (),
-    # a pulled message's head rebuilt from its listing (pull_message_objects): checked by its hash
-    "flwr.supercore.inflatable.inflatable_object:get_object_id": ("object_content",),
-    "flwr.common.serde_utils:metadata_to_proto": ("metadata",),
-    "flwr.proto.message_pb2:Message": (),
-    "flwr.supercore.constant:HEAD_BODY_DIVIDER": (),
-    "flwr.supercore.constant:HEAD_VALUE_DIVIDER": (),
     "flwr.supercore.inflatable.inflatable_protobuf_utils:make_pull_object_fn_protobuf": (
         "pull_object_protobuf", "node", "run_id"),
     "flwr.app.message:make_message": ("metadata", "content", "error"),
@@ -222,41 +211,6 @@ def check_contract() -> list[str]:
     return problems
 
 
-def _message_head(metadata_proto, tree) -> bytes | None:
-    """The head object of a message whose content is ``tree``'s children, rebuilt from the metadata its
-    listing (the pull of the message) already carried, as Flower 1.42's ``Message.deflate`` writes it
-    (``flwr/app/message/message.py``: the metadata without its id, no error, a header naming the
-    children); None unless it hashes to the tree's root id, the message's id, so a rebuilt head is
-    exactly the object the sender pushed."""
-    md = type(metadata_proto)()
-    md.CopyFrom(metadata_proto)
-    md.message_id = ""
-    body = ProtoMessage(metadata=md).SerializeToString(deterministic=True)
-    head = HEAD_VALUE_DIVIDER.join(("Message", ",".join(c.object_id for c in tree.children), str(len(body))))
-    content = head.encode("utf-8") + HEAD_BODY_DIVIDER + body
-    return content if get_object_id(content) == tree.object_id else None
-
-
-def pull_message_objects(metadata_proto, tree, pull_object, **kw) -> tuple[dict[str, bytes], bool]:
-    """Every object of a pulled message's ``tree`` (id -> content, as ``pull_objects(ids, pull_object,
-    **kw)`` returns them) and whether its head was pulled: one request less per message when
-    :func:`_message_head` rebuilds the head from the listing.
-
-    A message is listed once its sender has announced it, and its sender pushes the objects after
-    that, the head not necessarily last: a message whose head was not pulled may be complete here
-    before its head is stored on the SuperLink. Its receipt must not be confirmed until the sender
-    has certainly finished (the confirmation deletes the message's objects, and the sender's push of
-    the head would then fail): the caller confirms it once the same sender's next message is here
-    (a sender pushes one message completely before the exchange that brings its next one)."""
-    ids = [t.object_id for t in iterate_object_tree(tree)]
-    head = _message_head(metadata_proto, tree) if tree.children else None
-    if head is None:
-        return pull_objects(ids, pull_object, **kw), True
-    contents = pull_objects([oid for oid in ids if oid != tree.object_id], pull_object, **kw)
-    contents[tree.object_id] = head
-    return contents, False
-
-
 class ReplyGrid(HttpGrid):
     """Flower's ``HttpGrid`` (the ServerApp's connection to the SuperLink), whose pulls retry an
     object that is not there yet after :data:`OBJECT_BACKOFF` rather than Flower's 1 s.
@@ -264,16 +218,11 @@ class ReplyGrid(HttpGrid):
     A subclass, not a patch: ``pull_messages`` is the same sequence as Flower 1.42's (pull the
     replies' heads, pull each reply's objects, confirm it, inflate it; a reply whose objects
     stay unavailable becomes a ``MESSAGE_UNAVAILABLE`` error reply), with the backoff given,
-    the replies pulled side by side (Flower pulls them one after the other), each reply's head
-    object rebuilt rather than pulled (:func:`pull_message_objects`), and each reply's
-    confirmation sent beside the work that follows rather than before its inflation (a reply whose
-    head was rebuilt: with that node's next reply).
+    the replies pulled side by side (Flower pulls them one after the other), and each reply's
+    confirmation sent beside the work that follows rather than before its inflation.
     """
 
     _confirms: ThreadPoolExecutor | None = None
-    #: per node, the confirmation of its last reply whose head was rebuilt, not pulled
-    #: (:func:`pull_message_objects`): sent when that node's next reply is pulled
-    _deferred: dict | None = None
 
     def pull_messages(self, message_ids):
         run_id = self.run.run_id
@@ -304,9 +253,9 @@ class ReplyGrid(HttpGrid):
         client = self._runtime_client
         msg_id = msg_proto.metadata.message_id
         try:
-            contents, head_pulled = pull_message_objects(
-                msg_proto.metadata, tree, make_pull_object_fn_protobuf(client.PullObject, self.node, run_id),
-                initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
+            contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
+                                    make_pull_object_fn_protobuf(client.PullObject, self.node, run_id),
+                                    initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
         except ObjectPullError as exc:
             return make_message(
                 metadata=Metadata(run_id=run_id, message_id="", src_node_id=self.node.node_id,
@@ -314,18 +263,7 @@ class ReplyGrid(HttpGrid):
                                   ttl=0, reply_to_message_id=msg_proto.metadata.reply_to_message_id,
                                   created_at=now().timestamp()),
                 error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason=f"Reply message objects are unavailable. {exc}"))
-        request = ConfirmMessageReceivedRequest(node=self.node, run_id=run_id, message_object_id=msg_id)
-        src = int(msg_proto.metadata.src_node_id)
-        with _deferred_lock:
-            if self._deferred is None:
-                self._deferred = {}
-            earlier = self._deferred.pop(src, None)
-            if not head_pulled:
-                self._deferred[src] = request
-        if earlier is not None:
-            self._confirm(earlier)
-        if head_pulled:
-            self._confirm(request)
+        self._confirm(ConfirmMessageReceivedRequest(node=self.node, run_id=run_id, message_object_id=msg_id))
         message = inflate_object_from_contents(msg_id, contents)
         assert isinstance(message, Message)  # the head of a reply's tree
         message.metadata.__dict__["_message_id"] = msg_id

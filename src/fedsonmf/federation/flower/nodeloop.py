@@ -21,10 +21,7 @@ What it does for every message pulled:
    ``--app``) on it, in this process, with the run series' context (``context.state`` kept
    in memory per series, as Flower's SuperNode keeps it);
 4. the reply pushed before the next pull: tasks are sequential, as in the gate executor.  The
-   message's receipt is confirmed to the SuperLink beside the ClientApp's work, not before it; its
-   head object is rebuilt from the listing rather than pulled (checked by its hash), and then
-   confirmed with the next message, once the server has certainly stored it
-   (:func:`.compat.pull_message_objects`).
+   message's receipt is confirmed to the SuperLink beside the ClientApp's work, not before it.
 
 Against the stock pair (``flower-supernode`` + the gate executor over the node's Runtime API)
 it has one process fewer per node and no Runtime API port at all: nothing on the node's host can
@@ -94,7 +91,6 @@ class NodeLoop:
         self.timings: list[float] = []  # seconds per handled message (pull of content to reply pushed)
         self.pulls: tuple[int, float] = (0, 0.0)  # empty pulls before the message in hand, their mean seconds
         self._background = ThreadPoolExecutor(max_workers=1)  # confirmations, in the order of the messages
-        self._deferred: tuple[int, str] | None = None  # (run, message) whose confirmation waits for the next
 
     def serve(self, conn, stop: threading.Event, idle: IdleWait | None = None) -> None:
         """Pull and handle messages on ``conn`` (the tuple ``compat.fleet_connection`` yields)
@@ -145,9 +141,6 @@ class NodeLoop:
         from fedsonmf.federation.flower.codec import error_reason
 
         run_id = int(message.metadata.run_id)
-        if self._deferred is not None:  # the previous message is complete on the SuperLink now
-            self._confirm(calls, *self._deferred)
-            self._deferred = None
         t0 = time.perf_counter()
         parts = {}  # seconds per step, for the log line
         pulled = pushed = 0
@@ -160,21 +153,17 @@ class NodeLoop:
                 self.log(f"run {run_id}: {details}")
                 reply = Message(Error(code=compat.ErrorCode.INVALID_FAB, reason=details), reply_to=message)
             else:
-                contents, head_pulled = compat.pull_message_objects(
-                    compat.metadata_to_proto(message.metadata), tree,
+                contents = compat.pull_objects(
+                    [t.object_id for t in compat.iterate_object_tree(tree)],
                     lambda oid: calls["pull_object"](run_id, oid), max_time=MESSAGE_PULL_SECONDS,
                     initial_backoff=compat.OBJECT_BACKOFF, backoff_cap=compat.OBJECT_BACKOFF_CAP)
-                pulled = len(contents) - (0 if head_pulled else 1)
-                # a rebuilt head may not be stored yet: confirmed with the next message (pull_message_objects)
-                if head_pulled:
-                    self._confirm(calls, run_id, tree.object_id)
-                else:
-                    self._deferred = (run_id, tree.object_id)
+                self._confirm(calls, run_id, tree.object_id)
                 full = compat.inflate_object_from_contents(tree.object_id, contents)
                 if not isinstance(full, Message):
                     raise TypeError(f"the message's object tree holds a {type(full).__name__}, not a Message")
                 full.metadata.__dict__["_message_id"] = tree.object_id  # the deflated message lacks its own id
                 parts["pull"] = time.perf_counter() - t0
+                pulled = sum(1 for _ in compat.iterate_object_tree(tree))
                 node_id = int(calls["node_id"])
                 context = self._context(run, fab, node_id)
                 ident = compat.TaskIdentity  # what a message made by the app is stamped with
