@@ -157,10 +157,14 @@ def test_killed_client_stops_the_run_and_resume_gives_the_same_v(deployment, ref
     client 2 and round 2, after saving round 1; restart the node, resume, same V."""
     out = deployment.run_dir / "kill"
     timeout = 30.0  # the round timeout under test: a cold ClientApp start on a loaded machine can take > 12 s
+    # node 0 holds round 2 until node 2 is killed: the kill lands in round 2 however fast the rounds are
+    killed = out.parent / "kill-killed"
+    app = write_app_dir(deployment.run_dir / "app-fault", client_source=FAULT_CLIENT, extra_config={"fault": ""})
     outcome = {}
 
     def go():
-        outcome["o"] = deployment.run(_config("kill", **{"round-timeout": timeout}), out_dir=out)
+        outcome["o"] = deployment.run(_config("kill", **{"round-timeout": timeout, "fault": f"wait:0:2:{killed}"}),
+                                      out_dir=out, app_dir=app)
 
     th = threading.Thread(target=go)
     th.start()
@@ -169,6 +173,7 @@ def test_killed_client_stops_the_run_and_resume_gives_the_same_v(deployment, ref
     assert ckpt_file.exists(), "round 1 never completed"
     deployment.kill_node(2, signal.SIGKILL)
     t_kill = time.monotonic()
+    killed.touch()
     join(th, progress=status_progress(out))
     st = outcome["o"].status
     assert st["status"] == "failed", st
@@ -177,7 +182,7 @@ def test_killed_client_stops_the_run_and_resume_gives_the_same_v(deployment, ref
     assert time.monotonic() - t_kill < timeout + 120
 
     deployment.start_node(2)  # a new node id, the same view and node-local state
-    outcome2 = deployment.run(_config("kill", resume=True), out_dir=out)
+    outcome2 = deployment.run(_config("kill", resume=True), out_dir=out, app_dir=app)
     assert outcome2.ok, outcome2.status
     res = load_result(out)
     assert res.extra["flower"]["resumed_from_round"] == 2
