@@ -590,10 +590,25 @@ def server_main(grid: Grid, context: Context) -> None:
                 "traceback": traceback.format_exc(limit=5)}
         if isinstance(exc, FederationError):
             info.update(client=exc.client, round=exc.round, node_id=exc.node_id)
-        if (isinstance(exc, RunStopped) and exc.external) or isinstance(exc, RunNotRunningException):
+        stopped = (isinstance(exc, RunStopped) and exc.external) or isinstance(exc, RunNotRunningException)
+        if stopped or (isinstance(exc, FederationError) and _run_stopped(grid)):
             info.update(stopped_status(last_round["completed"]))
         status.write(**info)
         raise
+
+
+def _run_stopped(grid) -> bool:
+    """Whether the run was stopped from outside (``flwr stop``): the SuperLink deletes a stopped run's
+    objects, so a reply being pulled at that moment comes back unavailable and the exchange fails
+    naming its client; one more request tells the two apart (Flower's client raises
+    ``RunNotRunningException`` once the run is not running)."""
+    try:
+        grid.get_node_ids()
+    except RunNotRunningException:
+        return True
+    except Exception:  # noqa: BLE001 - no answer: the failure stands as it was
+        return False
+    return False
 
 
 def _predict_main(grid: Grid, context: Context, out: Path) -> None:
