@@ -714,6 +714,16 @@ class FlowerTransport:
             time.sleep(self.poll)
         return adopted
 
+    def _contents(self, messages: Sequence[Message], clients) -> list:
+        """The encoded content of each of ``messages`` (to ``clients``, in order).  The same message to
+        every client (a round's broadcast) is encoded once, as one content for all nodes, so Flower
+        pushes its records once, not once per node; otherwise (setup messages each name their view)
+        each names its client."""
+        if messages and all(msg is messages[0] for msg in messages):
+            shared = codec.encode(messages[0], client=codec.BROADCAST, job_id=self.job_id)
+            return [shared] * len(messages)
+        return [codec.encode(msg, client=p, job_id=self.job_id) for p, msg in zip(clients, messages)]
+
     def exchange_some(self, messages: dict) -> dict:
         """Send ``{client: message}``; return ``{client: reply}`` of the clients that
         replied without error before the round timeout."""
@@ -724,12 +734,9 @@ class FlowerTransport:
         s, kind = messages[order[0]].round, messages[order[0]].kind
         if self.on_exchange is not None:
             self.on_exchange(kind, s)
-        broadcast = all(messages[p] is messages[order[0]] for p in order)  # as in exchange()
-        shared = codec.encode(messages[order[0]], client=codec.BROADCAST, job_id=self.job_id) if broadcast else None
-        flw = [FlwrMessage(shared if shared is not None else codec.encode(messages[p], client=p, job_id=self.job_id),
-                           dst_node_id=self.node_ids[p], message_type=MessageType.TRAIN, group_id=str(s),
+        flw = [FlwrMessage(content, dst_node_id=self.node_ids[p], message_type=MessageType.TRAIN, group_id=str(s),
                            ttl=self.round_timeout + 60.0)
-               for p in order]
+               for p, content in zip(order, self._contents([messages[p] for p in order], order))]
         t0 = time.monotonic()
         by_id, got, pending = _push_pull(self.grid, flw, self.round_timeout, self.poll, stop_on_error=False,
                                          expect=(self.expect, kind))
@@ -789,15 +796,9 @@ class FlowerTransport:
         what = {"setup": "setup", "round": f"round {s}"}.get(kind, kind)
         timeout = self.startup_timeout if kind == "setup" else self.round_timeout
         timeout_name = "start-up timeout" if kind == "setup" else "round timeout"
-        # the same message to every client (a round's broadcast): encoded once, one content for all nodes, so
-        # Flower pushes its records once, not once per node (setup messages differ: each names its view)
-        broadcast = all(msg is messages[0] for msg in messages)
-        shared = codec.encode(messages[0], client=codec.BROADCAST, job_id=self.job_id) if broadcast else None
-        flw = [
-            FlwrMessage(shared if shared is not None else codec.encode(msg, client=p, job_id=self.job_id),
-                        dst_node_id=nid, message_type=MessageType.TRAIN, group_id=str(s), ttl=timeout + 60.0)
-            for p, (nid, msg) in enumerate(zip(self.node_ids, messages))
-        ]
+        flw = [FlwrMessage(content, dst_node_id=nid, message_type=MessageType.TRAIN, group_id=str(s),
+                           ttl=timeout + 60.0)
+               for nid, content in zip(self.node_ids, self._contents(messages, range(self.n_clients)))]
         t0 = time.monotonic()
         by_id, got, pending = _push_pull(self.grid, flw, timeout, self.poll, expect=(self.expect, kind))
         seconds = time.monotonic() - t0
