@@ -183,7 +183,8 @@ def stop_rule(early_stop: str, n_clusters: int, *, seed: int, tol: float, normal
 def warn_unsettled(res, tol: float) -> None:
     """A :class:`~fedsonmf.exceptions.ConvergenceWarning` when a clustering fit (``res``, a FitResult)
     ran all its rounds before its :func:`stop_rule` stopped it, as the loop warns for R/R1."""
-    if not (tol > 0 and not res.converged and str(res.stopping_reason).startswith("max_rounds=")):
+    # neither its tolerance, its stopping rule (converged) nor the divergence guard stopped it: its budget did
+    if not (tol > 0 and not res.converged and not res.extra.get("diverged", False)):
         return
     from fedsonmf.exceptions import ConvergenceWarning, warn  # ConvergenceWarning imports scikit-learn
 
