@@ -118,3 +118,22 @@ def test_the_server_pulls_replies_quickly_first_then_backs_off_to_its_ceiling():
     assert reply_wait(0.2) == pytest.approx(0.05)
     assert reply_wait(60.0) == MAX_REPLY_POLL
     assert reply_wait(60.0, poll=1.0) == 1.0  # a larger configured poll is the ceiling
+
+
+def test_confirmations_run_in_order_in_the_background_and_log_failures():
+    done, logged, gate = [], [], threading.Event()
+    confirms = compat.Confirmations(logged.append)
+
+    def confirm(i):
+        gate.wait(5.0)  # the caller goes on while the first confirmation is held
+        if i == 1:
+            raise RuntimeError("run finished")
+        done.append(i)
+
+    for i in range(3):
+        confirms.submit(lambda i=i: confirm(i), f"message {i}")
+    assert done == [] and logged == []
+    gate.set()
+    confirms._pool.shutdown(wait=True)
+    assert done == [0, 2]
+    assert logged == ["confirming message 1 failed: RuntimeError: run finished"]

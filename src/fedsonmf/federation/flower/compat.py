@@ -76,7 +76,7 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 __all__ = [
     "CONTRACT", "check_contract", "resolve", "FLOWER_RANGE", "FLEET_CALLBACKS", "OBJECT_BACKOFF",
-    "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid",
+    "OBJECT_BACKOFF_CAP", "MAX_PARALLEL_REPLIES", "OBJECT_PUSH_WORKERS", "ReplyGrid", "Confirmations",
     # the node loop's
     "fleet_connection", "parse_config_args", "get_fused_config_from_fab", "pull_and_inflate_object_from_tree",
     "pull_objects", "inflate_object_from_contents", "push_objects", "get_object_tree", "get_all_nested_objects",
@@ -211,6 +211,30 @@ def check_contract() -> list[str]:
     return problems
 
 
+class Confirmations:
+    """Receipts confirmed to the SuperLink (which may then drop a message's objects) beside the work
+    that follows rather than before it: one at a time, in order, on one background thread.  A failed
+    confirmation is logged through ``log(text)``; the message is in hand and its objects expire with
+    its TTL.  Used by the node loop for messages and by :class:`ReplyGrid` for replies."""
+
+    def __init__(self, log):
+        self._log = log
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, confirm, what: str) -> None:
+        """Run ``confirm()`` in the background; ``what`` names the message in a failure's log line."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1)
+
+        def run():
+            try:
+                confirm()
+            except Exception as exc:  # noqa: BLE001 - logged; the objects expire with the message's TTL
+                self._log(f"confirming {what} failed: {type(exc).__name__}: {exc}")
+
+        self._pool.submit(run)
+
+
 class ReplyGrid(HttpGrid):
     """Flower's ``HttpGrid`` (the ServerApp's connection to the SuperLink), whose pulls retry an
     object that is not there yet after :data:`OBJECT_BACKOFF` rather than Flower's 1 s.
@@ -222,7 +246,7 @@ class ReplyGrid(HttpGrid):
     confirmation sent beside the work that follows rather than before its inflation.
     """
 
-    _confirms: ThreadPoolExecutor | None = None
+    _confirms: Confirmations | None = None
 
     def pull_messages(self, message_ids):
         run_id = self.run.run_id
@@ -236,18 +260,11 @@ class ReplyGrid(HttpGrid):
             return list(pool.map(lambda pair: self._pull_one(run_id, *pair), pairs))
 
     def _confirm(self, request) -> None:
-        """Confirm a reply's receipt (the SuperLink may then drop its objects) beside the work that
-        follows rather than before it, one confirmation at a time, in order; a failure is logged."""
+        """Confirm a reply's receipt beside the work that follows (:class:`Confirmations`)."""
         if self._confirms is None:
-            self._confirms = ThreadPoolExecutor(max_workers=1)
-
-        def confirm():
-            try:
-                self._runtime_client.ConfirmMessageReceived(request)
-            except Exception as exc:  # noqa: BLE001 - the reply is in hand; its objects expire with its TTL
-                _log.warning("confirming reply %s failed: %s: %s", request.message_object_id, type(exc).__name__, exc)
-
-        self._confirms.submit(confirm)
+            self._confirms = Confirmations(lambda text: _log.warning("%s", text))
+        self._confirms.submit(lambda: self._runtime_client.ConfirmMessageReceived(request),
+                              f"reply {request.message_object_id}")
 
     def _pull_one(self, run_id, msg_proto, tree):
         client = self._runtime_client

@@ -90,7 +90,7 @@ class NodeLoop:
         self._context_run: dict[int, int] = {}  # run series -> the run its context was made for
         self.timings: list[float] = []  # seconds per handled message (pull of content to reply pushed)
         self.pulls: tuple[int, float] = (0, 0.0)  # empty pulls before the message in hand, their mean seconds
-        self._background = ThreadPoolExecutor(max_workers=1)  # confirmations, in the order of the messages
+        self._confirms = compat.Confirmations(self.log)  # in the background, in the order of the messages
 
     def serve(self, conn, stop: threading.Event, idle: IdleWait | None = None) -> None:
         """Pull and handle messages on ``conn`` (the tuple ``compat.fleet_connection`` yields)
@@ -192,13 +192,9 @@ class NodeLoop:
 
     def _confirm(self, calls, run_id: int, message_id: str) -> None:
         """Tell the SuperLink the message is here (it may drop its objects), beside the ClientApp's
-        work rather than before it; a failed confirmation is logged, the message is still answered."""
-        def confirm():
-            try:
-                calls["confirm_message_received"](run_id, message_id)
-            except Exception as ex:  # noqa: BLE001 - the SuperLink's objects then expire with the message
-                self.log(f"run {run_id}: confirming message {message_id} failed: {type(ex).__name__}: {ex}")
-        self._background.submit(confirm)
+        work rather than before it (:class:`.compat.Confirmations`)."""
+        self._confirms.submit(lambda: calls["confirm_message_received"](run_id, message_id),
+                              f"run {run_id}: message {message_id}")
 
     @staticmethod
     def _push(calls, run_id: int, reply, runtime: float) -> int:

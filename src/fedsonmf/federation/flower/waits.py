@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Hashable
 
 __all__ = ["MIN_IDLE_WAIT", "MAX_IDLE_WAIT", "IDLE_FRACTION", "IdleWait", "FIRST_REPLY_POLL", "MAX_REPLY_POLL",
-           "REPLY_POLL_FRACTION", "reply_wait", "EXPECT_FRACTION", "EXPECT_MEMORY", "ArrivalEstimate"]
+           "REPLY_POLL_FRACTION", "reply_wait", "fraction_wait", "EXPECT_FRACTION", "EXPECT_MEMORY", "ArrivalEstimate"]
 
 #: seconds between a node's pulls right after a message (the next one usually follows within milliseconds)
 MIN_IDLE_WAIT = 0.002
@@ -49,6 +49,13 @@ REPLY_POLL_FRACTION = 0.25
 EXPECT_FRACTION = 0.5
 #: how many recent answer times an estimate keeps (per kind of exchange)
 EXPECT_MEMORY = 3
+
+
+def fraction_wait(elapsed: float, fraction: float, lo: float, hi: float) -> float:
+    """``fraction`` of the ``elapsed`` seconds, at least ``lo`` and at most ``hi``: a pull's wait
+    once the expected time has passed, for the nodes (:class:`IdleWait`) and the ServerApp
+    (:func:`reply_wait`) alike."""
+    return min(hi, max(lo, fraction * elapsed))
 
 
 class ArrivalEstimate:
@@ -113,10 +120,8 @@ class IdleWait:
         """Seconds until the next pull."""
         if self._first:
             self._first = False
-            wait = self.expect.first_wait()
-        else:
-            wait = self.fraction * (self.clock() - self.last)
-        return min(self.max_wait, max(self.min_wait, wait))
+            return min(self.max_wait, max(self.min_wait, self.expect.first_wait()))
+        return fraction_wait(self.clock() - self.last, self.fraction, self.min_wait, self.max_wait)
 
     def wait(self) -> bool:
         """Wait before the next pull; False when the loop is to stop."""
@@ -130,4 +135,4 @@ def reply_wait(elapsed: float, poll: float = MAX_REPLY_POLL) -> float:
     ``max(poll, MAX_REPLY_POLL)``: a reply that arrives is seen within a quarter of the
     exchange's own time, and a slow exchange (a node's long
     local step, Flower's own node loop) costs a pull every quarter second at most."""
-    return min(max(poll, MAX_REPLY_POLL), max(FIRST_REPLY_POLL, REPLY_POLL_FRACTION * elapsed))
+    return fraction_wait(elapsed, REPLY_POLL_FRACTION, FIRST_REPLY_POLL, max(poll, MAX_REPLY_POLL))
