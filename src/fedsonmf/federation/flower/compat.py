@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.app import Message, Metadata
 from flwr.app.error import Error
-from flwr.app.message import make_message, remove_content_from_message
+from flwr.app.message import make_message
 from flwr.cli.build import build_fab_from_disk
 from flwr.common.config import get_fused_config_from_fab, parse_config_args
 from flwr.common.constant import ErrorCode, SubStatus
-from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, message_to_proto, run_from_proto
+from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
 from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
 from flwr.proto.node_pb2 import Node
 from flwr.proto.runtime_pb2 import (
@@ -36,7 +36,6 @@ from flwr.proto.runtime_pb2 import (
     PullAppMessagesRequest,
     PullTaskInputRequest,
     PullTaskInputResponse,
-    PushAppMessagesRequest,
     PushTaskOutputRequest,
     SendTaskHeartbeatRequest,
 )
@@ -52,7 +51,6 @@ from flwr.supercore.inflatable.inflatable_object import (
 from flwr.supercore.inflatable.inflatable_protobuf_utils import (
     make_confirm_message_received_fn_protobuf,
     make_pull_object_fn_protobuf,
-    make_push_object_fn_protobuf,
 )
 from flwr.supercore.inflatable.inflatable_utils import (
     ObjectPullError,
@@ -122,8 +120,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree": (
         "object_tree", "pull_object_fn", "confirm_object_received_fn", "return_type", "max_concurrent_pulls",
         "max_time", "max_tries_per_object", "initial_backoff", "backoff_cap"),
-    "flwr.supercore.inflatable.inflatable_utils:push_objects": (
-        "objects", "push_object_fn", "object_ids_to_push", "keep_objects", "max_concurrent_pushes"),
+    "flwr.supercore.inflatable.inflatable_utils:push_objects": ("objects", "push_object_fn"),
     "flwr.supercore.inflatable.inflatable_object:get_object_tree": ("obj",),
     "flwr.supercore.inflatable.inflatable_object:get_all_nested_objects": ("obj",),
     "flwr.supercore.inflatable.inflatable_object:no_object_id_recompute": (),
@@ -143,12 +140,6 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "flwr.supernode.runtime.run_clientapp:push_task_output": ("client", "context", "sub_status", "details"),
     "flwr.superlink.grid:HttpGrid": (),
     "flwr.superlink.grid:HttpGrid.pull_messages": ("self", "message_ids"),
-    "flwr.superlink.grid:HttpGrid._try_push_messages": ("self", "run_id", "messages"),
-    "flwr.supercore.inflatable.inflatable_protobuf_utils:make_push_object_fn_protobuf": (
-        "push_object_protobuf", "node", "run_id", "session_id"),
-    "flwr.app.message:remove_content_from_message": ("message",),
-    "flwr.common.serde:message_to_proto": ("message",),
-    "flwr.proto.runtime_pb2:PushAppMessagesRequest": (),
     "flwr.supercore.inflatable.inflatable_utils:pull_objects": (
         "object_ids", "pull_object_fn", "max_concurrent_pulls", "max_time", "max_tries_per_object", "initial_backoff",
         "backoff_cap"),
@@ -244,14 +235,6 @@ class Confirmations:
         self._pool.submit(run)
 
 
-def pull_message_objects(object_ids, pull_object_fn, **kw) -> dict:
-    """A message's objects (``pull_objects``), all of them at once (at most
-    :data:`OBJECT_PUSH_WORKERS`), each retried after :data:`OBJECT_BACKOFF` while not there yet."""
-    ids = list(object_ids)
-    return pull_objects(ids, pull_object_fn, max_concurrent_pulls=max(1, min(len(ids), OBJECT_PUSH_WORKERS)),
-                        initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP, **kw)
-
-
 class ReplyGrid(HttpGrid):
     """Flower's ``HttpGrid`` (the ServerApp's connection to the SuperLink), whose pulls retry an
     object that is not there yet after :data:`OBJECT_BACKOFF` rather than Flower's 1 s.
@@ -264,20 +247,6 @@ class ReplyGrid(HttpGrid):
     """
 
     _confirms: Confirmations | None = None
-
-    def _try_push_messages(self, run_id, messages):
-        proto_messages, object_trees, objects = [], [], {}
-        for msg in messages:
-            proto_messages.append(message_to_proto(remove_content_from_message(msg)))
-            objects.update(get_all_nested_objects(msg))
-            object_trees.append(get_object_tree(msg))
-        res = self._runtime_client.PushMessages(
-            PushAppMessagesRequest(messages_list=proto_messages, message_object_trees=object_trees))
-        wanted = set(res.objects_to_push)
-        push_objects(objects, make_push_object_fn_protobuf(self._runtime_client.PushObject, self.node, run_id,
-                                                            res.session_id),
-                     object_ids_to_push=wanted, max_concurrent_pushes=max(1, min(len(wanted), OBJECT_PUSH_WORKERS)))
-        return list(res.message_ids)
 
     def pull_messages(self, message_ids):
         run_id = self.run.run_id
@@ -301,8 +270,9 @@ class ReplyGrid(HttpGrid):
         client = self._runtime_client
         msg_id = msg_proto.metadata.message_id
         try:
-            contents = pull_message_objects([t.object_id for t in iterate_object_tree(tree)],
-                                            make_pull_object_fn_protobuf(client.PullObject, self.node, run_id))
+            contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
+                                    make_pull_object_fn_protobuf(client.PullObject, self.node, run_id),
+                                    initial_backoff=OBJECT_BACKOFF, backoff_cap=OBJECT_BACKOFF_CAP)
         except ObjectPullError as exc:
             return make_message(
                 metadata=Metadata(run_id=run_id, message_id="", src_node_id=self.node.node_id,

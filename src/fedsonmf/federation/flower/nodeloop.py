@@ -153,9 +153,10 @@ class NodeLoop:
                 self.log(f"run {run_id}: {details}")
                 reply = Message(Error(code=compat.ErrorCode.INVALID_FAB, reason=details), reply_to=message)
             else:
-                contents = compat.pull_message_objects(
+                contents = compat.pull_objects(
                     [t.object_id for t in compat.iterate_object_tree(tree)],
-                    lambda oid: calls["pull_object"](run_id, oid), max_time=MESSAGE_PULL_SECONDS)
+                    lambda oid: calls["pull_object"](run_id, oid), max_time=MESSAGE_PULL_SECONDS,
+                    initial_backoff=compat.OBJECT_BACKOFF, backoff_cap=compat.OBJECT_BACKOFF_CAP)
                 self._confirm(calls, run_id, tree.object_id)
                 full = compat.inflate_object_from_contents(tree.object_id, contents)
                 if not isinstance(full, Message):
