@@ -17,6 +17,7 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
+from fedsonmf._validation import compressed_index_problem, sparse_structure_problem
 from fedsonmf.datasets import _limits
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -58,6 +59,7 @@ def _read_variables(path: Path) -> dict:
             ) from None
         if not variables:
             raise InputError(f"{path}: the MAT v7.3 (HDF5) file holds no numeric variable or cell array")
+        _check_sparse_variables(path, variables)
         return variables
     is_v5 = head[:6] == b"MATLAB"
     if is_v5 and size <= 128:
@@ -77,7 +79,29 @@ def _read_variables(path: Path) -> dict:
         raise InputError(
             f"{path}: no variables could be read ({'header only or truncated' if is_v5 else 'not a MAT file?'})"
         )
+    _check_sparse_variables(path, variables)
     return variables
+
+
+def check_sparse_file(path: Path, X, what: str = "a sparse matrix") -> None:
+    """Refuse (InputError naming ``path``) a scipy.sparse matrix read from it whose index arrays do not
+    fit its shape (:func:`fedsonmf._validation.sparse_structure_problem`), before any scipy operation
+    trusts them."""
+    problem = sparse_structure_problem(X)
+    if problem:
+        raise InputError(f"{path}: {what} ({X.format}, shape {X.shape[0]} x {X.shape[1]}) is malformed: {problem}; "
+                         "a corrupt or forged file, refused")
+
+
+def _check_sparse_variables(path: Path, variables: dict) -> None:
+    """:func:`check_sparse_file` on every sparse variable, and every sparse element of a cell array."""
+    for name, value in variables.items():
+        if sp.issparse(value):
+            check_sparse_file(path, value, f"the sparse variable {name!r}")
+        elif _is_cell(value):
+            for k, element in enumerate(value.ravel(order="F"), start=1):
+                if sp.issparse(element):
+                    check_sparse_file(path, element, f"element {k} of the cell {name!r}")
 
 
 def _verify_mat5_elements(path: Path, size: int) -> None:
@@ -431,7 +455,11 @@ def _read_hdf5_mat(path: Path) -> dict:
                 data, ir = np.asarray(obj["data"]).ravel(), np.asarray(obj["ir"]).ravel()
             else:
                 data, ir = np.zeros(0), np.zeros(0)
-            ir = ir.astype(np.int64)
+            ir = ir.astype(np.int64)  # (a uint64 index past int64 wraps negative: refused below)
+            problem = compressed_index_problem(jc, ir, data.size, (n_rows, max(jc.size - 1, 0)), by_rows=False)
+            if problem:
+                raise InputError(f"{path}: the sparse array {obj.name!r} ({n_rows} x {max(jc.size - 1, 0)}, "
+                                 f"MATLAB_sparse) is malformed: {problem}; a corrupt or forged file, refused")
             return sp.csc_array((data, ir, jc), shape=(n_rows, jc.size - 1))
         if cls == "cell":
             refs = np.asarray(obj)

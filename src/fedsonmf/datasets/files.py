@@ -74,7 +74,7 @@ import scipy.sparse as sp
 from fedsonmf._io import write_atomic
 from fedsonmf.datasets import _limits
 from fedsonmf.datasets._mat_read import _check_file as _check_regular_file
-from fedsonmf.datasets._mat_read import _read_variables
+from fedsonmf.datasets._mat_read import _read_variables, check_sparse_file
 from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -764,6 +764,7 @@ def _as_view(X, path: Path):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"{path}: holds a {X.ndim}-D sparse array; a view is 2-D (n_samples, n_features)")
+        check_sparse_file(path, X, "the sparse view")  # before the CSR conversion below trusts its indices
         kind = X.dtype.kind
     else:
         if not isinstance(X, np.ndarray):

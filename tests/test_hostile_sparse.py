@@ -1,0 +1,154 @@
+"""Hostile sparse views and MAT v7.3 (HDF5) files: refused with an InputError naming the file (or the
+view, for data given to ``fit``) before scipy or HDF5 touches what they declare.
+
+* index arrays that do not fit the shape (an index past it, pointers that decrease, do not start at 0
+  or do not end at the number of entries): scipy's compiled routines trust them, so a forged ``.npz``
+  crashed the process (SIGSEGV) or was read as silently wrong data -- ``.npz``, MAT v5, MAT v7.3 and
+  scipy.sparse input alike;
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+
+from fedsonmf import FedSONMF
+from fedsonmf._validation import check_views, compressed_index_problem, sparse_structure_problem
+from fedsonmf.datasets import _limits, read_view
+from fedsonmf.exceptions import InputError
+
+h5py = pytest.importorskip("h5py")
+
+
+@pytest.fixture(autouse=True)
+def default_limits(monkeypatch):
+    monkeypatch.delenv(_limits.BUDGET_ENV, raising=False)
+    monkeypatch.delenv(_limits.INFLATION_ENV, raising=False)
+
+
+def refused(fn, *fragments) -> str:
+    with pytest.raises(InputError) as info:
+        fn()
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for frag in fragments:
+        assert frag in msg, msg
+    return msg
+
+
+def savez_sparse(path, fmt, shape, data, indices, indptr):
+    np.savez(path, format=np.array(fmt), shape=np.array(shape), data=np.asarray(data, dtype=float),
+             indices=np.asarray(indices, dtype=np.int32), indptr=np.asarray(indptr, dtype=np.int32))
+    return path
+
+
+def matify(path):
+    """Give an HDF5 file written with a 512-byte user block the MAT v7.3 header."""
+    with open(path, "r+b") as fh:
+        fh.write(b"MATLAB 7.3 MAT-file".ljust(116, b" ") + bytes(8) + b"\x00\x02IM")
+    return path
+
+
+# ----------------------------------------------------------------------------- malformed index arrays
+
+
+def test_npz_index_past_the_shape_is_refused_not_a_segfault(tmp_path):
+    path = savez_sparse(tmp_path / "oob.npz", "csc", [20, 5], np.ones(20), np.r_[np.zeros(19), 1.5e9],
+                        np.arange(0, 21, 4))
+    refused(lambda: read_view(path), str(path), "row index 1500000000 out of range for 20 rows")
+    path = savez_sparse(tmp_path / "neg.npz", "csr", [20, 5], np.ones(20), np.r_[np.zeros(19), -7], np.arange(21))
+    refused(lambda: read_view(path), str(path), "column index -7 out of range for 5 columns")
+
+
+@pytest.mark.parametrize("indptr, fragment", [
+    (np.r_[0, 19, np.arange(2, 21)], "decrease at row 1 (19 then 2)"),
+    (np.r_[3, np.arange(1, 21)], "index pointer should start with 0"),  # (scipy's own check, rephrased)
+    (np.r_[np.arange(20), 18], "decrease at row 19"),
+    (np.arange(11), "index pointer size 11 should be 21"),
+])
+def test_npz_pointers_that_do_not_fit_are_refused_not_read_silently(tmp_path, indptr, fragment):
+    path = savez_sparse(tmp_path / "bad.npz", "csr", [20, 5], np.ones(20), np.zeros(20), indptr)
+    refused(lambda: read_view(path), str(path), fragment)
+
+
+@pytest.mark.parametrize("indptr, indices, fragment", [
+    ([3, 4, 5], [0, 1], "start at 3, not 0"),
+    ([0, 1], [0], "2 row pointers (indptr) for 2 rows (expected 3)"),
+    ([0, 1, 1], [0, 1], "end at 1 but there are 2 column indices"),
+    ([0, 1, 2], [0.0, 1.0], "not integers"),
+])
+def test_the_structural_check_names_each_problem(indptr, indices, fragment):
+    problem = compressed_index_problem(np.array(indptr), np.array(indices), 2, (2, 3), by_rows=True)
+    assert problem is not None and fragment in problem, problem
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_valid_sparse_npz_still_reads_identically(tmp_path, fmt):
+    X = sp.random(30, 7, density=0.3, random_state=1, format=fmt)
+    sp.save_npz(tmp_path / "ok.npz", X)
+    Y, _ = read_view(tmp_path / "ok.npz")
+    assert Y.format == "csr" and Y.shape == (30, 7)
+    np.testing.assert_array_equal(Y.toarray(), X.toarray())
+
+
+def test_mat5_sparse_index_past_the_shape_is_refused(tmp_path):
+    X = sp.random(20, 5, density=0.5, random_state=0, format="csc")
+    path = tmp_path / "sp5.mat"
+    scipy.io.savemat(path, {"X": X}, do_compression=False)
+    Y, _ = read_view(path)  # the valid file reads identically
+    np.testing.assert_array_equal(Y.toarray(), X.toarray())
+    raw = bytearray(path.read_bytes())
+    k = raw.find(X.indices.astype("<i4").tobytes())
+    raw[k:k + 4] = np.int32(1_500_000_000).tobytes()
+    path.write_bytes(bytes(raw))
+    refused(lambda: read_view(path), str(path), "'X'", "row index 1500000000 out of range for 20 rows")
+
+
+def write_mat73_sparse(path, ir, jc, n_rows=5):
+    with h5py.File(path, "w", userblock_size=512) as fh:
+        g = fh.create_group("X")
+        g.attrs["MATLAB_class"] = np.bytes_("double")
+        g.attrs["MATLAB_sparse"] = np.uint64(n_rows)
+        g["jc"], g["ir"], g["data"] = np.asarray(jc, np.uint64), np.asarray(ir, np.uint64), np.arange(1.0, len(ir) + 1)
+    return matify(path)
+
+
+def test_mat73_sparse_index_past_the_shape_is_refused(tmp_path):
+    jc = np.arange(0, 41, 2)  # the MATLAB 5 x 20 matrix: 20 columns of 2 entries
+    ir = np.tile([0, 3], 20)
+    Y, _ = read_view(write_mat73_sparse(tmp_path / "ok73.mat", ir, jc))
+    want = np.zeros((5, 20))
+    want[ir, np.repeat(np.arange(20), 2)] = np.arange(1.0, 41)
+    np.testing.assert_array_equal(Y.toarray(), want)
+    ir[7] = 1_000_000_000
+    path = write_mat73_sparse(tmp_path / "oob73.mat", ir, jc)
+    refused(lambda: read_view(path), str(path), "'/X'", "row index 1000000000 out of range for 5 rows")
+    path = write_mat73_sparse(tmp_path / "dec73.mat", np.tile([0, 3], 20), np.r_[0, 30, jc[2:]])
+    refused(lambda: read_view(path), str(path), "decrease at column 1")
+
+
+def test_sparse_input_to_fit_with_an_index_past_the_shape_is_refused():
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix((rng.random(20), np.r_[np.zeros(19), 10**9].astype(np.int32), np.arange(21)), shape=(20, 5))
+    with pytest.raises(InputError, match=r"view 0: .*column index 1000000000 out of range for 5 columns"):
+        FedSONMF(2, max_rounds=2, random_state=0).fit([X, rng.random((20, 6))])
+    C = sp.coo_array(sp.random(20, 5, density=0.5, random_state=0))
+    C.coords[0][0] = 20
+    assert sparse_structure_problem(C) == "row index 20 out of range for 20 rows"
+    with pytest.raises(InputError, match=r"view 1: .*row index 20 out of range"):
+        check_views([rng.random((20, 3)), C])
+    R = sp.random(20, 5, density=0.5, random_state=0, format="csr")
+    R.indptr[3] = R.indptr[5]
+    with pytest.raises(InputError, match=r"view 0: .*indptr\) decrease"):
+        check_views([R])
+
+
+def test_valid_sparse_input_is_unchanged_by_the_check():
+    X = sp.random(20, 6, density=0.4, random_state=2, format="csr")
+    assert sparse_structure_problem(X) is None
+    assert sparse_structure_problem(X.tocsc()) is None and sparse_structure_problem(X.tocoo()) is None
+    (internal,) = check_views([X])
+    np.testing.assert_array_equal(internal.toarray(), X.toarray().T)
+
