@@ -5,9 +5,13 @@ view, for data given to ``fit``) before scipy or HDF5 touches what they declare.
   or do not end at the number of entries): scipy's compiled routines trust them, so a forged ``.npz``
   crashed the process (SIGSEGV) or was read as silently wrong data -- ``.npz``, MAT v5, MAT v7.3 and
   scipy.sparse input alike;
+* a MAT v7.3 dataset whose data is another file's (external storage, an external link, a virtual
+  dataset) or that inflates like a bomb (compressed, or chunks never written);
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -151,4 +155,69 @@ def test_valid_sparse_input_is_unchanged_by_the_check():
     assert sparse_structure_problem(X.tocsc()) is None and sparse_structure_problem(X.tocoo()) is None
     (internal,) = check_views([X])
     np.testing.assert_array_equal(internal.toarray(), X.toarray().T)
+
+
+# ----------------------------------------------------------------------------- MAT v7.3 (HDF5) data
+
+
+def write_mat73(path, **dataset):
+    with h5py.File(path, "w", userblock_size=512) as fh:
+        ds = fh.create_dataset("X", **dataset)
+        ds.attrs["MATLAB_class"] = np.bytes_("double")
+    return matify(path)
+
+
+def test_mat73_external_storage_is_refused_not_read_from_the_other_file(tmp_path):
+    secret = tmp_path / "other_org_secret.npy"
+    np.save(secret, np.arange(100.0).reshape(20, 5) + 1)
+    path = write_mat73(tmp_path / "ext73.mat", shape=(5, 20), dtype="f8", external=[(str(secret), 128, 800)])
+    refused(lambda: read_view(path), str(path), "'/X'", "external file", "other_org_secret.npy")
+
+
+def test_mat73_external_storage_on_a_fifo_is_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path = write_mat73(tmp_path / "fifo73.mat", shape=(5, 20), dtype="f8", external=[(str(fifo), 0, 800)])
+    refused(lambda: read_view(path), str(path), "external file")
+
+
+def test_mat73_external_and_soft_links_leaving_the_file_are_refused(tmp_path):
+    target = tmp_path / "target.h5"
+    with h5py.File(target, "w") as fh:
+        fh.create_group("G").create_dataset("Y", data=np.ones((5, 20))).attrs["MATLAB_class"] = np.bytes_("double")
+    path = tmp_path / "link73.mat"
+    with h5py.File(path, "w", userblock_size=512) as fh:
+        fh["X"] = h5py.ExternalLink(str(target), "/G/Y")
+    refused(lambda: read_view(matify(path)), str(path), "'/X' is an external link", "target.h5")
+    with h5py.File(path, "w", userblock_size=512) as fh:
+        fh["E"] = h5py.ExternalLink(str(target), "/G")
+        fh["X"] = h5py.SoftLink("/E/Y")
+    refused(lambda: read_view(matify(path), key="X"), str(path), "'/E'")
+
+
+def test_mat73_virtual_dataset_is_refused(tmp_path):
+    source = tmp_path / "source.h5"
+    with h5py.File(source, "w") as fh:
+        fh["Y"] = np.ones((5, 20))
+    layout = h5py.VirtualLayout(shape=(5, 20), dtype="f8")
+    layout[:] = h5py.VirtualSource(str(source), "Y", shape=(5, 20))
+    path = tmp_path / "vds73.mat"
+    with h5py.File(path, "w", userblock_size=512) as fh:
+        fh.create_virtual_dataset("X", layout).attrs["MATLAB_class"] = np.bytes_("double")
+    refused(lambda: read_view(matify(path)), str(path), "'/X' is a virtual dataset")
+
+
+def test_mat73_unwritten_and_compressed_datasets_follow_the_inflation_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(_limits, "INFLATION_FLOOR", 1 << 10)  # the rule at a small scale: no large file here
+    path = write_mat73(tmp_path / "fill73.mat", shape=(200, 500), dtype="f8", chunks=(100, 100), fillvalue=1.0)
+    refused(lambda: read_view(path), str(path), "'/X'", "fill value", "more than 100", _limits.INFLATION_ENV)
+    path = write_mat73(tmp_path / "gz73.mat", data=np.zeros((200, 500)), chunks=(100, 100), compression="gzip")
+    refused(lambda: read_view(path), str(path), "'/X' (compressed)", "more than 100")
+    monkeypatch.setenv(_limits.INFLATION_ENV, "1e6")
+    X, _ = read_view(path, validate=False)
+    assert X.shape == (500, 200) and not X.any()
+    monkeypatch.delenv(_limits.INFLATION_ENV)
+    path = write_mat73(tmp_path / "ok73.mat", data=np.arange(1.0, 101).reshape(5, 20))
+    X, _ = read_view(path)  # contiguous, fully written: read as before
+    np.testing.assert_array_equal(X, np.arange(1.0, 101).reshape(5, 20).T)
 
