@@ -7,6 +7,7 @@ view, for data given to ``fit``) before scipy or HDF5 touches what they declare.
   scipy.sparse input alike;
 * a MAT v7.3 dataset whose data is another file's (external storage, an external link, a virtual
   dataset) or that inflates like a bomb (compressed, or chunks never written);
+* a ``.mtx`` comment line longer than 64 KiB hiding the size line from the size precheck;
 """
 
 from __future__ import annotations
@@ -220,4 +221,24 @@ def test_mat73_unwritten_and_compressed_datasets_follow_the_inflation_rule(tmp_p
     path = write_mat73(tmp_path / "ok73.mat", data=np.arange(1.0, 101).reshape(5, 20))
     X, _ = read_view(path)  # contiguous, fully written: read as before
     np.testing.assert_array_equal(X, np.arange(1.0, 101).reshape(5, 20).T)
+
+
+# ----------------------------------------------------------------------------- .mtx size line
+
+
+def test_mtx_comment_longer_than_64k_does_not_hide_the_size_line(tmp_path, monkeypatch):
+    path = tmp_path / "t.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real general\n%" + "a" * 70000 + "\n300000000 3 1\n1 1 1\n")
+    monkeypatch.setenv(_limits.BUDGET_ENV, "500M")
+    refused(lambda: read_view(path), str(path), "300000000 x 3", "more than the budget of 500 MiB")
+    path.write_text("%%MatrixMarket matrix coordinate real general\n%" + "a" * 70000 + "\n3 2 1\n2 1 4.5\n")
+    X, _ = read_view(path)
+    np.testing.assert_array_equal(X.toarray(), [[0, 0], [4.5, 0], [0, 0]])
+
+
+@pytest.mark.parametrize("size_line", ["3 x 1", "3 2", "3 2 -1", "3 2 1 7"])
+def test_mtx_size_line_that_cannot_be_parsed_is_refused(tmp_path, size_line):
+    path = tmp_path / "t.mtx"
+    path.write_text(f"%%MatrixMarket matrix coordinate real general\n{size_line}\n1 1 1\n")
+    refused(lambda: read_view(path), str(path), "size line", repr(size_line))
 

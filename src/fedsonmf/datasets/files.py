@@ -667,20 +667,30 @@ def _precheck_mtx(path: Path) -> None:
         if len(banner) < 5 or banner[0] != "%%matrixmarket" or banner[1] != "matrix":
             return  # scipy says what is wrong
         fmt, field, symmetry = banner[2:5]
-        while True:
+        while True:  # comments and blank lines of any length, read 64 KiB at a time
             line = fh.readline(1 << 16)
             if not line:
-                return
+                return  # no size line: scipy says so
             text = line.strip()
             if text and not text.startswith(b"%"):
                 break
+            while not line.endswith(b"\n"):  # the rest of a long line
+                line = fh.readline(1 << 16)
+                if not line:
+                    return
+        if not line.endswith(b"\n") and fh.read(1):
+            raise InputError(f"{path}: the Matrix Market size line is longer than 64 KiB; a corrupt or forged file, "
+                             "refused")
         start = fh.tell()
+    want = 3 if fmt == "coordinate" else 2
     try:
         nums = [int(v) for v in text.split()]
     except ValueError:
-        return
-    if any(v < 0 for v in nums):
-        return
+        nums = []
+    if fmt in ("coordinate", "array") and (len(nums) != want or any(v < 0 for v in nums)):
+        shown = text[:80].decode("ascii", "replace")
+        raise InputError(f"{path}: the Matrix Market size line {shown!r} is not {want} nonnegative integers "
+                         f"({'rows, columns, entries' if want == 3 else 'rows, columns'}); refused")
     complex_ = field == "complex"
     itemsize = 16 if complex_ else 8
     if fmt == "coordinate" and len(nums) == 3:
