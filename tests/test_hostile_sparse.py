@@ -8,6 +8,7 @@ view, for data given to ``fit``) before scipy or HDF5 touches what they declare.
 * a MAT v7.3 dataset whose data is another file's (external storage, an external link, a virtual
   dataset) or that inflates like a bomb (compressed, or chunks never written);
 * a ``.mtx`` comment line longer than 64 KiB hiding the size line from the size precheck;
+* a ``.npz`` whose ``shape`` member is not two integers.
 """
 
 from __future__ import annotations
@@ -242,3 +243,13 @@ def test_mtx_size_line_that_cannot_be_parsed_is_refused(tmp_path, size_line):
     path.write_text(f"%%MatrixMarket matrix coordinate real general\n{size_line}\n1 1 1\n")
     refused(lambda: read_view(path), str(path), "size line", repr(size_line))
 
+
+# ----------------------------------------------------------------------------- .npz shape member
+
+
+@pytest.mark.parametrize("shape", [np.array([[20, 5]]), np.array(20), np.array([20, 5, 1]), np.array([20.0, 5.0])])
+def test_npz_shape_member_that_is_not_two_integers_is_refused(tmp_path, shape):
+    path = tmp_path / "s.npz"
+    np.savez(path, format=np.array("csr"), shape=shape, data=np.ones(20), indices=np.zeros(20, np.int32),
+             indptr=np.arange(21, dtype=np.int32))
+    refused(lambda: read_view(path), str(path), "'shape' member")

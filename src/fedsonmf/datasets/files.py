@@ -597,11 +597,15 @@ def _precheck_npz(path: Path) -> None:
         rows = 0
         if {"format", "shape", "data"} <= set(arrays):  # scipy.sparse: the CSR made of it has rows + 1 pointers
             info, shape, dtype = arrays["shape"]
-            if _limits.prod(shape) <= 8 and dtype.kind in "iu":
-                with zf.open(info) as fh:
-                    dims = np.lib.format.read_array(fh, allow_pickle=False)
-                rows = int(dims[0]) if dims.size else 0
-            need = 2 * need + 16 * (max(rows, 0) + 1)
+            if shape != (2,) or dtype.kind not in "iu":
+                raise InputError(f"{path}: a scipy.sparse .npz whose 'shape' member is an array of shape {shape} "
+                                 f"({dtype}), not the two integers (rows, columns); a corrupt or forged file, refused")
+            with zf.open(info) as fh:
+                rows, cols = (int(v) for v in np.lib.format.read_array(fh, allow_pickle=False))
+            if rows < 0 or cols < 0:
+                raise InputError(f"{path}: a scipy.sparse .npz declaring the negative shape ({rows}, {cols}); "
+                                 "a corrupt or forged file, refused")
+            need = 2 * need + 16 * (rows + 1)
     _limits.check_budget(path, max(need, declared), f"the archive ({len(infos)} members)")
 
 
