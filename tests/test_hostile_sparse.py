@@ -8,6 +8,7 @@ view, for data given to ``fit``) before scipy or HDF5 touches what they declare.
 * a MAT v7.3 dataset whose data is another file's (external storage, an external link, a virtual
   dataset) or that inflates like a bomb (compressed, or chunks never written);
 * a ``.mtx`` comment line longer than 64 KiB hiding the size line from the size precheck;
+* a view declaring so many features that a fit could not hold them;
 * a ``.npz`` whose ``shape`` member is not two integers.
 """
 
@@ -242,6 +243,25 @@ def test_mtx_size_line_that_cannot_be_parsed_is_refused(tmp_path, size_line):
     path = tmp_path / "t.mtx"
     path.write_text(f"%%MatrixMarket matrix coordinate real general\n{size_line}\n1 1 1\n")
     refused(lambda: read_view(path), str(path), "size line", repr(size_line))
+
+
+# ----------------------------------------------------------------------------- features a fit must hold
+
+
+def test_view_with_more_features_than_a_fit_can_hold_is_refused_before_reading(tmp_path, monkeypatch):
+    monkeypatch.setenv(_limits.BUDGET_ENV, "1G")
+    X = sp.csr_array((np.ones(20), (np.arange(20), np.arange(20) * 10**7)), shape=(20, 2 * 10**8))
+    sp.save_npz(tmp_path / "wide.npz", X, compressed=False)
+    refused(lambda: read_view(tmp_path / "wide.npz"), "wide.npz", "20 x 200000000", "191 GiB",
+            "more than the budget of 1 GiB", "refused before reading")
+    path = tmp_path / "wide.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real general\n20 100000000000 1\n1 1 1\n")
+    refused(lambda: read_view(path), str(path), "20 x 100000000000", "more than the budget")
+    with pytest.raises(InputError, match=r"view 0: its shape 20 x 200000000 .* budget of 1 GiB"):
+        FedSONMF(2, max_rounds=2, random_state=0).fit([X, np.ones((20, 3))])
+    ok = sp.random(20, 100_000, density=1e-4, random_state=0, format="csr")  # 100 MB for a fit: kept
+    sp.save_npz(tmp_path / "ok.npz", ok)
+    assert read_view(tmp_path / "ok.npz")[0].shape == (20, 100_000)
 
 
 # ----------------------------------------------------------------------------- .npz shape member

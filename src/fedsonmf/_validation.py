@@ -569,6 +569,17 @@ def _as_matrix(X, p: int, check_scale: bool = True):
     return A
 
 
+def _check_fit_features(shape, p: int) -> None:
+    """Refuse a view with more features than a fit can hold in the memory budget: a fit keeps arrays of
+    one row per feature (the basis U_p and its work copies), 1 KiB per feature in all by the rule of
+    :func:`fedsonmf.datasets._limits.fit_features_problem` -- a clear error instead of a MemoryError."""
+    from fedsonmf.datasets._limits import fit_features_problem  # here: datasets imports this module
+
+    problem = fit_features_problem(shape[0], shape[1])
+    if problem:
+        raise InputError(f"view {p}: {problem}; refused before the fit")
+
+
 def _not_a_view_list(Xs) -> str:
     """The message refusing ``Xs`` that is not a list of views, with the hint that fits what it is."""
     got = type(Xs).__name__
@@ -639,6 +650,8 @@ def _checked_arrays(Xs, n_components: int | None) -> tuple[list, list[int]]:
     if len(Xs) == 0:
         raise InputError("Xs is empty: give at least one view")
     mats = [_as_matrix(X, p) for p, X in enumerate(Xs)]
+    for p, M in enumerate(mats):
+        _check_fit_features(M.shape, p)
     check_view_orientation(mats)
     n = mats[0].shape[0]
     nzs = []

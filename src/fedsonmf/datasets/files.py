@@ -559,6 +559,8 @@ def _precheck_npy(path: Path, mmap_mode) -> None:
     n = _limits.prod(shape)
     declared = f"its header's shape {shape} of {dtype}"
     _limits.check_holds(path, declared, offset + n * dtype.itemsize, path.stat().st_size)
+    if len(shape) == 2:
+        _limits.check_fit_features(path, shape[0], shape[1])
     need = (0 if mmap_mode == "r" else n * dtype.itemsize) + _view_bytes(n, dtype)
     _limits.check_budget(path, need, f"the array of shape {shape} ({dtype})")
 
@@ -605,6 +607,7 @@ def _precheck_npz(path: Path) -> None:
             if rows < 0 or cols < 0:
                 raise InputError(f"{path}: a scipy.sparse .npz declaring the negative shape ({rows}, {cols}); "
                                  "a corrupt or forged file, refused")
+            _limits.check_fit_features(path, rows, cols)
             need = 2 * need + 16 * (rows + 1)
     _limits.check_budget(path, max(need, declared), f"the archive ({len(infos)} members)")
 
@@ -715,6 +718,7 @@ def _precheck_mtx(path: Path) -> None:
     else:
         return
     _limits.check_holds(path, declared, entries * shortest - 1, size - start, where="the text after it holds")
+    _limits.check_fit_features(path, rows, cols)
     _limits.check_budget(path, need, f"the {rows} x {cols} matrix")
 
 
@@ -793,6 +797,7 @@ def _as_view(X, path: Path):
         raise InputError(f"{path}: holds {X.dtype} values, not numbers")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise InputError(f"{path}: the view is empty (shape {X.shape})")
+    _limits.check_fit_features(path, X.shape[0], X.shape[1], "before the fit")  # a .mat view: known once read
     dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
     if sp.issparse(X):
         out = sp.csr_array(X, dtype=dtype)
