@@ -34,6 +34,7 @@ __all__ = [
     "check_bool", "check_choice", "is_int", "is_real", "as_internal_view", "check_callback", "check_verbose",
     "refuse_list_split_by_sklearn", "as_view_list", "views_checked", "check_feature_names", "view_feature_names",
     "check_constant_views", "check_fitted_widths", "check_view_orientation", "ViewsSplitGuard",
+    "sparse_structure_problem", "compressed_index_problem",
 ]
 
 _REAL_KINDS = ("b", "i", "u", "f")
@@ -380,6 +381,81 @@ def check_constant_views(views) -> None:
                                  "samples apart -- drop it from the views")
 
 
+def compressed_index_problem(indptr, indices, n_data: int, shape, by_rows: bool) -> str | None:
+    """What is wrong with the index arrays of a CSR (``by_rows``) or CSC matrix of ``shape``, or None.
+
+    The structural check of every sparse view, file or API (scipy checks only the lengths when
+    it builds a matrix, and its compiled routines trust the rest: a column index past the shape made
+    ``tocsr``/``sum_duplicates``/products read and write outside their arrays -- a segmentation
+    fault -- and a decreasing pointer was read as silently wrong data).  O(nnz) NumPy, allocating
+    nothing of the declared shape; to run before any scipy operation on the matrix: ``indptr`` has
+    major + 1 integer entries, starts at 0, never decreases and ends at the number of stored entries,
+    ``indices`` and the data have that many entries, and every index is in ``[0, minor)``.
+    """
+    n_rows, n_cols = (int(s) for s in shape)
+    major, minor = (n_rows, n_cols) if by_rows else (n_cols, n_rows)
+    major_name, minor_name = ("row", "column") if by_rows else ("column", "row")
+    indptr, indices = np.asarray(indptr), np.asarray(indices)
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+        return f"index arrays of dtype {indptr.dtype} and {indices.dtype}, not integers"
+    if indptr.ndim != 1 or indptr.size != major + 1:
+        return (f"{indptr.size} {major_name} pointers (indptr) for {major} {major_name}s (expected {major + 1})")
+    if int(indptr[0]) != 0:
+        return f"the {major_name} pointers (indptr) start at {int(indptr[0])}, not 0"
+    steps = np.diff(indptr.astype(np.int64))
+    if steps.size and int(steps.min()) < 0:
+        k = int(np.argmax(steps < 0))
+        return (f"the {major_name} pointers (indptr) decrease at {major_name} {k} "
+                f"({int(indptr[k])} then {int(indptr[k + 1])})")
+    nnz = int(indptr[-1])
+    if indices.ndim != 1 or indices.size != nnz or int(n_data) != nnz:
+        return (f"the {major_name} pointers (indptr) end at {nnz} but there are {indices.size} {minor_name} "
+                f"indices and {int(n_data)} values")
+    return _index_range_problem(indices, minor, minor_name)
+
+
+def _index_range_problem(indices: np.ndarray, size: int, name: str) -> str | None:
+    """The first index of ``indices`` outside ``[0, size)``, described, or None."""
+    if indices.size == 0:
+        return None
+    if indices.dtype.kind not in "iu":
+        return f"{name} indices of dtype {indices.dtype}, not integers"
+    lo, hi = int(indices.min()), int(indices.max())
+    if lo < 0 or hi >= size:
+        bad = lo if lo < 0 else hi
+        return f"{name} index {bad} out of range for {size} {name}s"
+    return None
+
+
+def sparse_structure_problem(X) -> str | None:
+    """What is wrong with the index arrays of the scipy.sparse matrix ``X``, or None.
+
+    CSR and CSC by :func:`compressed_index_problem`, BSR the same over its blocks, COO its row and
+    column indices against the shape; the other formats (DIA, LIL, DOK) hold no compiled-trusted
+    pointers.  Call it before any scipy operation on a matrix from outside (a file, the caller).
+    """
+    fmt = getattr(X, "format", None)
+    shape = X.shape
+    if len(shape) != 2:
+        return None
+    if fmt in ("csr", "csc"):
+        return compressed_index_problem(X.indptr, X.indices, np.asarray(X.data).size, shape, fmt == "csr")
+    if fmt == "bsr":
+        br, bc = X.blocksize
+        if br <= 0 or bc <= 0 or shape[0] % br or shape[1] % bc:
+            return f"blocks of {br} x {bc} do not tile the shape {shape}"
+        return compressed_index_problem(X.indptr, X.indices, np.asarray(X.data).shape[0],
+                                        (shape[0] // br, shape[1] // bc), True)
+    if fmt == "coo":
+        coords = getattr(X, "coords", None) or (X.row, X.col)
+        row, col = (np.asarray(c) for c in coords)
+        n = np.asarray(X.data).size
+        if row.ndim != 1 or col.ndim != 1 or row.size != n or col.size != n:
+            return f"{row.size} row and {col.size} column indices for {n} values"
+        return _index_range_problem(row, shape[0], "row") or _index_range_problem(col, shape[1], "column")
+    return None
+
+
 def _check_dtype(dtype, p: int) -> None:
     if dtype.kind == "c":
         raise InputError(f"view {p} must hold real numbers, got complex dtype {dtype}")
@@ -448,6 +524,9 @@ def _as_matrix(X, p: int, check_scale: bool = True):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"view {p} must be 2-D, got {X.ndim}-D")
+        problem = sparse_structure_problem(X)  # before any scipy operation trusts the indices
+        if problem:
+            raise InputError(f"view {p}: malformed {X.format} sparse matrix of shape {X.shape}: {problem}")
         _check_dtype(X.dtype, p)
         dtype = _working_dtype(X.dtype, p)
         try:
@@ -488,6 +567,17 @@ def _as_matrix(X, p: int, check_scale: bool = True):
     if check_scale:
         _check_scale(A, dtype, p)
     return A
+
+
+def _check_fit_features(shape, p: int) -> None:
+    """Refuse a view with more features than a fit can hold in the memory budget: a fit keeps arrays of
+    one row per feature (the basis U_p and its work copies), 1 KiB per feature in all by the rule of
+    :func:`fedsonmf.datasets._limits.fit_features_problem` -- a clear error instead of a MemoryError."""
+    from fedsonmf.datasets._limits import fit_features_problem  # here: datasets imports this module
+
+    problem = fit_features_problem(shape[0], shape[1])
+    if problem:
+        raise InputError(f"view {p}: {problem}; refused before the fit")
 
 
 def _not_a_view_list(Xs) -> str:
@@ -560,6 +650,8 @@ def _checked_arrays(Xs, n_components: int | None) -> tuple[list, list[int]]:
     if len(Xs) == 0:
         raise InputError("Xs is empty: give at least one view")
     mats = [_as_matrix(X, p) for p, X in enumerate(Xs)]
+    for p, M in enumerate(mats):
+        _check_fit_features(M.shape, p)
     check_view_orientation(mats)
     n = mats[0].shape[0]
     nzs = []

@@ -23,6 +23,14 @@ naming the file and the figure:
   uncompressed (``np.save``, ``scipy.sparse.save_npz(..., compressed=False)``) or raise the
   variable.
 
+* a view whose features alone would exhaust the budget in a fit: a fit holds arrays of one row
+  per feature whatever the number of samples (the basis U_p of d_p x r and its work copies, the
+  per-feature statistics of the preprocessing), so a 1.7 KB sparse file declaring 2 x 10^8 columns
+  read fine and the fit then needed tens of GiB.  The rule counts :data:`FIT_BYTES_PER_FEATURE`
+  (1 KiB: 128 float64 per feature, e.g. four d_p x 32 arrays) times the number of columns, and
+  refuses a view needing more than the budget (:func:`check_fit_features`, for a file's declared
+  shape, and :func:`fedsonmf._validation.check_views`, for views given to ``fit``).
+
 The budget is per file: each file is checked when it is read.
 """
 
@@ -41,6 +49,9 @@ INFLATION_ENV = "FEDSONMF_MAX_INFLATION"
 MAX_INFLATION = 100.0
 #: members inflating to less than this are never refused for their ratio
 INFLATION_FLOOR = 64 << 20
+#: memory a fit holds per feature of a view (bytes), whatever the number of samples: 128 float64, e.g.
+#: the basis U_p (d_p x r) and three work arrays of its shape for r up to 32
+FIT_BYTES_PER_FEATURE = 128 * 8
 _FALLBACK_BUDGET = 4 << 30  # no /proc/meminfo and no sysconf: 4 GiB
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -115,6 +126,26 @@ def check_budget(path: Path, need: float, what: str) -> None:
     if need > budget:
         raise InputError(f"{path}: {what} needs about {human(need)} of memory to read, {budget_hint(budget)}; "
                          "refused before reading")
+
+
+def fit_features_problem(n_rows: int, n_cols: int) -> str | None:
+    """Why a view of ``n_rows`` x ``n_cols`` has too many features for a fit within :func:`view_budget`
+    (:data:`FIT_BYTES_PER_FEATURE` per column), or None."""
+    need = int(n_cols) * FIT_BYTES_PER_FEATURE
+    budget = view_budget()
+    if need <= budget:
+        return None
+    return (f"its shape {int(n_rows)} x {int(n_cols)} has so many features that a fit would need about "
+            f"{human(need)} of memory for them alone ({FIT_BYTES_PER_FEATURE} bytes per feature: the basis "
+            f"and its work arrays), {budget_hint(budget)}")
+
+
+def check_fit_features(path: Path, n_rows: int, n_cols: int, when: str = "before reading") -> None:
+    """Refuse the view file ``path`` declaring ``n_rows`` x ``n_cols`` when a fit could not hold its
+    features (:func:`fit_features_problem`)."""
+    problem = fit_features_problem(n_rows, n_cols)
+    if problem:
+        raise InputError(f"{path}: {problem}; refused {when}")
 
 
 def check_holds(path: Path, declared: str, need: float, have: float, where: str = "the file holds") -> None:

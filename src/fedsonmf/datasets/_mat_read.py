@@ -17,6 +17,7 @@ import numpy as np
 import scipy.io
 import scipy.sparse as sp
 
+from fedsonmf._validation import compressed_index_problem, sparse_structure_problem
 from fedsonmf.datasets import _limits
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -58,6 +59,7 @@ def _read_variables(path: Path) -> dict:
             ) from None
         if not variables:
             raise InputError(f"{path}: the MAT v7.3 (HDF5) file holds no numeric variable or cell array")
+        _check_sparse_variables(path, variables)
         return variables
     is_v5 = head[:6] == b"MATLAB"
     if is_v5 and size <= 128:
@@ -77,7 +79,29 @@ def _read_variables(path: Path) -> dict:
         raise InputError(
             f"{path}: no variables could be read ({'header only or truncated' if is_v5 else 'not a MAT file?'})"
         )
+    _check_sparse_variables(path, variables)
     return variables
+
+
+def check_sparse_file(path: Path, X, what: str = "a sparse matrix") -> None:
+    """Refuse (InputError naming ``path``) a scipy.sparse matrix read from it whose index arrays do not
+    fit its shape (:func:`fedsonmf._validation.sparse_structure_problem`), before any scipy operation
+    trusts them."""
+    problem = sparse_structure_problem(X)
+    if problem:
+        raise InputError(f"{path}: {what} ({X.format}, shape {X.shape[0]} x {X.shape[1]}) is malformed: {problem}; "
+                         "a corrupt or forged file, refused")
+
+
+def _check_sparse_variables(path: Path, variables: dict) -> None:
+    """:func:`check_sparse_file` on every sparse variable, and every sparse element of a cell array."""
+    for name, value in variables.items():
+        if sp.issparse(value):
+            check_sparse_file(path, value, f"the sparse variable {name!r}")
+        elif _is_cell(value):
+            for k, element in enumerate(value.ravel(order="F"), start=1):
+                if sp.issparse(element):
+                    check_sparse_file(path, element, f"element {k} of the cell {name!r}")
 
 
 def _verify_mat5_elements(path: Path, size: int) -> None:
@@ -412,6 +436,54 @@ def _read_hdf5_mat(path: Path) -> dict:
         return val.decode() if isinstance(val, bytes) else val
 
     need = [0]
+    size = path.stat().st_size
+
+    def member(group, key: str):
+        """``group[key]``, refusing a link that leaves the file before HDF5 follows it (an external
+        link opens another file -- or blocks forever on a FIFO).  A soft link is followed only through
+        hard links of this file (MATLAB writes neither kind)."""
+        name = f"{group.name.rstrip('/')}/{key}"
+        link = group.get(key, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            raise InputError(f"{path}: {name!r} is an external link to {link.filename!r} ({link.path}): a view "
+                             "file must hold its own data, not another file's; refused")
+        if not isinstance(link, h5py.SoftLink):
+            return guard(group[key])
+        here = group.file if link.path.startswith("/") else group
+        for part in (p for p in link.path.split("/") if p):
+            if not isinstance(here.get(part, getlink=True), h5py.HardLink):
+                raise InputError(f"{path}: {name!r} is a soft link to {link.path!r}, which is missing or passes "
+                                 f"through another link at {part!r}; refused")
+            here = here[part]
+        return guard(here)
+
+    def guard(obj):
+        """Refuse a dataset whose data is not this file's own (external storage, a virtual dataset,
+        another file), before anything reads it."""
+        if not isinstance(obj, h5py.Dataset):
+            return obj
+        name = obj.name
+        if obj.file.filename != fh.filename:
+            raise InputError(f"{path}: the dataset {name!r} is in another file ({obj.file.filename!r}); refused")
+        if obj.external is not None:
+            shown = ", ".join(str(e[0].decode() if isinstance(e[0], bytes) else e[0]) for e in obj.external)
+            raise InputError(f"{path}: the dataset {name!r} keeps its data in external file(s) ({shown}): a view "
+                             "file must hold its own data, not another file's; refused")
+        if obj.is_virtual:
+            raise InputError(f"{path}: the dataset {name!r} is a virtual dataset (data mapped from other "
+                             "datasets or files); refused")
+        return obj
+
+    def read(ds, dtype=None) -> np.ndarray:
+        """The values of the dataset ``ds``, refused first if it inflates like a bomb (compressed, or
+        chunks never written: HDF5 returns its fill value for them) -- the rule of the other
+        compressed formats (:func:`._limits.check_inflation`), stored bytes against declared."""
+        declared = _limits.prod(ds.shape) * ds.dtype.itemsize
+        stored = min(int(ds.id.get_storage_size()), size)
+        if ds.compression is not None or stored < declared:
+            how = "compressed" if ds.compression is not None else "unwritten data read as its fill value"
+            _limits.check_inflation(path, f"the dataset {ds.name!r} ({how})", declared, stored)
+        return np.asarray(ds, dtype=dtype)
 
     def declare(what: str, nbytes: int) -> None:  # every dataset's declared shape, before it is read
         need[0] += nbytes
@@ -423,29 +495,34 @@ def _read_hdf5_mat(path: Path) -> dict:
             if "MATLAB_sparse" not in obj.attrs:
                 return None  # struct or object: not supported
             n_rows = int(obj.attrs["MATLAB_sparse"])
-            parts = [obj[k] for k in ("jc", "ir", "data") if k in obj and isinstance(obj[k], h5py.Dataset)]
+            parts = {k: member(obj, k) for k in ("jc", "ir", "data") if k in obj}
             declare(f"the sparse array {obj.name!r} ({n_rows} rows)",
-                    2 * sum(_limits.prod(d.shape) * 8 for d in parts) + 16 * (max(n_rows, 0) + 1))
-            jc = np.asarray(obj["jc"], dtype=np.int64).ravel()
-            if "data" in obj:  # absent when the matrix has no nonzeros
-                data, ir = np.asarray(obj["data"]).ravel(), np.asarray(obj["ir"]).ravel()
+                    2 * sum(_limits.prod(d.shape) * 8 for d in parts.values() if isinstance(d, h5py.Dataset))
+                    + 16 * (max(n_rows, 0) + 1))
+            jc = read(parts["jc"], np.int64).ravel()
+            if "data" in parts:  # absent when the matrix has no nonzeros
+                data, ir = read(parts["data"]).ravel(), read(parts["ir"]).ravel()
             else:
                 data, ir = np.zeros(0), np.zeros(0)
-            ir = ir.astype(np.int64)
+            ir = ir.astype(np.int64)  # (a uint64 index past int64 wraps negative: refused below)
+            problem = compressed_index_problem(jc, ir, data.size, (n_rows, max(jc.size - 1, 0)), by_rows=False)
+            if problem:
+                raise InputError(f"{path}: the sparse array {obj.name!r} ({n_rows} x {max(jc.size - 1, 0)}, "
+                                 f"MATLAB_sparse) is malformed: {problem}; a corrupt or forged file, refused")
             return sp.csc_array((data, ir, jc), shape=(n_rows, jc.size - 1))
         if cls == "cell":
-            refs = np.asarray(obj)
+            refs = read(obj)
             out = np.empty(refs.shape, dtype=object)
             for idx, ref in np.ndenumerate(refs):
-                out[idx] = convert(obj.file[ref])
+                out[idx] = convert(guard(obj.file[ref]))
             return out.T
         if cls == "char" or "MATLAB_empty" in obj.attrs or obj.dtype.names is not None:
             return None  # text, empty or complex
         if isinstance(obj, h5py.Dataset):
             n = _limits.prod(obj.shape)
             declare(f"the array {obj.name!r} of shape {obj.shape[::-1]} ({obj.dtype})", n * (obj.dtype.itemsize + 8))
-        return np.asarray(obj).T
+        return read(obj).T
 
     with h5py.File(path, "r") as fh:
-        items = {k: convert(fh[k]) for k in fh if not k.startswith("#")}
+        items = {k: convert(member(fh, k)) for k in fh if not k.startswith("#")}
     return {k: v for k, v in items.items() if v is not None}

@@ -74,7 +74,7 @@ import scipy.sparse as sp
 from fedsonmf._io import write_atomic
 from fedsonmf.datasets import _limits
 from fedsonmf.datasets._mat_read import _check_file as _check_regular_file
-from fedsonmf.datasets._mat_read import _read_variables
+from fedsonmf.datasets._mat_read import _read_variables, check_sparse_file
 from fedsonmf.datasets.mat import MultiViewDataset
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -559,6 +559,8 @@ def _precheck_npy(path: Path, mmap_mode) -> None:
     n = _limits.prod(shape)
     declared = f"its header's shape {shape} of {dtype}"
     _limits.check_holds(path, declared, offset + n * dtype.itemsize, path.stat().st_size)
+    if len(shape) == 2:
+        _limits.check_fit_features(path, shape[0], shape[1])
     need = (0 if mmap_mode == "r" else n * dtype.itemsize) + _view_bytes(n, dtype)
     _limits.check_budget(path, need, f"the array of shape {shape} ({dtype})")
 
@@ -597,11 +599,16 @@ def _precheck_npz(path: Path) -> None:
         rows = 0
         if {"format", "shape", "data"} <= set(arrays):  # scipy.sparse: the CSR made of it has rows + 1 pointers
             info, shape, dtype = arrays["shape"]
-            if _limits.prod(shape) <= 8 and dtype.kind in "iu":
-                with zf.open(info) as fh:
-                    dims = np.lib.format.read_array(fh, allow_pickle=False)
-                rows = int(dims[0]) if dims.size else 0
-            need = 2 * need + 16 * (max(rows, 0) + 1)
+            if shape != (2,) or dtype.kind not in "iu":
+                raise InputError(f"{path}: a scipy.sparse .npz whose 'shape' member is an array of shape {shape} "
+                                 f"({dtype}), not the two integers (rows, columns); a corrupt or forged file, refused")
+            with zf.open(info) as fh:
+                rows, cols = (int(v) for v in np.lib.format.read_array(fh, allow_pickle=False))
+            if rows < 0 or cols < 0:
+                raise InputError(f"{path}: a scipy.sparse .npz declaring the negative shape ({rows}, {cols}); "
+                                 "a corrupt or forged file, refused")
+            _limits.check_fit_features(path, rows, cols)
+            need = 2 * need + 16 * (rows + 1)
     _limits.check_budget(path, max(need, declared), f"the archive ({len(infos)} members)")
 
 
@@ -667,20 +674,30 @@ def _precheck_mtx(path: Path) -> None:
         if len(banner) < 5 or banner[0] != "%%matrixmarket" or banner[1] != "matrix":
             return  # scipy says what is wrong
         fmt, field, symmetry = banner[2:5]
-        while True:
+        while True:  # comments and blank lines of any length, read 64 KiB at a time
             line = fh.readline(1 << 16)
             if not line:
-                return
+                return  # no size line: scipy says so
             text = line.strip()
             if text and not text.startswith(b"%"):
                 break
+            while not line.endswith(b"\n"):  # the rest of a long line
+                line = fh.readline(1 << 16)
+                if not line:
+                    return
+        if not line.endswith(b"\n") and fh.read(1):
+            raise InputError(f"{path}: the Matrix Market size line is longer than 64 KiB; a corrupt or forged file, "
+                             "refused")
         start = fh.tell()
+    want = 3 if fmt == "coordinate" else 2
     try:
         nums = [int(v) for v in text.split()]
     except ValueError:
-        return
-    if any(v < 0 for v in nums):
-        return
+        nums = []
+    if fmt in ("coordinate", "array") and (len(nums) != want or any(v < 0 for v in nums)):
+        shown = text[:80].decode("ascii", "replace")
+        raise InputError(f"{path}: the Matrix Market size line {shown!r} is not {want} nonnegative integers "
+                         f"({'rows, columns, entries' if want == 3 else 'rows, columns'}); refused")
     complex_ = field == "complex"
     itemsize = 16 if complex_ else 8
     if fmt == "coordinate" and len(nums) == 3:
@@ -701,6 +718,7 @@ def _precheck_mtx(path: Path) -> None:
     else:
         return
     _limits.check_holds(path, declared, entries * shortest - 1, size - start, where="the text after it holds")
+    _limits.check_fit_features(path, rows, cols)
     _limits.check_budget(path, need, f"the {rows} x {cols} matrix")
 
 
@@ -764,6 +782,7 @@ def _as_view(X, path: Path):
     if sp.issparse(X):
         if X.ndim != 2:
             raise InputError(f"{path}: holds a {X.ndim}-D sparse array; a view is 2-D (n_samples, n_features)")
+        check_sparse_file(path, X, "the sparse view")  # before the CSR conversion below trusts its indices
         kind = X.dtype.kind
     else:
         if not isinstance(X, np.ndarray):
@@ -778,6 +797,7 @@ def _as_view(X, path: Path):
         raise InputError(f"{path}: holds {X.dtype} values, not numbers")
     if X.shape[0] == 0 or X.shape[1] == 0:
         raise InputError(f"{path}: the view is empty (shape {X.shape})")
+    _limits.check_fit_features(path, X.shape[0], X.shape[1], "before the fit")  # a .mat view: known once read
     dtype = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
     if sp.issparse(X):
         out = sp.csr_array(X, dtype=dtype)
