@@ -35,9 +35,10 @@ for _module in (synthetic, cluster, experiments, flower):
 
 
 def _run_label(doc: dict, path: Path) -> str:
-    """A legend entry for one results JSON: the algorithm, whether drift correction was on, h and tau."""
-    cfg = doc.get("config", {})
-    algo = cfg.get("algorithm", path.stem)
+    """A legend entry for one results JSON: the algorithm, whether drift correction was on, h and tau
+    (``doc`` checked by :func:`_read_results`)."""
+    cfg = doc.get("config") or {}
+    algo = str(cfg.get("algorithm", path.stem))
     what = algo if algo != "fedsonmf" else "fedsonmf, " + ("with drift correction" if cfg.get("correction", True)
                                                           else "no correction (ablation)")
     data = cfg.get("data") or {}
@@ -45,6 +46,57 @@ def _run_label(doc: dict, path: Path) -> str:
     if "tau" in cfg:
         extra.append(f"tau={cfg['tau']}")
     return what + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: the row fields ``fedsonmf plot`` reads (History.column: the x and y of each line)
+_PLOTTED = ("round", "R_rel")
+
+
+def _read_results(path: Path):
+    """``(history, legend entry)`` of one results JSON, or an InputError naming the file and what
+    is wrong (``<file>: not a fedsonmf results JSON (<what>)``) for anything the plot cannot use."""
+    import json
+
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.protocol.history import History
+
+    def bad(what: str) -> InputError:
+        return InputError(f"{path}: not a fedsonmf results JSON ({what})")
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise bad("nested too deeply") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"a JSON {type(doc).__name__}, not an object")
+    if "history" not in doc:
+        raise bad("no 'history'")
+    rows = doc["history"]
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise bad("'history' is not a list of rows (objects)")
+    if not rows:
+        raise bad("'history' has no rows")
+    for i, row in enumerate(rows):
+        for key in _PLOTTED:
+            if key in row and not _is_number(row[key]):
+                raise bad(f"history row {i}: {key} = {row[key]!r:.40} is not a number")
+    if doc.get("R0") is not None and not _is_number(doc["R0"]):
+        raise bad("'R0' is not a number")
+    cfg = doc.get("config")
+    if cfg is not None and not isinstance(cfg, dict):
+        raise bad("'config' is not an object")
+    data = (cfg or {}).get("data")
+    if data is not None and not isinstance(data, dict):
+        raise bad("'config.data' is not an object")
+    if data and "heterogeneity" in data and not _is_number(data["heterogeneity"]):
+        raise bad("'config.data.heterogeneity' is not a number")
+    return History(rows, R0=doc.get("R0")), _run_label(doc, Path(path))
 
 
 @app.command("plot")
@@ -55,22 +107,13 @@ def plot(
     title: Optional[str] = typer.Option(None, "--title", help="Figure title."),
 ):
     """R/R1 per round of several runs in one figure, each labelled from its config (e.g. the demo's two runs)."""
-    import json
-
     from fedsonmf.cli.options import check_output_path
-    from fedsonmf.exceptions import InputError
     from fedsonmf.experiments.plotting import plot_residuals
-    from fedsonmf.protocol.history import History
 
     check_output_path(out, "--out")
     runs = {}
     for path in results:
-        try:
-            doc = json.loads(Path(path).read_text())
-            hist = History(doc["history"], R0=doc.get("R0"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"{path}: not a fedsonmf results JSON ({type(exc).__name__}: {exc})") from None
-        label = _run_label(doc, Path(path))
+        hist, label = _read_results(path)
         while label in runs:
             label += "'"
         runs[label] = hist
