@@ -4,9 +4,11 @@ process, as tests/test_cli_main.py)."""
 
 import json
 
+import numpy as np
 import pytest
 
 from fedsonmf.cli.app import main
+from fedsonmf.federation import checkpoint as ckpt
 
 
 def run_main(argv, capsys):
@@ -54,3 +56,50 @@ def test_plot_still_draws_a_good_results_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plot", str(path), "--out", str(tmp_path / "p.png")])
     assert exc.value.code == 0 and (tmp_path / "p.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- fedsonmf synthetic --checkpoint-dir
+
+SYNTH = ["synthetic", "--clients", 3, "--samples", 20, "--features", 6, "--rank", 3, "-q"]
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_checkpoint_dir_that_is_a_file_is_refused_before_the_fit(tmp_path, capsys, below):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    target = afile / "sub" if below else afile
+    code, lines, out = run_main([*SYNTH, "--rounds", 2, "--checkpoint-dir", target], capsys)
+    assert code == 2 and len(lines) == 1 and out == ""  # no fit ran (its summary goes to stdout)
+    assert "--checkpoint-dir" in lines[0] and f"{afile} is a file, not a folder" in lines[0]
+
+
+def test_estimator_refuses_a_checkpoint_dir_that_is_a_file(tmp_path):
+    from fedsonmf.estimators import FedSONMF
+    from fedsonmf.exceptions import ParameterError
+
+    (tmp_path / "afile").write_text("x")
+    views = [np.random.default_rng(0).random((20, 6)) for _ in range(2)]
+    with pytest.raises(ParameterError, match="is a file, not a folder"):
+        FedSONMF(n_components=2, max_rounds=1, checkpoint_dir=tmp_path / "afile").fit(views)
+
+
+def test_synthetic_resume_from_a_tampered_checkpoint_is_one_error_line(tmp_path, capsys):
+    d = tmp_path / "ck"
+    code, _, _ = run_main([*SYNTH, "--rounds", 2, "--checkpoint-dir", d], capsys)
+    assert code == 0
+    arrays, meta = ckpt.load_npz(d / ckpt.SERVER_FILE)
+    arrays["Vbar"] = arrays["Vbar"][:, :-3]
+    ckpt.atomic_save_npz(d / ckpt.SERVER_FILE, arrays, meta)
+    code, lines, _ = run_main([*SYNTH, "--rounds", 3, "--checkpoint-dir", d], capsys)
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: server checkpoint {d / ckpt.SERVER_FILE}: saved Vbar has shape (3, 17)")
+
+
+# ----------------------------------------------------------------------------- --threads
+
+@pytest.mark.parametrize("value", [0, -3])
+@pytest.mark.parametrize("command", [["cluster", "a.npy", "b.npy", "-k", 2], ["reproduce", "table1"]])
+def test_threads_below_one_is_a_parameter_error(tmp_path, capsys, command, value):
+    code, lines, out = run_main([*command, "--threads", value, "-q"], capsys)
+    assert code == 2 and len(lines) == 1 and out == ""
+    assert "--threads" in lines[0] and "x>=1" in lines[0]
