@@ -103,3 +103,37 @@ def test_threads_below_one_is_a_parameter_error(tmp_path, capsys, command, value
     code, lines, out = run_main([*command, "--threads", value, "-q"], capsys)
     assert code == 2 and len(lines) == 1 and out == ""
     assert "--threads" in lines[0] and "x>=1" in lines[0]
+
+
+# ----------------------------------------------------------------------------- control characters
+
+@pytest.mark.parametrize("name, shown", [("nl\nname.npy", r"nl\nname.npy"),
+                                         ("esc\x1b[31mred.npy", r"esc\x1b[31mred.npy"),
+                                         ("del\x7fc1\x9b.npy", r"del\x7fc1\x9b.npy")])
+def test_control_characters_in_names_are_escaped_in_the_error_line(tmp_path, capsys, name, shown):
+    np.save(tmp_path / "ok.npy", np.ones((10, 4)))
+    try:
+        np.save(tmp_path / name, np.ones((7, 3)))
+    except OSError:  # a file system that refuses the name
+        pytest.skip("cannot create a file with this name here")
+    code, lines, _ = run_main(["cluster", tmp_path / "ok.npy", tmp_path / name, "-k", 2, "-q"], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert shown in lines[0]
+    assert not any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in lines[0])
+
+
+def test_a_missing_view_named_with_an_escape_sequence_is_shown_escaped(tmp_path, capsys):
+    np.save(tmp_path / "ok.npy", np.ones((10, 4)))
+    missing = tmp_path / "gone\x1b]0;title\x07.npy"
+    code, lines, _ = run_main(["cluster", tmp_path / "ok.npy", missing, "-k", 2], capsys)
+    assert code == 2 and len(lines) == 1
+    assert r"gone\x1b]0;title\x07.npy" in lines[0] and "\x1b" not in lines[0]
+
+
+def test_warning_lines_are_escaped_too(capsys):
+    from fedsonmf.cli.app import _show_warning
+
+    _show_warning(set(), "view 'a\nb\x1b[2J'", UserWarning, "f.py", 1)
+    err = capsys.readouterr().err
+    assert err == "warning: view 'a\\nb\\x1b[2J'\n"
+

@@ -122,13 +122,29 @@ def plot(
 
 
 
+#: control characters (C0, DEL, C1): shown escaped in ``error:`` and ``warning:`` lines
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def _one_line(text: object) -> str:
+    """``text`` with its control characters escaped as Python does (``\\n``, ``\\x1b``): a file
+    named with a newline keeps the message on one line, and an escape sequence in a name (or
+    in anything else a message quotes) never reaches the terminal."""
+    return str(text).translate(_CONTROL)
+
+
+def _error(text: object) -> None:
+    """Print the one ``error: ...`` line of a failed command on stderr."""
+    typer.echo(f"error: {_one_line(text)}", err=True)
+
+
 def _show_warning(shown: set[str], message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one ``warning: ...`` line on stderr, like the ``error:`` lines, and each text once
     per command (``shown``: the texts shown so far; the fits of several seeds warn alike): the file
     and line that raised it (the library's, or typer's for a command) mean nothing to a
     command-line user."""
     name = "" if category in (UserWarning, DataWarning) else f"{category.__name__}: "
-    text = f"warning: {name}{message}"
+    text = f"warning: {name}{_one_line(message)}"
     if text not in shown:
         shown.add(text)
         typer.echo(text, err=True)
@@ -157,22 +173,22 @@ def main(argv: list[str] | None = None) -> None:
         if not exc.format_message():  # no arguments: the help was printed (click's exit code 2)
             sys.exit(2)
         name = exc.ctx.command_path if exc.ctx is not None else "fedsonmf"
-        typer.echo(f"error: {exc.format_message()} (see '{name} -h')", err=True)
+        _error(f"{exc.format_message()} (see '{name} -h')")
         sys.exit(2)
     except click.exceptions.Abort:
-        typer.echo("error: aborted", err=True)
+        _error("aborted")
         sys.exit(1)
     except click.exceptions.ClickException as exc:
-        typer.echo(f"error: {exc.format_message()}", err=True)
+        _error(exc.format_message())
         sys.exit(exc.exit_code or 1)
     except (ParameterError, InputError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(2)
     except FedSONMFError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(1)
     except OSError as exc:  # unreadable input, unwritable output, full disk
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(1)
     finally:
         warnings.showwarning = previous
