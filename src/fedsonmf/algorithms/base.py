@@ -33,6 +33,8 @@ class FederatedAlgorithm:
     #: keys of the uplink ``arrays`` this algorithm sends each round (for audits)
     uplink_keys: tuple[str, ...] = ()
     downlink_keys: tuple[str, ...] = ()
+    #: the server's V is a proximal output (P_t(.) >= 0), so a saved V with a negative entry is damaged
+    server_v_nonnegative: bool = False
     #: incomplete views (§15.1) and partial participation (§15.2) are implemented
     supports_masks: bool = False
     supports_partial: bool = False

@@ -48,6 +48,7 @@ class FedMGS(FederatedAlgorithm):
     uplink_keys = ("grad",)
     summed_uplink_keys = ("grad",)
     downlink_keys = ("V",)
+    server_v_nonnegative = True  # V = P(V - eta G)
 
     def __init__(
         self,

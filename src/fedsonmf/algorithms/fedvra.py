@@ -49,6 +49,7 @@ class FedVRA(FederatedAlgorithm):
     uplink_keys = ("W",)
     summed_uplink_keys = ("W",)
     downlink_keys = ("V",)
+    server_v_nonnegative = True  # V = (1 - theta) V + theta P(mean W), theta in (0, 1]
 
     def __init__(self, rho_scale: float = 1.0, dual_step: float = 1.0, relaxation: float = 1.0, *,
                  name: str = "fedvra"):

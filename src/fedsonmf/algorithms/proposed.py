@@ -48,6 +48,7 @@ class FedSONMFAlgorithm(FederatedAlgorithm):
     name = "fedsonmf"
     uplink_keys = ("Vhat",)
     downlink_keys = ("Vbar",)
+    server_v_nonnegative = True  # V = P(Vbar); Vbar itself may be negative
     summed_uplink_keys = ("Vhat",)
 
     supports_masks = True

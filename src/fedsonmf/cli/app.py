@@ -35,9 +35,10 @@ for _module in (synthetic, cluster, experiments, flower):
 
 
 def _run_label(doc: dict, path: Path) -> str:
-    """A legend entry for one results JSON: the algorithm, whether drift correction was on, h and tau."""
-    cfg = doc.get("config", {})
-    algo = cfg.get("algorithm", path.stem)
+    """A legend entry for one results JSON: the algorithm, whether drift correction was on, h and tau
+    (``doc`` checked by :func:`_read_results`)."""
+    cfg = doc.get("config") or {}
+    algo = str(cfg.get("algorithm", path.stem))
     what = algo if algo != "fedsonmf" else "fedsonmf, " + ("with drift correction" if cfg.get("correction", True)
                                                           else "no correction (ablation)")
     data = cfg.get("data") or {}
@@ -45,6 +46,57 @@ def _run_label(doc: dict, path: Path) -> str:
     if "tau" in cfg:
         extra.append(f"tau={cfg['tau']}")
     return what + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: the row fields ``fedsonmf plot`` reads (History.column: the x and y of each line)
+_PLOTTED = ("round", "R_rel")
+
+
+def _read_results(path: Path):
+    """``(history, legend entry)`` of one results JSON, or an InputError naming the file and what
+    is wrong (``<file>: not a fedsonmf results JSON (<what>)``) for anything the plot cannot use."""
+    import json
+
+    from fedsonmf.exceptions import InputError
+    from fedsonmf.protocol.history import History
+
+    def bad(what: str) -> InputError:
+        return InputError(f"{path}: not a fedsonmf results JSON ({what})")
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise bad("nested too deeply") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"a JSON {type(doc).__name__}, not an object")
+    if "history" not in doc:
+        raise bad("no 'history'")
+    rows = doc["history"]
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise bad("'history' is not a list of rows (objects)")
+    if not rows:
+        raise bad("'history' has no rows")
+    for i, row in enumerate(rows):
+        for key in _PLOTTED:
+            if key in row and not _is_number(row[key]):
+                raise bad(f"history row {i}: {key} = {row[key]!r:.40} is not a number")
+    if doc.get("R0") is not None and not _is_number(doc["R0"]):
+        raise bad("'R0' is not a number")
+    cfg = doc.get("config")
+    if cfg is not None and not isinstance(cfg, dict):
+        raise bad("'config' is not an object")
+    data = (cfg or {}).get("data")
+    if data is not None and not isinstance(data, dict):
+        raise bad("'config.data' is not an object")
+    if data and "heterogeneity" in data and not _is_number(data["heterogeneity"]):
+        raise bad("'config.data.heterogeneity' is not a number")
+    return History(rows, R0=doc.get("R0")), _run_label(doc, Path(path))
 
 
 @app.command("plot")
@@ -55,22 +107,13 @@ def plot(
     title: Optional[str] = typer.Option(None, "--title", help="Figure title."),
 ):
     """R/R1 per round of several runs in one figure, each labelled from its config (e.g. the demo's two runs)."""
-    import json
-
     from fedsonmf.cli.options import check_output_path
-    from fedsonmf.exceptions import InputError
     from fedsonmf.experiments.plotting import plot_residuals
-    from fedsonmf.protocol.history import History
 
     check_output_path(out, "--out")
     runs = {}
     for path in results:
-        try:
-            doc = json.loads(Path(path).read_text())
-            hist = History(doc["history"], R0=doc.get("R0"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"{path}: not a fedsonmf results JSON ({type(exc).__name__}: {exc})") from None
-        label = _run_label(doc, Path(path))
+        hist, label = _read_results(path)
         while label in runs:
             label += "'"
         runs[label] = hist
@@ -79,13 +122,29 @@ def plot(
 
 
 
+#: control characters (C0, DEL, C1): shown escaped in ``error:`` and ``warning:`` lines
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def _one_line(text: object) -> str:
+    """``text`` with its control characters escaped as Python does (``\\n``, ``\\x1b``): a file
+    named with a newline keeps the message on one line, and an escape sequence in a name (or
+    in anything else a message quotes) never reaches the terminal."""
+    return str(text).translate(_CONTROL)
+
+
+def _error(text: object) -> None:
+    """Print the one ``error: ...`` line of a failed command on stderr."""
+    typer.echo(f"error: {_one_line(text)}", err=True)
+
+
 def _show_warning(shown: set[str], message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one ``warning: ...`` line on stderr, like the ``error:`` lines, and each text once
     per command (``shown``: the texts shown so far; the fits of several seeds warn alike): the file
     and line that raised it (the library's, or typer's for a command) mean nothing to a
     command-line user."""
     name = "" if category in (UserWarning, DataWarning) else f"{category.__name__}: "
-    text = f"warning: {name}{message}"
+    text = f"warning: {name}{_one_line(message)}"
     if text not in shown:
         shown.add(text)
         typer.echo(text, err=True)
@@ -114,22 +173,22 @@ def main(argv: list[str] | None = None) -> None:
         if not exc.format_message():  # no arguments: the help was printed (click's exit code 2)
             sys.exit(2)
         name = exc.ctx.command_path if exc.ctx is not None else "fedsonmf"
-        typer.echo(f"error: {exc.format_message()} (see '{name} -h')", err=True)
+        _error(f"{exc.format_message()} (see '{name} -h')")
         sys.exit(2)
     except click.exceptions.Abort:
-        typer.echo("error: aborted", err=True)
+        _error("aborted")
         sys.exit(1)
     except click.exceptions.ClickException as exc:
-        typer.echo(f"error: {exc.format_message()}", err=True)
+        _error(exc.format_message())
         sys.exit(exc.exit_code or 1)
     except (ParameterError, InputError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(2)
     except FedSONMFError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(1)
     except OSError as exc:  # unreadable input, unwritable output, full disk
-        typer.echo(f"error: {exc}", err=True)
+        _error(exc)
         sys.exit(1)
     finally:
         warnings.showwarning = previous

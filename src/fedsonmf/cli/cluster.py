@@ -16,7 +16,7 @@ import typer
 
 from fedsonmf._io import write_json_atomic
 from fedsonmf._provenance import meta
-from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, with_params
+from fedsonmf.cli.options import ALGORITHM_OPTIONS, DP_OPTIONS, check_output_path, threads_option, with_params
 from fedsonmf.cli.progress import UNITS
 from fedsonmf.exceptions import InputError, ParameterError
 
@@ -326,7 +326,7 @@ def register(app, reproduce_app) -> None:
                                      "Frobenius-scaled concatenation, scikit-learn NMF + k-means, multi-view "
                                      "spectral clustering (the best is marked)."),
         nmi_average: str = typer.Option("arithmetic", help="NMI normalisation: arithmetic, sqrt, max, ..."),
-        threads: int = typer.Option(1, help="BLAS threads (1 is fastest for these small products)."),
+        threads: int = threads_option("BLAS threads (1 is fastest for these small products)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write every score and parameter here."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display and no seeds line."),
         params: Any = None,  # filled by @with_params from the table-backed options
@@ -421,7 +421,7 @@ def register(app, reproduce_app) -> None:
         include: Optional[list[str]] = typer.Option(
             None, "--only", help="Only these data sets (repeatable): a data-set name (BBCSport), or NAME/SOURCE for "
                                  "one source."),
-        threads: int = typer.Option(1, help="BLAS threads."),
+        threads: int = threads_option(),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write all scores here."),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
         params: Any = None,  # filled by @with_params from the table-backed options

@@ -19,7 +19,7 @@ import typer
 from fedsonmf.protocol.params import PARAMS
 
 __all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS",
-           "DP_OPTIONS"]
+           "DP_OPTIONS", "threads_option"]
 
 #: the algorithm options every federated command offers (flags derived from the names)
 ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "batch_size", "algorithm")
@@ -98,8 +98,13 @@ def parse_mu(text: str):
         raise typer.BadParameter(f"must be a number >= 0 or 'auto', got {text!r}", param_hint="--mu") from None
 
 
-def check_output_path(path: Path | None, flag: str) -> None:
-    """Fail before any computation when an output file cannot be written.
+def threads_option(help: str = "BLAS threads."):
+    """``--threads``: the BLAS threads of a command's fits, an integer >= 1 (default 1)."""
+    return typer.Option(1, "--threads", min=1, help=help)
+
+
+def check_output_path(path: Path | None, flag: str, folder: bool = False) -> None:
+    """Fail before any computation when an output file (or folder) cannot be written.
 
     Parameters
     ----------
@@ -107,13 +112,24 @@ def check_output_path(path: Path | None, flag: str) -> None:
         The output file (None: nothing to check).
     flag : str
         The option that named it, for the message.
+    folder : bool, default=False
+        ``path`` is an output folder (created with its missing parents when written, e.g.
+        ``--checkpoint-dir``): refused when it, or the nearest of its parents that exists, is
+        not a folder.
 
     Raises
     ------
     typer.BadParameter
-        Its folder does not exist, or ``path`` is a folder.
+        Its folder does not exist, or ``path`` is a folder; with ``folder``, ``path`` or the
+        nearest existing parent is a file.
     """
     if path is None:
+        return
+    if folder:
+        existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            what = f"{path} is a file, not a folder" if existing == path else f"{existing} is a file, not a folder"
+            raise typer.BadParameter(what, param_hint=flag)
         return
     parent = path.resolve().parent
     if not parent.is_dir():

@@ -60,6 +60,7 @@ def register(app, reproduce_app) -> None:
         mu = parse_mu(mu)
         check_output_path(json_path, "--json")
         check_output_path(plot, "--plot")
+        check_output_path(checkpoint_dir, "--checkpoint-dir", folder=True)
         if not 0.0 <= heterogeneity <= 1.0:
             raise typer.BadParameter(f"must be in [0, 1], got {heterogeneity}", param_hint="--heterogeneity")
         data = make_synthetic(

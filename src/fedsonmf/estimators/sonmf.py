@@ -64,6 +64,8 @@ def _check_run_params(est) -> dict:
     cd = est.checkpoint_dir
     if cd is not None and not isinstance(cd, (str, os.PathLike)):
         raise ParameterError(f"checkpoint_dir must be None or a path, got {cd!r}")
+    if cd is not None and os.path.exists(cd) and not os.path.isdir(cd):  # refused before the fit, not after it
+        raise ParameterError(f"checkpoint_dir {os.fspath(cd)!r} is a file, not a folder")
     check_verbose(est.verbose)
     try:
         algorithm = get_algorithm(est.algorithm).name

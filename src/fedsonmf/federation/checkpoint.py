@@ -49,6 +49,7 @@ __all__ = [
     "view_storage",
     "client_resume_meta",
     "verify_client_resume",
+    "verify_server_state",
 ]
 
 _META_KEY = "__meta_json__"
@@ -95,17 +96,81 @@ def _remove_stale_temps(directory, select) -> list[Path]:
 
 
 def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
-    """Read a file written by :func:`atomic_save_npz`: ``(arrays, meta)``."""
+    """Read a file written by :func:`atomic_save_npz`: ``(arrays, meta)``.
+
+    Before anything is read, the file's zip directory and its members' ``.npy`` headers are
+    checked with the rules the view readers apply to ``.npz`` files
+    (:mod:`fedsonmf.datasets._limits`): no member inflating like a zip bomb, no array declared
+    larger than its member, and no more memory in all than the budget; a file that is not a
+    zip archive at all is refused too.  Every failure is a :class:`CheckpointError` naming the file.
+    """
     path = Path(path)
     try:
+        _precheck_archive(path)
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if k != _META_KEY}
             meta = json.loads(str(z[_META_KEY])) if _META_KEY in z.files else {}
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} does not exist") from None
+    except CheckpointError:
+        raise
     except Exception as exc:  # zip/JSON damage
         raise CheckpointError(f"cannot read checkpoint file {path}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"cannot read checkpoint file {path}: its metadata is not a JSON object")
+    for k, v in arrays.items():
+        if not isinstance(v, np.ndarray):  # a member that is no .npy array (np.load gives its bytes)
+            raise CheckpointError(f"cannot read checkpoint file {path}: member {k!r} is not a NumPy array")
     return arrays, meta
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _precheck_archive(path: Path) -> None:
+    """Refuse ``path`` from its zip directory and its members' ``.npy`` headers, before it is read
+    (the size rules of :mod:`fedsonmf.datasets._limits`, as for a ``.npz`` view)."""
+    import zipfile
+
+    from fedsonmf.datasets import _limits
+    from fedsonmf.exceptions import InputError
+
+    with open(path, "rb") as fh:  # FileNotFoundError: the caller's "does not exist"
+        magic = fh.read(len(_ZIP_MAGIC))
+    if magic != _ZIP_MAGIC:
+        raise CheckpointError(f"cannot read checkpoint file {path}: not a checkpoint archive (.npz)")
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # np.load says what is wrong
+    try:
+        with zf:
+            infos = zf.infolist()
+            declared = sum(info.file_size for info in infos)
+            for info in infos:
+                _limits.check_inflation(path, f"member {info.filename!r}", info.file_size, info.compress_size)
+            need = 0
+            for info in infos:
+                if not info.filename.endswith(".npy"):
+                    continue
+                try:
+                    with zf.open(info) as fh:
+                        version = np.lib.format.read_magic(fh)
+                        read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                            else np.lib.format.read_array_header_2_0
+                        shape, _, dtype = read(fh)
+                        offset = fh.tell()
+                except Exception:  # noqa: BLE001 - np.load says what is wrong
+                    continue
+                if dtype.hasobject:
+                    continue  # refused by np.load(allow_pickle=False) before it allocates
+                n = _limits.prod(shape)
+                _limits.check_holds(path, f"member {info.filename!r} declaring shape {tuple(shape)} of {dtype}",
+                                    offset + n * dtype.itemsize, info.file_size, where="the member declares")
+                need += n * dtype.itemsize
+        _limits.check_budget(path, max(need, declared), f"the checkpoint archive ({len(infos)} members)")
+    except InputError as exc:
+        raise CheckpointError(f"checkpoint file {exc}") from None
 
 
 # ----------------------------------------------------------------------------- config
@@ -147,8 +212,12 @@ def has_server_checkpoint(directory) -> bool:
 
 
 def load_server_checkpoint(directory) -> ServerCheckpoint:
+    """Load and check the server checkpoint of ``directory`` (:func:`verify_server_state` with the
+    checkpoint's own run: its algorithm, r and number of clients; n is checked by the resume, which
+    knows the data)."""
     _remove_stale_temps(directory, lambda name: name.startswith(f".{SERVER_FILE}."))
-    arrays, meta = load_npz(Path(directory) / SERVER_FILE)
+    path = Path(directory) / SERVER_FILE
+    arrays, meta = load_npz(path)
     try:
         mu = meta.get("mu")
         if mu is None and "mu" in arrays:  # written before the server state had its own field
@@ -156,14 +225,110 @@ def load_server_checkpoint(directory) -> ServerCheckpoint:
         state = ServerState(int(meta["round"]), arrays, None if mu is None else float(mu))
         history = History([dict(r) for r in meta["history"]], R0=meta.get("R0"))
         run = dict(meta["run"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise CheckpointError(f"server checkpoint in {directory} is incomplete: {exc}") from None
     if len(history) != state.round - 1:
         raise CheckpointError(
             f"server checkpoint in {directory}: state is at round {state.round} but the history has "
             f"{len(history)} rows"
         )
+    verify_server_state(state, run, path)
     return ServerCheckpoint(state, history, run)
+
+
+#: server-state arrays of shape (r, n), beside V (docs/algorithm.md §5, §15.2): any sign
+_SERVER_RN = ("Vbar", "V_prev", "G_sum")
+#: server-state integer exponents (0-d): secure aggregation's and a plain run's upload bounds
+_SERVER_EXPONENTS = ("secagg_exp", "bound_exp")
+
+
+def verify_server_state(state: ServerState, run: dict, path, *, n_samples: int | None = None,
+                        algorithm=None) -> None:
+    """Check a loaded server state before a run resumes from it.
+
+    Refuses (:class:`CheckpointError` naming ``path`` and the array) a state that the run could
+    not have written: V missing, or any array the algorithm broadcasts (V-bar for fedsonmf);
+    V not (r, n) float64 and finite; V negative where the algorithm's V is a proximal output
+    (``server_v_nonnegative``; V-bar, the pre-proximal matrix, may be negative); V-bar, V_prev,
+    G_sum not of V's shape, G_kept not (m, r, n), membership not (m, n) booleans with every
+    sample held, G_have not (m,) booleans; exponents that are not small integers; a NaN or Inf
+    anywhere; mu not a number >= 0.
+
+    ``run`` is the checkpoint's run (its ``config.n_components`` is r, its ``n_clients`` m, its
+    ``algorithm`` names the algorithm when ``algorithm`` is not given); ``n_samples``, when
+    given, is the n the resumed run's data has.
+    """
+    arrays = state.arrays
+    where = f"server checkpoint {path}"
+    if algorithm is None:
+        from fedsonmf.algorithms import get_algorithm
+
+        try:
+            algorithm = get_algorithm(str(run.get("algorithm", "fedsonmf")))
+        except (ValueError, TypeError):
+            algorithm = None  # an algorithm given as an instance: the resume checks again with it
+    if state.mu is not None and not (np.isfinite(state.mu) and state.mu >= 0):
+        raise CheckpointError(f"{where}: mu = {state.mu!r}, not a number >= 0")
+    required = ["V", *([] if algorithm is None else [k for k in algorithm.downlink_keys if k != "V"])]
+    for key in required:
+        if key not in arrays:
+            raise CheckpointError(f"{where}: the server state has no array {key!r}")
+    for key, A in arrays.items():
+        if A.dtype.kind in "fc" and not np.all(np.isfinite(A)):
+            raise CheckpointError(f"{where}: saved {key} holds NaN or Inf")
+    V = arrays["V"]
+    config = run.get("config")
+    config = config if isinstance(config, dict) else {}
+    r = config.get("n_components")
+    r = int(r) if isinstance(r, int) and not isinstance(r, bool) else (V.shape[0] if V.ndim == 2 else None)
+    n = int(n_samples) if n_samples is not None else (V.shape[1] if V.ndim == 2 else None)
+    m = run.get("n_clients")
+    m = int(m) if isinstance(m, int) and not isinstance(m, bool) else None
+
+    def check(key: str, shape: tuple, kind: str, what: str) -> None:
+        A = arrays[key]
+        if A.shape != shape:
+            raise CheckpointError(f"{where}: saved {key} has shape {A.shape}, expected {what} = {shape}")
+        if kind == "f" and A.dtype != np.float64:
+            raise CheckpointError(f"{where}: saved {key} is {A.dtype}, expected float64")
+        if kind == "b" and A.dtype != np.bool_:
+            raise CheckpointError(f"{where}: saved {key} is {A.dtype}, expected booleans")
+
+    check("V", (r, n), "f", "(r, n)")
+    if getattr(algorithm, "server_v_nonnegative", False) and V.size and V.min() < 0:
+        raise CheckpointError(f"{where}: saved V has negative entries (min {V.min():.3g}); V is the proximal "
+                              f"output of {algorithm.name}, >= 0")
+    for key in _SERVER_RN:
+        if key in arrays:
+            check(key, (r, n), "f", "(r, n)")
+    mm = m
+    if "membership" in arrays:
+        member = arrays["membership"]
+        mm = mm if mm is not None else (member.shape[0] if member.ndim == 2 else None)
+        check("membership", (mm, n), "b", "(m, n)")
+        if not np.all(member.any(axis=0)):
+            raise CheckpointError(f"{where}: saved membership leaves samples no client holds")
+    for key, shape, kind, what in (("G_kept", (mm, r, n), "f", "(m, r, n)"), ("G_have", (mm,), "b", "(m,)")):
+        if key in arrays:
+            if mm is None:
+                mm = arrays[key].shape[0] if arrays[key].ndim >= 1 else None
+                shape = (mm, *shape[1:])
+            check(key, shape, kind, what)
+    if "partial_prev" in arrays:
+        check("partial_prev", (), "b", "a boolean")
+    for key in _SERVER_EXPONENTS:
+        if key in arrays:
+            A = arrays[key]
+            if A.shape != () or A.dtype.kind not in "iu" or not -1100 <= int(A) <= 1100:
+                raise CheckpointError(f"{where}: saved {key} is not a small integer exponent")
+    if "secagg_echoes" in arrays:  # the clients' key-list echoes: JSON bytes, relayed every masked round
+        A = arrays["secagg_echoes"]
+        try:
+            if A.ndim != 1 or A.dtype != np.uint8:
+                raise ValueError(f"{A.dtype} array of shape {A.shape}")
+            json.loads(A.tobytes().decode())
+        except (ValueError, RecursionError) as exc:
+            raise CheckpointError(f"{where}: saved secagg_echoes is not the JSON the run wrote ({exc})") from None
 
 
 def check_resume_matches(ckpt: ServerCheckpoint, run: dict) -> None:

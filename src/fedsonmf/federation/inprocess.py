@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from fedsonmf._validation import check_n_jobs, check_seed
@@ -165,7 +166,8 @@ def run_inprocess(
         from fedsonmf.federation import checkpoint as ckpt
         from fedsonmf.federation.loop import _algorithm
 
-        alg_name = _algorithm(algorithm).name
+        alg = _algorithm(algorithm)
+        alg_name = alg.name
         if resume:
             saved = ckpt.load_server_checkpoint(checkpoint_dir)
             if seed is None:
@@ -187,6 +189,10 @@ def run_inprocess(
                 ckpt.verify_client_resume(p, X, st, meta, cfg.n_components, fingerprints[p],
                                           n_cols=None if held is None else held.size)
                 states.append(st)
+            # the server's arrays against this run's algorithm and n (the load checked them against r and m;
+            # other data, n included, the clients have refused above, naming themselves)
+            ckpt.verify_server_state(saved.state, run_info, Path(checkpoint_dir) / ckpt.SERVER_FILE,
+                                     n_samples=int(views_dn[0].shape[1]) if views_dn else None, algorithm=alg)
             resume_from = (saved.state, saved.history)
         else:
             states = [None for _ in views_dn]
