@@ -36,7 +36,12 @@ Sample ids (our convention):
 * any view may carry a sidecar file ``<stem>.ids.txt`` next to it (``clinic.npz`` ->
   ``clinic.ids.txt``): one id per line, in the order of the rows; ``ids=`` gives the files (or
   arrays) explicitly instead.  Ids are strings as written; when every id of every view is an
-  integer literal they are compared and sorted as integers (``007`` is ``7``).
+  integer literal that fits 64 bits they are compared and sorted as integers (``007`` is ``7``),
+  else all as text;
+* an id or a label is at most :data:`MAX_ID_LENGTH` (1024) characters: a longer one is refused
+  with an InputError naming the file and line, before any array of them is built.  Ids and labels
+  are returned as numpy ``<U`` arrays, or as object arrays of the same ``str`` when a fixed width
+  (the longest one's) would multiply the memory; both sort, compare and hash alike.
 
 :func:`load_views` sorts each view's rows by its own ids (this is what each client does locally)
 and checks that every view holds the same ids (complete case).  With ``missing="mask"`` views
@@ -92,6 +97,12 @@ _LABEL_HEADERS = {"label", "labels", "y", "class", "target", "cluster", "gt", "t
 _ID_HEADERS = {"id", "ids", "sample_id", "sample", "sample id"}
 _INT = re.compile(r"^[+-]?\d+$")
 _MISSING = ("error", "mask", "zeros")
+#: the longest sample id or label accepted, in characters [our choice]: ids and labels are names, not
+#: data; a longer one is refused (naming the file and line) before any array of them is built
+MAX_ID_LENGTH = 1024
+#: a fixed-width (``<U``) array of strings is as wide as its longest one: it is used while it costs at
+#: most this many bytes beyond 16 bytes per character of the strings, else an object array of the str
+_FIXED_WIDTH_SLACK = 16 << 20
 
 
 # ----------------------------------------------------------------------------- single files
@@ -258,14 +269,47 @@ def _ids_for(path: Path, ids, col_ids, shape) -> tuple[np.ndarray | None, str | 
 
 
 def _ids_array(ids, path: Path) -> np.ndarray:
-    arr = np.asarray(ids)
+    if isinstance(ids, Sequence) and not isinstance(ids, str) and all(isinstance(v, str) for v in ids):
+        arr = np.asarray(ids, dtype=object)  # not a fixed-width array as wide as the longest id
+    else:
+        arr = np.asarray(ids)
     if arr.ndim != 1:
         raise InputError(f"{path}: ids must be a 1-D sequence, got shape {arr.shape}")
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             raise InputError(f"{path}: float ids must be whole numbers")
         arr = arr.astype(np.int64)
-    return np.array([str(v).strip() for v in arr.tolist()], dtype=str)
+    values = [str(v).strip() for v in arr.tolist()]
+    for k, v in enumerate(values):
+        _check_length(v, f"{path}: ids= entry {k} (0-based)")
+    return _str_array(values)
+
+
+def _check_length(value: str, where: str, what: str = "sample id") -> None:
+    """Refuse an id or label longer than :data:`MAX_ID_LENGTH` characters; ``where`` names it."""
+    if len(value) > MAX_ID_LENGTH:
+        raise InputError(f"{where}: a {what} of {len(value)} characters ({value[:20]!r}...); ids and labels are at "
+                         f"most {MAX_ID_LENGTH} characters")
+
+
+def _str_array(values: list[str]) -> np.ndarray:
+    """``values`` (str) as a 1-D array: numpy's fixed-width ``<U`` while that costs about the strings
+    themselves, else an object array of the same str (a fixed width is the longest string's: one long
+    id among many short ones would multiply the memory).  Both sort, compare and hash alike."""
+    width = max(map(len, values), default=0)
+    if 4 * width * len(values) <= _FIXED_WIDTH_SLACK + 16 * sum(map(len, values)):
+        return np.array(values, dtype=str)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _as_str_array(ids) -> np.ndarray:
+    """Ids (array-like) as an array of str (:func:`_str_array`); a ``<U`` array is kept as it is."""
+    arr = ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=object)
+    if arr.dtype.kind == "U":
+        return arr
+    return _str_array([str(v) for v in arr.tolist()])
 
 
 def read_ids(path) -> np.ndarray:
@@ -285,14 +329,16 @@ def read_ids(path) -> np.ndarray:
     """
     path = Path(path)
     _check_file(path)
-    lines = [(k, s) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
-    values = [s.strip() for _, s in lines]
+    lines = [(k, s.strip()) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
+    values = [s for _, s in lines]
     if values and (values[0].lower() in _ID_HEADERS
                    or (len(values) > 1 and not _INT.match(values[0]) and all(_INT.match(v) for v in values[1:]))):
-        values = values[1:]
+        values, lines = values[1:], lines[1:]
     if not values:
         raise InputError(f"{path}: the ids file holds no ids")
-    return np.array(values, dtype=str)
+    for k, v in lines:
+        _check_length(v, f"{path}: line {k}")
+    return _str_array(values)
 
 
 def _text_lines(path: Path) -> list[str]:
@@ -350,7 +396,7 @@ def _infer_header(rows: list[list[str]]) -> bool:
     if any(not _is_number(a) and _is_number(b) for a, b in zip(first, second)):
         return True
     d = len(first)
-    if d >= 3 and all(_INT.match(c) for c in first):  # pandas' default column names 0..d-1
+    if d >= 3 and all(_INT.match(c) and len(c) <= 20 for c in first):  # pandas' default column names 0..d-1
         vals = [int(c) for c in first]
         return vals in (list(range(d)), list(range(1, d + 1)))
     return False
@@ -451,9 +497,10 @@ def _read_text_view_fast(path: Path, delim: str, *, id_column, header):
             X = load(np.float64, cols)
             ids = None
             if icol is not None:
-                ids = np.char.strip(load(str, [icol])[:, 0])
-                if ids.shape[0] != X.shape[0] or not np.all(np.char.str_len(ids) > 0):
+                raw = [str(v).strip() for v in load(object, [icol])[:, 0].tolist()]  # not <U: as wide as the longest
+                if len(raw) != X.shape[0] or not all(0 < len(v) <= MAX_ID_LENGTH for v in raw):
                     return None
+                ids = _str_array(raw)
     except (ValueError, UnicodeDecodeError):
         return None
     if X.shape[1] != len(cols):
@@ -495,10 +542,12 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
         raise InputError(f"{path}: the file holds no feature column (only the id column)")
     ids = None
     if icol is not None:
-        ids = np.array([row[icol].strip() for row in data], dtype=str)
-        for k, v in enumerate(ids):
+        raw = [row[icol].strip() for row in data]
+        for k, v in enumerate(raw):
             if not v:
                 raise InputError(f"{path}: line {dlines[k]}: empty sample id (column {icol + 1})")
+            _check_length(v, f"{path}: line {dlines[k]}, column {icol + 1}")
+        ids = _str_array(raw)
         cells = [[row[j] for j in cols] for row in data]
     else:
         cells = data
@@ -841,7 +890,10 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
         arr = arr.ravel()
         if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)  # 1.0 and 1 are the same class
-        return np.array([str(v).strip() for v in arr.tolist()], dtype=str), None
+        values = [str(v).strip() for v in arr.tolist()]
+        for k, v in enumerate(values):
+            _check_length(v, f"{path}: label {k} (0-based)", "label")
+        return _str_array(values), None
     if ext not in (".csv", ".tsv", ".txt"):
         raise InputError(f"{path}: unsupported labels file extension {path.suffix or '(none)'!r}; supported: "
                          ".csv, .tsv, .txt, .npy")
@@ -872,9 +924,11 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     for row, line in zip(rows, nums):
         if any(not c for c in row):
             raise InputError(f"{path}: line {line}: empty {'label' if width == 1 or not row[1] else 'id'}")
+        for j, c in enumerate(row):
+            _check_length(c, f"{path}: line {line}", "label" if j == width - 1 else "sample id")
     if width == 1:
-        return np.array([r[0] for r in rows], dtype=str), None
-    return np.array([r[1] for r in rows], dtype=str), np.array([r[0] for r in rows], dtype=str)
+        return _str_array([r[0] for r in rows]), None
+    return _str_array([r[1] for r in rows]), _str_array([r[0] for r in rows])
 
 
 def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -885,7 +939,7 @@ def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndar
             k = int(np.argmax(~np.isfinite(nums)))
             raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {values[k]!r}: every sample "
                              "needs a class")
-        if np.all(nums == np.round(nums)):
+        if np.all(nums == np.round(nums)) and np.all(np.abs(nums) <= 2 ** 53):  # exact integers only
             nums = nums.astype(np.int64)
         classes, labels = np.unique(nums, return_inverse=True)
     else:
@@ -910,9 +964,9 @@ def _id_keys(all_ids: list[np.ndarray]) -> tuple[list[np.ndarray], bool]:
     if as_int:
         try:
             return [None if ids is None else np.array([int(v) for v in ids], dtype=np.int64) for ids in all_ids], True
-        except OverflowError:
+        except (OverflowError, ValueError):  # beyond 64 bits (or int()'s 4300 digits): compared as text
             pass
-    return [None if ids is None else np.asarray(ids, dtype=str) for ids in all_ids], False
+    return [None if ids is None else _as_str_array(ids) for ids in all_ids], False
 
 
 def _view_names(paths) -> list[str]:
@@ -979,7 +1033,7 @@ def sorted_ids(ids) -> tuple[np.ndarray, bool] | None:
     else str) and sorted; and whether they are integers.  None for None."""
     if ids is None:
         return None
-    (keyed,), numeric = _id_keys([np.asarray(ids, dtype=str)])
+    (keyed,), numeric = _id_keys([_as_str_array(ids)])
     return np.sort(keyed, kind="stable"), numeric
 
 
@@ -1183,6 +1237,12 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     )
 
 
+def _fits_int64(v: str) -> bool:
+    """Whether an integer literal (``_INT``) is a 64-bit integer; never calls int() on a long one."""
+    digits = v.lstrip("+-").lstrip("0")
+    return len(digits) <= 19 and -(2 ** 63) <= int(v) < 2 ** 63
+
+
 def _scatter_rows(X, pos: np.ndarray, n: int):
     """The rows of ``X`` placed at rows ``pos`` of an (n, d) view; the other rows are zero."""
     if sp.issparse(X):
@@ -1206,7 +1266,7 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
         arr = np.asarray(labels)
         if arr.ndim != 1:
             raise InputError(f"labels must be 1-D, got shape {arr.shape}")
-        values, lab_ids = np.array([str(v) for v in arr.tolist()], dtype=str), None
+        values, lab_ids = _as_str_array(arr), None
     if lab_ids is None:
         if ids is not None:
             raise InputError(f"{source}: the views carry sample ids, so the labels must be id,label pairs (to align "
@@ -1225,6 +1285,10 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
         bad = [v for v in lab_ids if not _INT.match(v)]
         if bad:
             raise InputError(f"{source}: label ids {_shown(bad, 3)} are not integers like the samples' ids")
+        big = [v for v in lab_ids if len(v.lstrip("+-").lstrip("0")) > 18 and not _fits_int64(v)]
+        if big:
+            raise InputError(f"{source}: label ids {_shown([v[:40] for v in big], 3)} are integers beyond 64 bits: "
+                             "no sample has such an id (the samples' ids are 64-bit integers)")
         keys = np.array([int(v) for v in lab_ids], dtype=np.int64)
     else:
         keys = lab_ids
