@@ -3,6 +3,9 @@ MAX_ID_LENGTH is refused naming the file and line before any array of them is bu
 an integer beyond 64 bits is compared as text (or, as a label id beside integer sample ids, refused);
 normal ids keep their arrays, order and digests."""
 
+import re
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -211,3 +214,82 @@ def test_the_digest_is_the_same_for_either_storage():
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+# ----------------------------------------------------------------------------- the error-locating parse
+
+
+N_BIG = 50_000  # "1\n" x 50 000: a 100 KB file; rows of lists of str would take about 9 MB
+
+
+def _peak(fn):
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as err:
+            fn()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return str(err.value), peak
+
+
+@pytest.mark.parametrize("row, last, message", [
+    ("1", "x", r"line 50000, column 1: 'x' is not a number"),
+    ("1", "nan", r"NaN or Inf at line 50000, column 1 \(nan\)"),
+    ("1,2", "3", r"line 50000 has 1 fields, line 1 has 2 \(ragged rows"),
+])
+def test_the_bad_cell_of_a_large_file_is_named_in_bounded_memory(tmp_path, monkeypatch, row, last, message):
+    monkeypatch.setattr(files, "_BLOCK_CELLS", 1024)  # the block, small beside the file here
+    path = tmp_path / "v.csv"
+    path.write_text(f"{row}\n" * (N_BIG - 1) + last + "\n")
+    text, peak = _peak(lambda: read_view(path))
+    assert str(path) in text and re.search(message, text)
+    # the array (8 bytes a cell of 2 bytes of the file: 4 per byte) and a block, not rows of str (90 per byte)
+    assert peak < 20 * path.stat().st_size
+
+
+def test_the_streamed_parse_keeps_the_first_error_in_the_file_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "_BLOCK_CELLS", 4)  # errors across several blocks
+    path = tmp_path / "v.csv"
+    rows = [f"s{i},{i},{i + 1}" for i in range(20)]
+    rows[9] = "s9,1,oops"
+    rows[15] = "s15,2,also bad"
+    path.write_text("id,a,b\n" + "\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=r"line 11, column 3: 'oops' is not a number"):
+        read_view(path)
+    rows[17] = ",3,4"  # an empty id is named before any cell, as before
+    path.write_text("id,a,b\n" + "\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=r"line 19: empty sample id \(column 2|line 19: empty sample id \(column 1"):
+        read_view(path)
+
+
+def test_the_streamed_parse_reads_what_the_compiled_one_cannot(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "_BLOCK_CELLS", 3)
+    path = tmp_path / "v.csv"
+    path.write_text("id,a,b,\ns2,1,2,\n\ns1, 3 ,4e1,\ns3,5,6,\n")  # a trailing delimiter on every line
+    X, ids = read_view(path, order_by_id=True)
+    assert ids.tolist() == ["s1", "s2", "s3"] and X.tolist() == [[3, 40], [1, 2], [5, 6]]
+    path.write_text("1,2,\n3,4,\n")
+    X, ids = read_view(path)
+    assert ids is None and X.tolist() == [[1, 2], [3, 4]]
+
+
+def test_the_cell_by_cell_budget_counts_the_array_not_the_rows(tmp_path, monkeypatch):
+    path = tmp_path / "v.csv"
+    path.write_text("1,\n" * 50_000)  # 150 KB; the compiled reader cannot read it (trailing delimiters)
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "8M")  # the array (400 KB) and a block of cells (5.2 MB)
+    X, _ = read_view(path)
+    assert X.shape == (50_000, 1)
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "3M")
+    with pytest.raises(InputError, match="parsed cell by cell.*refused before reading"):
+        read_view(path)
+
+
+def test_a_labels_file_is_refused_by_an_honest_estimate(tmp_path, monkeypatch):
+    path = tmp_path / "lab.csv"
+    path.write_text("1\n" * 100_000)  # 200 KB: about 23 MB as rows of str
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "10M")
+    with pytest.raises(InputError, match=r"lab\.csv: the text file .*100001 lines.* refused before reading"):
+        read_labels(path)
+    monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "64M")
+    assert read_labels(path)[0].shape == (100_000,)

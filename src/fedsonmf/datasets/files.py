@@ -5,7 +5,8 @@ Formats (by extension, case-insensitive):
 * ``.csv`` / ``.tsv`` -- dense text, comma / tab separated (``delimiter=`` overrides), with or
   without a header row (inferred, ``header=`` overrides) and an optional id column; parsed
   by numpy's compiled reader in about the memory of the array (5 bytes per byte of the file at
-  most), and cell by cell (9 bytes per byte) only for a file it cannot read, to name the problem;
+  most), and cell by cell only for a file it cannot read, to name the problem (streamed twice, in
+  the memory of the array and a block of cells; the line of a NaN is found by streaming too);
 * ``.npy`` -- a dense numeric array (read with ``allow_pickle=False``);
 * ``.npz`` -- a sparse matrix written by :func:`scipy.sparse.save_npz`, or a plain
   :func:`numpy.savez` archive holding exactly one array;
@@ -336,8 +337,9 @@ def read_ids(path) -> np.ndarray:
         values, lines = values[1:], lines[1:]
     if not values:
         raise InputError(f"{path}: the ids file holds no ids")
-    for k, v in lines:
-        _check_length(v, f"{path}: line {k}")
+    if max(map(len, values)) > MAX_ID_LENGTH:
+        for k, v in lines:
+            _check_length(v, f"{path}: line {k}")
     return _str_array(values)
 
 
@@ -362,30 +364,62 @@ def _is_number(s: str) -> bool:
     return True
 
 
-#: peak memory of parsing a delimited text view, per byte of the file (8.5 measured: 20 000 x 50 cells
-#: of 8 characters, ``tracemalloc`` around :func:`read_view`; shorter cells cost more per byte)
-_TEXT_BYTES_PER_BYTE = 9
+#: peak memory of holding a delimited text file as rows of cells (:func:`_read_rows`, the labels
+#: files), per row and per cell beyond the file's own bytes: a list, its line number and the slots
+#: (measured about 180 bytes a row of one short cell, ``tracemalloc``), and a str per cell
+_ROW_BYTES = 256
+_CELL_BYTES = 64
+#: cells the cell-by-cell parse of a view converts to floats at a time (bounded memory)
+_BLOCK_CELLS = 1 << 16
 
 
-def _read_rows(path: Path, delim: str) -> tuple[list[list[str]], list[int]]:
-    """The non-blank rows of a delimited text file and their 1-based line numbers."""
-    _limits.check_budget(path, _TEXT_BYTES_PER_BYTE * path.stat().st_size,
-                         f"the text view ({_limits.human(path.stat().st_size)}, parsed cell by cell)")
-    rows, lines = [], []
+def _data_rows(path: Path, delim: str):
+    """The non-blank rows of a delimited text file and their 1-based line numbers, streamed:
+    ``(line, cells)`` one row at a time."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:
             reader = csv.reader(fh, delimiter=delim)
             start = 1
             for row in reader:
                 if row and not (len(row) == 1 and not row[0].strip()):
-                    rows.append(row)
-                    lines.append(start)
+                    yield start, row
                 start = reader.line_num + 1
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a UTF-8 text file (byte {exc.start}: binary data?)") from None
     except csv.Error as exc:
         raise InputError(f"{path}: not a readable {'CSV' if delim == ',' else 'delimited'} file ({exc})") from None
+
+
+def _count_bytes(path: Path, chars: bytes) -> list[int]:
+    """How many times each byte of ``chars`` occurs in the file, read in blocks."""
+    counts = [0] * len(chars)
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            for k, c in enumerate(chars):
+                counts[k] += block.count(c)
+    return counts
+
+
+def _read_rows(path: Path, delim: str) -> tuple[list[list[str]], list[int]]:
+    """The non-blank rows of a delimited text file and their 1-based line numbers (all in memory:
+    refused beyond the budget, estimated from the number of lines and cells)."""
+    size = path.stat().st_size
+    n_lines, n_delims = _count_bytes(path, b"\n" + delim.encode("utf-8"))
+    _limits.check_budget(path, size + _ROW_BYTES * (n_lines + 1) + _CELL_BYTES * (n_lines + 1 + n_delims),
+                         f"the text file ({_limits.human(size)}, {n_lines + 1} lines, parsed cell by cell)")
+    rows, lines = [], []
+    for line, row in _data_rows(path, delim):
+        rows.append(row)
+        lines.append(line)
     return rows, lines
+
+
+def _row_line(path: Path, delim: str, i: int) -> int:
+    """The 1-based line of the ``i``-th (0-based) non-blank row, streaming the file."""
+    for k, (line, _) in enumerate(_data_rows(path, delim)):
+        if k == i:
+            return line
+    raise IndexError(i)  # pragma: no cover - the rows were counted before
 
 
 def _infer_header(rows: list[list[str]]) -> bool:
@@ -505,13 +539,9 @@ def _read_text_view_fast(path: Path, delim: str, *, id_column, header):
         return None
     if X.shape[1] != len(cols):
         return None
-    lines: list = []
 
-    def locate(i, j):  # the error path only: the cell-by-cell parse gives the line numbers
-        if not lines:
-            rows, all_lines = _read_rows(path, delim)
-            lines.extend(all_lines[1:] if has_header else all_lines)
-        return f"line {lines[i]}, column {cols[j] + 1}"
+    def locate(i, j):  # the error path only: the line, streaming the file again
+        return f"line {_row_line(path, delim, i + has_header)}, column {cols[j] + 1}"
 
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
@@ -524,53 +554,89 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
     fast = _read_text_view_fast(path, delim, id_column=id_column, header=header)
     if fast is not None:
         return fast
-    rows, lines = _read_rows(path, delim)
-    width = _row_width(path, rows, lines, "the file holds no rows (blank)", f"; delimiter {delim!r}")
-    if width > 1 and all(not row[-1].strip() for row in rows):  # a trailing delimiter on every line
-        rows = [row[:-1] for row in rows]
+    # the cell-by-cell parse, streamed twice in bounded memory: the shape of the rows, then the cells
+    head: list[list[str]] = []  # the first two rows: the header and the id column are decided on them
+    n_rows, width, first_line, trailing = 0, 0, 0, True
+    for line, row in _data_rows(path, delim):
+        if not n_rows:
+            width, first_line = len(row), line
+        elif len(row) != width:
+            raise InputError(f"{path}: line {line} has {len(row)} fields, line {first_line} has {width} (ragged rows"
+                             f"; delimiter {delim!r})")
+        trailing = trailing and not row[-1].strip()
+        if len(head) < 2:
+            head.append(row)
+        n_rows += 1
+    if not n_rows:
+        raise InputError(f"{path}: the file holds no rows (blank)")
+    if width > 1 and trailing:  # a trailing delimiter on every line
+        head = [row[:-1] for row in head]
         width -= 1
-    has_header = _infer_header(rows) if header == "infer" else bool(header)
-    names = [c.strip() for c in rows[0]] if has_header else None
+    has_header = _infer_header(head) if header == "infer" else bool(header)
+    names = [c.strip() for c in head[0]] if has_header else None
     if id_column not in (None, False) and not isinstance(id_column, (str, int, np.integer)):
         raise ParameterError(f"id_column must be a column name, a 0-based index or False, got {id_column!r}")
     icol = _resolve_id_column(path, id_column, names, width)
-    data, dlines = (rows[1:], lines[1:]) if has_header else (rows, lines)
-    if not data:
+    n = n_rows - int(has_header)
+    if not n:
         raise InputError(f"{path}: the file holds a header row and no data rows")
     cols = [j for j in range(width) if j != icol]
     if not cols:
         raise InputError(f"{path}: the file holds no feature column (only the id column)")
-    ids = None
-    if icol is not None:
-        raw = [row[icol].strip() for row in data]
-        for k, v in enumerate(raw):
-            if not v:
-                raise InputError(f"{path}: line {dlines[k]}: empty sample id (column {icol + 1})")
-            _check_length(v, f"{path}: line {dlines[k]}, column {icol + 1}")
-        ids = _str_array(raw)
-        cells = [[row[j] for j in cols] for row in data]
-    else:
-        cells = data
-    try:
-        X = np.array(cells, dtype=np.float64)
-    except ValueError:
-        X = None
-    if X is None:
-        for k, row in enumerate(cells):
-            for jj, cell in enumerate(row):
-                if not _is_number(cell):
-                    hint = ""
-                    if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
-                        hint = (" (is the file separated by another character? pass delimiter=, the default "
-                                f"is {delim!r})")
-                    elif icol is None and jj == 0 and cell.strip():
-                        hint = " (if this column holds sample ids, pass id_column / --id-column)"
-                    what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
-                    raise InputError(f"{path}: line {dlines[k]}, column {cols[jj] + 1}: {what}{hint}")
-        raise InputError(f"{path}: cells that are not numbers")  # pragma: no cover - numpy and float() disagree
+    size = path.stat().st_size
+    _limits.check_budget(path, 8 * n * len(cols) + (0 if icol is None else size + _CELL_BYTES * n)
+                         + (_BLOCK_CELLS + 2 * width) * (_CELL_BYTES + 16),
+                         f"the text view ({_limits.human(size)}, parsed cell by cell)")
+    X = np.empty((n, len(cols)), dtype=np.float64)
+    raw: list[str] | None = None if icol is None else []
+    bad = None  # (line, column index in cols, cell) of the first cell that is not a number
+    block: list[list[str]] = []
+    block_lines: list[int] = []
+    done = 0
 
-    def locate(i, j):
-        return f"line {dlines[i]}, column {cols[j] + 1}"
+    def flush():
+        nonlocal done, bad
+        try:
+            X[done:done + len(block)] = np.array(block, dtype=np.float64)
+        except ValueError:
+            bad = next(((line, jj, cell) for cells, line in zip(block, block_lines)
+                        for jj, cell in enumerate(cells) if not _is_number(cell)), (block_lines[0], None, ""))
+        done += len(block)
+        block.clear()
+        block_lines.clear()
+
+    for k, (line, row) in enumerate(_data_rows(path, delim)):
+        if k < has_header:
+            continue
+        if raw is not None and icol is not None:  # every id is checked before any cell is named (as before)
+            v = row[icol].strip()
+            if not v:
+                raise InputError(f"{path}: line {line}: empty sample id (column {icol + 1})")
+            _check_length(v, f"{path}: line {line}, column {icol + 1}")
+            raw.append(v)
+        if bad is None:
+            block.append(row[:width] if icol is None else [row[j] for j in cols])
+            block_lines.append(line)
+            if len(block) * len(cols) >= _BLOCK_CELLS:
+                flush()
+    if block and bad is None:
+        flush()
+    if bad is not None:
+        line, jj, cell = bad
+        if jj is None:  # pragma: no cover - numpy and float() disagree
+            raise InputError(f"{path}: cells that are not numbers (near line {line})")
+        hint = ""
+        if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
+            hint = (" (is the file separated by another character? pass delimiter=, the default "
+                    f"is {delim!r})")
+        elif icol is None and jj == 0 and cell.strip():
+            hint = " (if this column holds sample ids, pass id_column / --id-column)"
+        what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
+        raise InputError(f"{path}: line {line}, column {cols[jj] + 1}: {what}{hint}")
+    ids = None if raw is None else _str_array(raw)
+
+    def locate(i, j):  # the error path only: the line, streaming the file again
+        return f"line {_row_line(path, delim, i + int(has_header))}, column {cols[j] + 1}"
 
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
@@ -924,8 +990,10 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     for row, line in zip(rows, nums):
         if any(not c for c in row):
             raise InputError(f"{path}: line {line}: empty {'label' if width == 1 or not row[1] else 'id'}")
-        for j, c in enumerate(row):
-            _check_length(c, f"{path}: line {line}", "label" if j == width - 1 else "sample id")
+    if any(len(c) > MAX_ID_LENGTH for row in rows for c in row):
+        for row, line in zip(rows, nums):
+            for j, c in enumerate(row):
+                _check_length(c, f"{path}: line {line}", "label" if j == width - 1 else "sample id")
     if width == 1:
         return _str_array([r[0] for r in rows]), None
     return _str_array([r[1] for r in rows]), _str_array([r[0] for r in rows])
