@@ -293,3 +293,15 @@ def test_a_labels_file_is_refused_by_an_honest_estimate(tmp_path, monkeypatch):
         read_labels(path)
     monkeypatch.setenv("FEDSONMF_MAX_VIEW_BYTES", "64M")
     assert read_labels(path)[0].shape == (100_000,)
+
+
+def test_long_ids_are_cut_in_messages(tmp_path):
+    long_id = "q" * 1000
+    for name, ids in [("a", [long_id, "b", "c"]), ("b", ["b", "c", "d"])]:
+        _npy(tmp_path / f"{name}.npy")
+        (tmp_path / f"{name}.ids.txt").write_text("\n".join(ids) + "\n")
+    with pytest.raises(InputError, match=r"lacks 1 \(q{40}\.\.\.\)") as err:
+        load_views([tmp_path / "a.npy", tmp_path / "b.npy"])
+    assert len(str(err.value)) < 400
+    with pytest.raises(InputError, match=r"duplicate sample ids.*: q{40}\.\.\.$"):
+        id_tags([long_id, long_id], bytes(32))

@@ -1005,7 +1005,8 @@ def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndar
         nums = values.astype(np.float64)
         if not np.all(np.isfinite(nums)):
             k = int(np.argmax(~np.isfinite(nums)))
-            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {values[k]!r}: every sample "
+            shown = _short(str(values[k]))
+            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {shown!r}: every sample "
                              "needs a class")
         if np.all(nums == np.round(nums)) and np.all(np.abs(nums) <= 2 ** 53):  # exact integers only
             nums = nums.astype(np.int64)
@@ -1164,8 +1165,13 @@ def _refuse_duplicates(keyed: np.ndarray, path) -> None:
 
 def _shown(values, k: int = 5) -> str:
     values = list(values)
-    head = ", ".join(str(v) for v in values[:k])
+    head = ", ".join(_short(str(v)) for v in values[:k])
     return head + (f" ... ({len(values)} in all)" if len(values) > k else "")
+
+
+def _short(text: str, width: int = 40) -> str:
+    """``text``, cut to ``width`` characters (a long id in a message)."""
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer", delimiter: str | None = None,
@@ -1355,7 +1361,7 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
             raise InputError(f"{source}: label ids {_shown(bad, 3)} are not integers like the samples' ids")
         big = [v for v in lab_ids if len(v.lstrip("+-").lstrip("0")) > 18 and not _fits_int64(v)]
         if big:
-            raise InputError(f"{source}: label ids {_shown([v[:40] for v in big], 3)} are integers beyond 64 bits: "
+            raise InputError(f"{source}: label ids {_shown(big, 3)} are integers beyond 64 bits: "
                              "no sample has such an id (the samples' ids are 64-bit integers)")
         keys = np.array([int(v) for v in lab_ids], dtype=np.int64)
     else:

@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf._io import check_private_file, write_atomic, write_json_atomic
-from fedsonmf.datasets.files import _as_str_array, _id_keys, _str_array
+from fedsonmf.datasets.files import _as_str_array, _id_keys, _short, _str_array
 from fedsonmf.exceptions import InputError
 
 __all__ = ["KEY_BYTES", "new_key", "read_key", "canonical_id", "id_tags", "tags_digest", "positions",
@@ -194,7 +194,7 @@ def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None
 def _refuse_duplicates(values: np.ndarray, why: str) -> None:
     uniq, counts = np.unique(values, return_counts=True)
     if uniq.size < values.size:
-        shown = ", ".join(str(v) for v in uniq[counts > 1][:5])
+        shown = ", ".join(_short(str(v)) for v in uniq[counts > 1][:5])
         raise InputError(f"duplicate sample ids{' ' + why if why else ''}: {shown}")
 
 
