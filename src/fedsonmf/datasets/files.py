@@ -5,7 +5,8 @@ Formats (by extension, case-insensitive):
 * ``.csv`` / ``.tsv`` -- dense text, comma / tab separated (``delimiter=`` overrides), with or
   without a header row (inferred, ``header=`` overrides) and an optional id column; parsed
   by numpy's compiled reader in about the memory of the array (5 bytes per byte of the file at
-  most), and cell by cell (9 bytes per byte) only for a file it cannot read, to name the problem;
+  most), and cell by cell only for a file it cannot read, to name the problem (streamed twice, in
+  the memory of the array and a block of cells; the line of a NaN is found by streaming too);
 * ``.npy`` -- a dense numeric array (read with ``allow_pickle=False``);
 * ``.npz`` -- a sparse matrix written by :func:`scipy.sparse.save_npz`, or a plain
   :func:`numpy.savez` archive holding exactly one array;
@@ -36,7 +37,12 @@ Sample ids (our convention):
 * any view may carry a sidecar file ``<stem>.ids.txt`` next to it (``clinic.npz`` ->
   ``clinic.ids.txt``): one id per line, in the order of the rows; ``ids=`` gives the files (or
   arrays) explicitly instead.  Ids are strings as written; when every id of every view is an
-  integer literal they are compared and sorted as integers (``007`` is ``7``).
+  integer literal that fits 64 bits they are compared and sorted as integers (``007`` is ``7``),
+  else all as text;
+* an id or a label is at most :data:`MAX_ID_LENGTH` (1024) characters: a longer one is refused
+  with an InputError naming the file and line, before any array of them is built.  Ids and labels
+  are returned as numpy ``<U`` arrays, or as object arrays of the same ``str`` when a fixed width
+  (the longest one's) would multiply the memory; both sort, compare and hash alike.
 
 :func:`load_views` sorts each view's rows by its own ids (this is what each client does locally)
 and checks that every view holds the same ids (complete case).  With ``missing="mask"`` views
@@ -92,6 +98,12 @@ _LABEL_HEADERS = {"label", "labels", "y", "class", "target", "cluster", "gt", "t
 _ID_HEADERS = {"id", "ids", "sample_id", "sample", "sample id"}
 _INT = re.compile(r"^[+-]?\d+$")
 _MISSING = ("error", "mask", "zeros")
+#: the longest sample id or label accepted, in characters [our choice]: ids and labels are names, not
+#: data; a longer one is refused (naming the file and line) before any array of them is built
+MAX_ID_LENGTH = 1024
+#: a fixed-width (``<U``) array of strings is as wide as its longest one: it is used while it costs at
+#: most this many bytes beyond 16 bytes per character of the strings, else an object array of the str
+_FIXED_WIDTH_SLACK = 16 << 20
 
 
 # ----------------------------------------------------------------------------- single files
@@ -258,14 +270,47 @@ def _ids_for(path: Path, ids, col_ids, shape) -> tuple[np.ndarray | None, str | 
 
 
 def _ids_array(ids, path: Path) -> np.ndarray:
-    arr = np.asarray(ids)
+    if isinstance(ids, Sequence) and not isinstance(ids, str) and all(isinstance(v, str) for v in ids):
+        arr = np.asarray(ids, dtype=object)  # not a fixed-width array as wide as the longest id
+    else:
+        arr = np.asarray(ids)
     if arr.ndim != 1:
         raise InputError(f"{path}: ids must be a 1-D sequence, got shape {arr.shape}")
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             raise InputError(f"{path}: float ids must be whole numbers")
         arr = arr.astype(np.int64)
-    return np.array([str(v).strip() for v in arr.tolist()], dtype=str)
+    values = [str(v).strip() for v in arr.tolist()]
+    for k, v in enumerate(values):
+        _check_length(v, f"{path}: ids= entry {k} (0-based)")
+    return _str_array(values)
+
+
+def _check_length(value: str, where: str, what: str = "sample id") -> None:
+    """Refuse an id or label longer than :data:`MAX_ID_LENGTH` characters; ``where`` names it."""
+    if len(value) > MAX_ID_LENGTH:
+        raise InputError(f"{where}: a {what} of {len(value)} characters ({value[:20]!r}...); ids and labels are at "
+                         f"most {MAX_ID_LENGTH} characters")
+
+
+def _str_array(values: list[str]) -> np.ndarray:
+    """``values`` (str) as a 1-D array: numpy's fixed-width ``<U`` while that costs about the strings
+    themselves, else an object array of the same str (a fixed width is the longest string's: one long
+    id among many short ones would multiply the memory).  Both sort, compare and hash alike."""
+    width = max(map(len, values), default=0)
+    if 4 * width * len(values) <= _FIXED_WIDTH_SLACK + 16 * sum(map(len, values)):
+        return np.array(values, dtype=str)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _as_str_array(ids) -> np.ndarray:
+    """Ids (array-like) as an array of str (:func:`_str_array`); a ``<U`` array is kept as it is."""
+    arr = ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=object)
+    if arr.dtype.kind == "U":
+        return arr
+    return _str_array([str(v) for v in arr.tolist()])
 
 
 def read_ids(path) -> np.ndarray:
@@ -285,14 +330,17 @@ def read_ids(path) -> np.ndarray:
     """
     path = Path(path)
     _check_file(path)
-    lines = [(k, s) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
-    values = [s.strip() for _, s in lines]
+    lines = [(k, s.strip()) for k, s in enumerate(_text_lines(path), start=1) if s.strip()]
+    values = [s for _, s in lines]
     if values and (values[0].lower() in _ID_HEADERS
                    or (len(values) > 1 and not _INT.match(values[0]) and all(_INT.match(v) for v in values[1:]))):
-        values = values[1:]
+        values, lines = values[1:], lines[1:]
     if not values:
         raise InputError(f"{path}: the ids file holds no ids")
-    return np.array(values, dtype=str)
+    if max(map(len, values)) > MAX_ID_LENGTH:
+        for k, v in lines:
+            _check_length(v, f"{path}: line {k}")
+    return _str_array(values)
 
 
 def _text_lines(path: Path) -> list[str]:
@@ -316,30 +364,62 @@ def _is_number(s: str) -> bool:
     return True
 
 
-#: peak memory of parsing a delimited text view, per byte of the file (8.5 measured: 20 000 x 50 cells
-#: of 8 characters, ``tracemalloc`` around :func:`read_view`; shorter cells cost more per byte)
-_TEXT_BYTES_PER_BYTE = 9
+#: peak memory of holding a delimited text file as rows of cells (:func:`_read_rows`, the labels
+#: files), per row and per cell beyond the file's own bytes: a list, its line number and the slots
+#: (measured about 180 bytes a row of one short cell, ``tracemalloc``), and a str per cell
+_ROW_BYTES = 256
+_CELL_BYTES = 64
+#: cells the cell-by-cell parse of a view converts to floats at a time (bounded memory)
+_BLOCK_CELLS = 1 << 16
 
 
-def _read_rows(path: Path, delim: str) -> tuple[list[list[str]], list[int]]:
-    """The non-blank rows of a delimited text file and their 1-based line numbers."""
-    _limits.check_budget(path, _TEXT_BYTES_PER_BYTE * path.stat().st_size,
-                         f"the text view ({_limits.human(path.stat().st_size)}, parsed cell by cell)")
-    rows, lines = [], []
+def _data_rows(path: Path, delim: str):
+    """The non-blank rows of a delimited text file and their 1-based line numbers, streamed:
+    ``(line, cells)`` one row at a time."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:
             reader = csv.reader(fh, delimiter=delim)
             start = 1
             for row in reader:
                 if row and not (len(row) == 1 and not row[0].strip()):
-                    rows.append(row)
-                    lines.append(start)
+                    yield start, row
                 start = reader.line_num + 1
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a UTF-8 text file (byte {exc.start}: binary data?)") from None
     except csv.Error as exc:
         raise InputError(f"{path}: not a readable {'CSV' if delim == ',' else 'delimited'} file ({exc})") from None
+
+
+def _count_bytes(path: Path, chars: bytes) -> list[int]:
+    """How many times each byte of ``chars`` occurs in the file, read in blocks."""
+    counts = [0] * len(chars)
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            for k, c in enumerate(chars):
+                counts[k] += block.count(c)
+    return counts
+
+
+def _read_rows(path: Path, delim: str) -> tuple[list[list[str]], list[int]]:
+    """The non-blank rows of a delimited text file and their 1-based line numbers (all in memory:
+    refused beyond the budget, estimated from the number of lines and cells)."""
+    size = path.stat().st_size
+    n_lines, n_delims = _count_bytes(path, b"\n" + delim.encode("utf-8"))
+    _limits.check_budget(path, size + _ROW_BYTES * (n_lines + 1) + _CELL_BYTES * (n_lines + 1 + n_delims),
+                         f"the text file ({_limits.human(size)}, {n_lines + 1} lines, parsed cell by cell)")
+    rows, lines = [], []
+    for line, row in _data_rows(path, delim):
+        rows.append(row)
+        lines.append(line)
     return rows, lines
+
+
+def _row_line(path: Path, delim: str, i: int) -> int:
+    """The 1-based line of the ``i``-th (0-based) non-blank row, streaming the file."""
+    for k, (line, _) in enumerate(_data_rows(path, delim)):
+        if k == i:
+            return line
+    raise IndexError(i)  # pragma: no cover - the rows were counted before
 
 
 def _infer_header(rows: list[list[str]]) -> bool:
@@ -350,7 +430,7 @@ def _infer_header(rows: list[list[str]]) -> bool:
     if any(not _is_number(a) and _is_number(b) for a, b in zip(first, second)):
         return True
     d = len(first)
-    if d >= 3 and all(_INT.match(c) for c in first):  # pandas' default column names 0..d-1
+    if d >= 3 and all(_INT.match(c) and len(c) <= 20 for c in first):  # pandas' default column names 0..d-1
         vals = [int(c) for c in first]
         return vals in (list(range(d)), list(range(1, d + 1)))
     return False
@@ -451,20 +531,17 @@ def _read_text_view_fast(path: Path, delim: str, *, id_column, header):
             X = load(np.float64, cols)
             ids = None
             if icol is not None:
-                ids = np.char.strip(load(str, [icol])[:, 0])
-                if ids.shape[0] != X.shape[0] or not np.all(np.char.str_len(ids) > 0):
+                raw = [str(v).strip() for v in load(object, [icol])[:, 0].tolist()]  # not <U: as wide as the longest
+                if len(raw) != X.shape[0] or not all(0 < len(v) <= MAX_ID_LENGTH for v in raw):
                     return None
+                ids = _str_array(raw)
     except (ValueError, UnicodeDecodeError):
         return None
     if X.shape[1] != len(cols):
         return None
-    lines: list = []
 
-    def locate(i, j):  # the error path only: the cell-by-cell parse gives the line numbers
-        if not lines:
-            rows, all_lines = _read_rows(path, delim)
-            lines.extend(all_lines[1:] if has_header else all_lines)
-        return f"line {lines[i]}, column {cols[j] + 1}"
+    def locate(i, j):  # the error path only: the line, streaming the file again
+        return f"line {_row_line(path, delim, i + has_header)}, column {cols[j] + 1}"
 
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
@@ -477,51 +554,89 @@ def _read_text_view(path: Path, ext: str, *, id_column, header, delimiter):
     fast = _read_text_view_fast(path, delim, id_column=id_column, header=header)
     if fast is not None:
         return fast
-    rows, lines = _read_rows(path, delim)
-    width = _row_width(path, rows, lines, "the file holds no rows (blank)", f"; delimiter {delim!r}")
-    if width > 1 and all(not row[-1].strip() for row in rows):  # a trailing delimiter on every line
-        rows = [row[:-1] for row in rows]
+    # the cell-by-cell parse, streamed twice in bounded memory: the shape of the rows, then the cells
+    head: list[list[str]] = []  # the first two rows: the header and the id column are decided on them
+    n_rows, width, first_line, trailing = 0, 0, 0, True
+    for line, row in _data_rows(path, delim):
+        if not n_rows:
+            width, first_line = len(row), line
+        elif len(row) != width:
+            raise InputError(f"{path}: line {line} has {len(row)} fields, line {first_line} has {width} (ragged rows"
+                             f"; delimiter {delim!r})")
+        trailing = trailing and not row[-1].strip()
+        if len(head) < 2:
+            head.append(row)
+        n_rows += 1
+    if not n_rows:
+        raise InputError(f"{path}: the file holds no rows (blank)")
+    if width > 1 and trailing:  # a trailing delimiter on every line
+        head = [row[:-1] for row in head]
         width -= 1
-    has_header = _infer_header(rows) if header == "infer" else bool(header)
-    names = [c.strip() for c in rows[0]] if has_header else None
+    has_header = _infer_header(head) if header == "infer" else bool(header)
+    names = [c.strip() for c in head[0]] if has_header else None
     if id_column not in (None, False) and not isinstance(id_column, (str, int, np.integer)):
         raise ParameterError(f"id_column must be a column name, a 0-based index or False, got {id_column!r}")
     icol = _resolve_id_column(path, id_column, names, width)
-    data, dlines = (rows[1:], lines[1:]) if has_header else (rows, lines)
-    if not data:
+    n = n_rows - int(has_header)
+    if not n:
         raise InputError(f"{path}: the file holds a header row and no data rows")
     cols = [j for j in range(width) if j != icol]
     if not cols:
         raise InputError(f"{path}: the file holds no feature column (only the id column)")
-    ids = None
-    if icol is not None:
-        ids = np.array([row[icol].strip() for row in data], dtype=str)
-        for k, v in enumerate(ids):
-            if not v:
-                raise InputError(f"{path}: line {dlines[k]}: empty sample id (column {icol + 1})")
-        cells = [[row[j] for j in cols] for row in data]
-    else:
-        cells = data
-    try:
-        X = np.array(cells, dtype=np.float64)
-    except ValueError:
-        X = None
-    if X is None:
-        for k, row in enumerate(cells):
-            for jj, cell in enumerate(row):
-                if not _is_number(cell):
-                    hint = ""
-                    if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
-                        hint = (" (is the file separated by another character? pass delimiter=, the default "
-                                f"is {delim!r})")
-                    elif icol is None and jj == 0 and cell.strip():
-                        hint = " (if this column holds sample ids, pass id_column / --id-column)"
-                    what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
-                    raise InputError(f"{path}: line {dlines[k]}, column {cols[jj] + 1}: {what}{hint}")
-        raise InputError(f"{path}: cells that are not numbers")  # pragma: no cover - numpy and float() disagree
+    size = path.stat().st_size
+    _limits.check_budget(path, 8 * n * len(cols) + (0 if icol is None else size + _CELL_BYTES * n)
+                         + (_BLOCK_CELLS + 2 * width) * (_CELL_BYTES + 16),
+                         f"the text view ({_limits.human(size)}, parsed cell by cell)")
+    X = np.empty((n, len(cols)), dtype=np.float64)
+    raw: list[str] | None = None if icol is None else []
+    bad = None  # (line, column index in cols, cell) of the first cell that is not a number
+    block: list[list[str]] = []
+    block_lines: list[int] = []
+    done = 0
 
-    def locate(i, j):
-        return f"line {dlines[i]}, column {cols[j] + 1}"
+    def flush():
+        nonlocal done, bad
+        try:
+            X[done:done + len(block)] = np.array(block, dtype=np.float64)
+        except ValueError:
+            bad = next(((line, jj, cell) for cells, line in zip(block, block_lines)
+                        for jj, cell in enumerate(cells) if not _is_number(cell)), (block_lines[0], None, ""))
+        done += len(block)
+        block.clear()
+        block_lines.clear()
+
+    for k, (line, row) in enumerate(_data_rows(path, delim)):
+        if k < has_header:
+            continue
+        if raw is not None and icol is not None:  # every id is checked before any cell is named (as before)
+            v = row[icol].strip()
+            if not v:
+                raise InputError(f"{path}: line {line}: empty sample id (column {icol + 1})")
+            _check_length(v, f"{path}: line {line}, column {icol + 1}")
+            raw.append(v)
+        if bad is None:
+            block.append(row[:width] if icol is None else [row[j] for j in cols])
+            block_lines.append(line)
+            if len(block) * len(cols) >= _BLOCK_CELLS:
+                flush()
+    if block and bad is None:
+        flush()
+    if bad is not None:
+        line, jj, cell = bad
+        if jj is None:  # pragma: no cover - numpy and float() disagree
+            raise InputError(f"{path}: cells that are not numbers (near line {line})")
+        hint = ""
+        if cell.strip() and any(ch in cell for ch in ",;\t|") and delimiter is None:
+            hint = (" (is the file separated by another character? pass delimiter=, the default "
+                    f"is {delim!r})")
+        elif icol is None and jj == 0 and cell.strip():
+            hint = " (if this column holds sample ids, pass id_column / --id-column)"
+        what = "an empty cell" if not cell.strip() else f"{cell.strip()[:40]!r} is not a number"
+        raise InputError(f"{path}: line {line}, column {cols[jj] + 1}: {what}{hint}")
+    ids = None if raw is None else _str_array(raw)
+
+    def locate(i, j):  # the error path only: the line, streaming the file again
+        return f"line {_row_line(path, delim, i + int(has_header))}, column {cols[j] + 1}"
 
     return X, ids, {"header": has_header, "id_column": None if icol is None else (names[icol] if names else icol),
                     "locate": locate}
@@ -861,7 +976,10 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
         arr = arr.ravel()
         if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)  # 1.0 and 1 are the same class
-        return np.array([str(v).strip() for v in arr.tolist()], dtype=str), None
+        values = [str(v).strip() for v in arr.tolist()]
+        for k, v in enumerate(values):
+            _check_length(v, f"{path}: label {k} (0-based)", "label")
+        return _str_array(values), None
     if ext not in (".csv", ".tsv", ".txt"):
         raise InputError(f"{path}: unsupported labels file extension {path.suffix or '(none)'!r}; supported: "
                          ".csv, .tsv, .txt, .npy")
@@ -892,9 +1010,13 @@ def read_labels(path, *, delimiter: str | None = None) -> tuple[np.ndarray, np.n
     for row, line in zip(rows, nums):
         if any(not c for c in row):
             raise InputError(f"{path}: line {line}: empty {'label' if width == 1 or not row[1] else 'id'}")
+    if any(len(c) > MAX_ID_LENGTH for row in rows for c in row):
+        for row, line in zip(rows, nums):
+            for j, c in enumerate(row):
+                _check_length(c, f"{path}: line {line}", "label" if j == width - 1 else "sample id")
     if width == 1:
-        return np.array([r[0] for r in rows], dtype=str), None
-    return np.array([r[1] for r in rows], dtype=str), np.array([r[0] for r in rows], dtype=str)
+        return _str_array([r[0] for r in rows]), None
+    return _str_array([r[1] for r in rows]), _str_array([r[0] for r in rows])
 
 
 def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -903,9 +1025,10 @@ def _encode_labels(values: np.ndarray, source: str) -> tuple[np.ndarray, np.ndar
         nums = values.astype(np.float64)
         if not np.all(np.isfinite(nums)):
             k = int(np.argmax(~np.isfinite(nums)))
-            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {values[k]!r}: every sample "
+            shown = _short(str(values[k]))
+            raise InputError(f"{source}: label {k} (0-based, in the samples' order) is {shown!r}: every sample "
                              "needs a class")
-        if np.all(nums == np.round(nums)):
+        if np.all(nums == np.round(nums)) and np.all(np.abs(nums) <= 2 ** 53):  # exact integers only
             nums = nums.astype(np.int64)
         classes, labels = np.unique(nums, return_inverse=True)
     else:
@@ -930,9 +1053,9 @@ def _id_keys(all_ids: list[np.ndarray]) -> tuple[list[np.ndarray], bool]:
     if as_int:
         try:
             return [None if ids is None else np.array([int(v) for v in ids], dtype=np.int64) for ids in all_ids], True
-        except OverflowError:
+        except (OverflowError, ValueError):  # beyond 64 bits (or int()'s 4300 digits): compared as text
             pass
-    return [None if ids is None else np.asarray(ids, dtype=str) for ids in all_ids], False
+    return [None if ids is None else _as_str_array(ids) for ids in all_ids], False
 
 
 def _view_names(paths) -> list[str]:
@@ -999,7 +1122,7 @@ def sorted_ids(ids) -> tuple[np.ndarray, bool] | None:
     else str) and sorted; and whether they are integers.  None for None."""
     if ids is None:
         return None
-    (keyed,), numeric = _id_keys([np.asarray(ids, dtype=str)])
+    (keyed,), numeric = _id_keys([_as_str_array(ids)])
     return np.sort(keyed, kind="stable"), numeric
 
 
@@ -1062,8 +1185,13 @@ def _refuse_duplicates(keyed: np.ndarray, path) -> None:
 
 def _shown(values, k: int = 5) -> str:
     values = list(values)
-    head = ", ".join(str(v) for v in values[:k])
+    head = ", ".join(_short(str(v)) for v in values[:k])
     return head + (f" ... ({len(values)} in all)" if len(values) > k else "")
+
+
+def _short(text: str, width: int = 40) -> str:
+    """``text``, cut to ``width`` characters (a long id in a message)."""
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer", delimiter: str | None = None,
@@ -1203,6 +1331,12 @@ def load_views(paths, *, ids="auto", labels=None, id_column=None, header="infer"
     )
 
 
+def _fits_int64(v: str) -> bool:
+    """Whether an integer literal (``_INT``) is a 64-bit integer; never calls int() on a long one."""
+    digits = v.lstrip("+-").lstrip("0")
+    return len(digits) <= 19 and -(2 ** 63) <= int(v) < 2 ** 63
+
+
 def _scatter_rows(X, pos: np.ndarray, n: int):
     """The rows of ``X`` placed at rows ``pos`` of an (n, d) view; the other rows are zero."""
     if sp.issparse(X):
@@ -1226,7 +1360,7 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
         arr = np.asarray(labels)
         if arr.ndim != 1:
             raise InputError(f"labels must be 1-D, got shape {arr.shape}")
-        values, lab_ids = np.array([str(v) for v in arr.tolist()], dtype=str), None
+        values, lab_ids = _as_str_array(arr), None
     if lab_ids is None:
         if ids is not None:
             raise InputError(f"{source}: the views carry sample ids, so the labels must be id,label pairs (to align "
@@ -1245,6 +1379,10 @@ def _aligned_labels(labels, ids, numeric: bool, n: int, views, delim):
         bad = [v for v in lab_ids if not _INT.match(v)]
         if bad:
             raise InputError(f"{source}: label ids {_shown(bad, 3)} are not integers like the samples' ids")
+        big = [v for v in lab_ids if len(v.lstrip("+-").lstrip("0")) > 18 and not _fits_int64(v)]
+        if big:
+            raise InputError(f"{source}: label ids {_shown(big, 3)} are integers beyond 64 bits: "
+                             "no sample has such an id (the samples' ids are 64-bit integers)")
         keys = np.array([int(v) for v in lab_ids], dtype=np.int64)
     else:
         keys = lab_ids

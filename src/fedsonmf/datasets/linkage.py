@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fedsonmf._io import check_private_file, write_atomic, write_json_atomic
-from fedsonmf.datasets.files import _id_keys
+from fedsonmf.datasets.files import _as_str_array, _id_keys, _short, _str_array
 from fedsonmf.exceptions import InputError
 
 __all__ = ["KEY_BYTES", "new_key", "read_key", "canonical_id", "id_tags", "tags_digest", "positions",
@@ -87,7 +87,10 @@ def read_key(path) -> bytes:
 def canonical_id(value) -> str:
     """The text an id is tagged by: an integer literal as that integer (``007`` -> ``7``), else itself."""
     s = str(value).strip()
-    return str(int(s)) if _INT.fullmatch(s) else s
+    if not _INT.fullmatch(s):
+        return s
+    digits = s.lstrip("+-").lstrip("0") or "0"  # str(int(s)), without int()'s 4300-digit limit
+    return "-" + digits if s[0] == "-" and digits != "0" else digits
 
 
 def id_tags(ids, key: bytes) -> np.ndarray:
@@ -98,8 +101,8 @@ def id_tags(ids, key: bytes) -> np.ndarray:
     InputError
         Two ids with the same canonical form (a duplicate sample, or ``7`` beside ``007``).
     """
-    canon = [canonical_id(v) for v in np.asarray(ids, dtype=str)]
-    _refuse_duplicates(np.asarray(canon, dtype=str), "(an integer id counts as its value, 007 as 7)")
+    canon = [canonical_id(v) for v in _as_str_array(ids).tolist()]
+    _refuse_duplicates(_str_array(canon), "(an integer id counts as its value, 007 as 7)")
     return np.array([hmac.new(key, c.encode(), hashlib.sha256).hexdigest() for c in canon], dtype="<U64")
 
 
@@ -171,7 +174,7 @@ def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None
     id is one, as :func:`fedsonmf.datasets.files.read_view` does), so row i is the i-th smallest id
     and the run must have exactly as many rows as the file.
     """
-    ids = np.asarray(ids, dtype=str)
+    ids = _as_str_array(ids)
     if key is None:
         if ids.size != int(n):
             raise InputError(f"the run has {n} samples and this file {ids.size}: for files of different samples, "
@@ -191,7 +194,7 @@ def own_rows(ids, n: int, key: bytes | None = None, pos=None, digest: str | None
 def _refuse_duplicates(values: np.ndarray, why: str) -> None:
     uniq, counts = np.unique(values, return_counts=True)
     if uniq.size < values.size:
-        shown = ", ".join(str(v) for v in uniq[counts > 1][:5])
+        shown = ", ".join(_short(str(v)) for v in uniq[counts > 1][:5])
         raise InputError(f"duplicate sample ids{' ' + why if why else ''}: {shown}")
 
 
