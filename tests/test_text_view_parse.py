@@ -26,6 +26,8 @@ def _slow(monkeypatch, path, **kw):
     ("x\ty\n1\t2\n3\t4\n", {"delimiter": "\t"}),
     ("k,1,2\nq,3,4\n", {"id_column": 0, "header": False}),
     ("0,1,2\n7,8,9\n", {}),  # pandas' default column names: a header
+    ("a,id,b\n1,x,2\n3,y,4\n", {}),  # the id column between two others
+    ("id,a\n12,1.5\n13,2.5\n", {}),  # numeric ids
 ])
 def test_the_compiled_parse_gives_the_cell_by_cell_result(tmp_path, monkeypatch, text, kw):
     path = tmp_path / ("v.tsv" if kw.get("delimiter") == "\t" else "v.csv")
@@ -41,6 +43,10 @@ def test_the_compiled_parse_gives_the_cell_by_cell_result(tmp_path, monkeypatch,
     ("a,b\n1,2\n3\n", r"line 3 has 1 fields"),
     ("a,b\n1,2\n3,\n", r"line 3, column 2: an empty cell"),
     ("a,b\n1,2\n3,inf\n", r"line 3, column 2"),  # a non-finite value: located through the slow parse
+    # a row longer than the first: numpy's reader with `usecols` would drop its extra cells without a word
+    ("1,2\n3,4\n5,6,7\n", r"line 3 has 3 fields, line 1 has 2"),
+    ("id,a,b\nx,1,2\ny,3,4\nz,5,6,7\n", r"line 4 has 4 fields, line 1 has 3"),
+    ("a,id,b\n1,x,2\n3,y,4,5\n", r"line 3 has 4 fields"),
 ])
 def test_bad_files_keep_their_precise_messages(tmp_path, text, message):
     path = tmp_path / "v.csv"

@@ -521,14 +521,22 @@ def _read_text_view_fast(path: Path, delim: str, *, id_column, header):
         return None
     skip = ends[0] if has_header else 0
 
-    def load(dtype, usecols):
+    def load(dtype, usecols, converters=None):
         return np.loadtxt(path, dtype=dtype, usecols=usecols, delimiter=delim, skiprows=skip, comments=None,
-                          quotechar='"', encoding="utf-8-sig", ndmin=2)
+                          quotechar='"', encoding="utf-8-sig", ndmin=2, converters=converters)
 
+    if icol is not None:  # every column read (below), then copied without the id column: two arrays at once
+        _limits.check_budget(path, 2 * _TEXT_FAST_BYTES_PER_BYTE * path.stat().st_size,
+                             f"the text view ({_limits.human(path.stat().st_size)}) with its id column")
     try:
         with warnings.catch_warnings():  # blank lines: skipped, as by the cell-by-cell parse
             warnings.filterwarnings("ignore", message=r"Input line \d+ contained no data")
-            X = load(np.float64, cols)
+            # every column, so that the reader checks every row's width: with `usecols` numpy drops a
+            # longer row's extra cells without a word (a ragged row is the cell-by-cell parse's to name)
+            if icol is None:
+                X = load(np.float64, None)
+            else:
+                X = np.delete(load(np.float64, None, converters={icol: lambda _cell: 0.0}), icol, axis=1)
             ids = None
             if icol is not None:
                 raw = [str(v).strip() for v in load(object, [icol])[:, 0].tolist()]  # not <U: as wide as the longest
