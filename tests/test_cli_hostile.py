@@ -137,3 +137,13 @@ def test_warning_lines_are_escaped_too(capsys):
     err = capsys.readouterr().err
     assert err == "warning: view 'a\\nb\\x1b[2J'\n"
 
+
+
+def test_a_flower_command_escapes_its_error_line_too(tmp_path, capsys):
+    pytest.importorskip("flwr")
+    np.save(tmp_path / "ok.npy", np.ones((10, 4)))
+    missing = tmp_path / "gone\n\x1b[2Jview.npy"
+    code, lines, _ = run_main(["flower", "cluster", tmp_path / "ok.npy", missing, "--clusters", 2,
+                               "--out", tmp_path / "run"], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert r"gone\n\x1b[2Jview.npy" in lines[0] and "\x1b" not in lines[0]

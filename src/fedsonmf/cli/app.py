@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from fedsonmf.cli import cluster, experiments, flower, synthetic
-from fedsonmf.cli.options import CONTEXT
+from fedsonmf.cli.options import CONTEXT, error_line, one_line
 from fedsonmf.exceptions import DataWarning
 
 app = typer.Typer(
@@ -122,20 +122,9 @@ def plot(
 
 
 
-#: control characters (C0, DEL, C1): shown escaped in ``error:`` and ``warning:`` lines
-_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7f, 0xa0))}
-
-
-def _one_line(text: object) -> str:
-    """``text`` with its control characters escaped as Python does (``\\n``, ``\\x1b``): a file
-    named with a newline keeps the message on one line, and an escape sequence in a name (or
-    in anything else a message quotes) never reaches the terminal."""
-    return str(text).translate(_CONTROL)
-
-
 def _error(text: object) -> None:
     """Print the one ``error: ...`` line of a failed command on stderr."""
-    typer.echo(f"error: {_one_line(text)}", err=True)
+    error_line(text)
 
 
 def _show_warning(shown: set[str], message, category, filename, lineno, file=None, line=None) -> None:
@@ -144,7 +133,7 @@ def _show_warning(shown: set[str], message, category, filename, lineno, file=Non
     and line that raised it (the library's, or typer's for a command) mean nothing to a
     command-line user."""
     name = "" if category in (UserWarning, DataWarning) else f"{category.__name__}: "
-    text = f"warning: {name}{_one_line(message)}"
+    text = f"warning: {name}{one_line(message)}"
     if text not in shown:
         shown.add(text)
         typer.echo(text, err=True)

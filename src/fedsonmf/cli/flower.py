@@ -48,6 +48,7 @@ from fedsonmf.cli.options import (
     ALGORITHM_OPTIONS,
     CONTEXT,
     check_output_path,
+    error_line,
     with_params,
 )
 from fedsonmf.federation import deployment_defaults as dd
@@ -58,7 +59,7 @@ def _flower():
     try:
         from fedsonmf.federation import flower
     except ImportError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(2) from None
     return flower
 
@@ -304,22 +305,22 @@ def _claim_out_folder(out: Path, *, resume: bool, overwrite: bool, can_resume: b
         try:
             _lock_run_dir(out).release()
         except FlowerRunError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            error_line(exc)
             raise typer.Exit(2) from None
     if not overwrite:
-        typer.echo(f"error: run folder {out} is not empty (an earlier run?): give "
+        error_line(f"run folder {out} is not empty (an earlier run?): give "
                    + ("--resume to continue its run, " if can_resume else "")
-                   + "--overwrite to replace it, or another --out", err=True)
+                   + "--overwrite to replace it, or another --out")
         raise typer.Exit(2)
     foreign = sorted(e.name for e in out.iterdir() if e.name not in RUN_FOLDER_ENTRIES)
     if foreign:
-        typer.echo(f"error: --overwrite removes only a run's files, and {out} holds others too "
-                   f"({', '.join(foreign[:5])}): give another --out", err=True)
+        error_line(f"--overwrite removes only a run's files, and {out} holds others too "
+                   f"({', '.join(foreign[:5])}): give another --out")
         raise typer.Exit(2)
     try:
         lock = _lock_run_dir(out)  # not while a launch uses it
     except FlowerRunError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(2) from None
     try:
         for e in out.iterdir():
@@ -365,7 +366,7 @@ def _check_inputs_or_exit(fl, views, cfg, out: Path, rounds, tol, *, resume: boo
         shapes = fl.check_inputs(views, **kw)
         rounds, tol = resolve_budget(cfg, rounds, tol)
     except (InputError, ParameterError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(2) from None
     _check_out_folder(out)
     if resume and not (out / "job.json").is_file():
@@ -385,7 +386,7 @@ def _launch(fl, views, out: Path, rounds: int, insecure: bool, quiet: bool, **ru
         with progress_display(rounds, quiet) as prog:
             return fl.run_flower(views, run_dir=out, max_rounds=rounds, progress=prog.update, **run_kw)
     except (fl.FlowerRunError, FileNotFoundError, PermissionError, TimeoutError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(1) from None
 
 
@@ -443,7 +444,7 @@ def _apply_missing(views: list[Path], mask_paths, missing: str, out: Path):
     try:
         views, mask_paths, raw = _aligned_over_union(views, out)
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(2) from None
     return views, mask_paths, None if raw is None else (raw, raw.dtype.kind == "i")
 
@@ -568,7 +569,7 @@ def _score_submitted(out: Path, labels: Path | None) -> None:
     try:
         y, found = _scored_files(out / "labels.csv", labels)
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         raise typer.Exit(2) from None
     sc = clustering_scores(y, found, ari=True)
     _update_result_json(out, {"scores": sc})
@@ -718,7 +719,7 @@ def register(app, reproduce_app) -> None:
             try:
                 y = _read_labels(labels, ids, shapes[0][0])
             except InputError as exc:
-                typer.echo(f"error: {exc}", err=True)
+                error_line(exc)
                 raise typer.Exit(2) from None
         res = _launch(fl, views, out, rounds, insecure, quiet, cfg=cfg, algorithm=algorithm, tol=tol, seed=seed,
                       round_timeout=round_timeout, node_timeout=node_timeout, record_wire=record_wire,
@@ -779,10 +780,10 @@ def register(app, reproduce_app) -> None:
             res = fl.run_simulation(source, cfg, run_dir=out, algorithm=algorithm, max_rounds=rounds, tol=tol,
                                     seed=seed, cpus_per_client=cpus_per_client, round_timeout=round_timeout)
         except ImportError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            error_line(exc)
             raise typer.Exit(2) from None
         except (fl.FlowerRunError, FileNotFoundError, TimeoutError) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            error_line(exc)
             raise typer.Exit(1) from None
         info = res.extra["flower"]
         secs = [r["seconds"] for r in res.history.rows]
@@ -910,13 +911,13 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
         executor = sup.start(ex_argv, env=exec_env)
         while daemon.poll() is None:
             if front_proc is not None and front_proc.poll() is not None:
-                typer.echo(f"error: the Fleet API proxy exited with code {front_proc.returncode}; stopping "
-                           f"{program}", err=True)
+                error_line(f"the Fleet API proxy exited with code {front_proc.returncode}; stopping "
+                           f"{program}")
                 program, code = "the Fleet API proxy", 1
                 break
             if executor.poll() is not None:  # a daemon without its gate would run nothing: say so, stop
-                typer.echo(f"error: the gate executor exited with code {executor.returncode}; stopping "
-                           f"{program}", err=True)
+                error_line(f"the gate executor exited with code {executor.returncode}; stopping "
+                           f"{program}")
                 program, code = "the gate executor", 1
                 break
             time.sleep(0.2)
@@ -927,7 +928,7 @@ def _run_gated(program: str, args: list[str], home: Path, *, role: str, runtime_
     except _Stop:
         code = 0
     except TimeoutError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        error_line(exc)
         code = 1
     finally:
         for sig in old:  # no second signal in the middle of stopping
@@ -1130,7 +1131,7 @@ def _fail(exc) -> NoReturn:
     file), 1 for anything that failed."""
     from fedsonmf.exceptions import InputError
 
-    typer.echo(f"error: {exc}", err=True)
+    error_line(exc)
     raise typer.Exit(2 if isinstance(exc, InputError) else 1)
 
 

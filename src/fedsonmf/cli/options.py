@@ -19,7 +19,23 @@ import typer
 from fedsonmf.protocol.params import PARAMS
 
 __all__ = ["param", "mu_option", "parse_mu", "check_output_path", "CONTEXT", "with_params", "ALGORITHM_OPTIONS",
-           "DP_OPTIONS", "threads_option"]
+           "DP_OPTIONS", "threads_option", "one_line", "error_line"]
+
+#: control characters (C0, DEL, C1): shown escaped in ``error:`` and ``warning:`` lines
+_CONTROL = {c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7f, 0xa0))}
+
+
+def one_line(text: object) -> str:
+    """``text`` with its control characters escaped as Python does (``\\n``, ``\\x1b``): a file
+    named with a newline keeps the message on one line, and an escape sequence in a name (or
+    in anything else a message quotes) never reaches the terminal."""
+    return str(text).translate(_CONTROL)
+
+
+def error_line(text: object) -> None:
+    """Print a failed command's one ``error: ...`` line on stderr (:func:`one_line`)."""
+    typer.echo(f"error: {one_line(text)}", err=True)
+
 
 #: the algorithm options every federated command offers (flags derived from the names)
 ALGORITHM_OPTIONS = ("mu", "mu_scale", "tau", "alpha", "eta_g", "rho1", "correction", "batch_size", "algorithm")
