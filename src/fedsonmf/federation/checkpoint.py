@@ -255,16 +255,16 @@ def verify_server_state(state: ServerState, run: dict, path, *, n_samples: int |
     anywhere; mu not a number >= 0.
 
     ``run`` is the checkpoint's run (its ``config.n_components`` is r, its ``n_clients`` m, its
-    ``algorithm`` names the algorithm when ``algorithm`` is not given); ``n_samples``, when
-    given, is the n the resumed run's data has.
+    ``algorithm`` names the algorithm when ``algorithm`` is not given; a run that names none is held
+    to V alone); ``n_samples``, when given, is the n the resumed run's data has.
     """
     arrays = state.arrays
     where = f"server checkpoint {path}"
-    if algorithm is None:
+    if algorithm is None and run.get("algorithm") is not None:  # every run the library writes names it
         from fedsonmf.algorithms import get_algorithm
 
         try:
-            algorithm = get_algorithm(str(run.get("algorithm", "fedsonmf")))
+            algorithm = get_algorithm(str(run["algorithm"]))
         except (ValueError, TypeError):
             algorithm = None  # an algorithm given as an instance: the resume checks again with it
     if state.mu is not None and not (np.isfinite(state.mu) and state.mu >= 0):
