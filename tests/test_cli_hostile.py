@@ -7,17 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from _cli import run_main
 from fedsonmf.cli.app import main
 from fedsonmf.federation import checkpoint as ckpt
-
-
-def run_main(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if line.strip()]
-    return exc.value.code, lines, out
-
 
 # ----------------------------------------------------------------------------- fedsonmf plot
 

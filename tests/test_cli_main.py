@@ -9,15 +9,8 @@ process (no deployment is started) and checks the exit code, the single line and
 import numpy as np
 import pytest
 
+from _cli import run_main
 from fedsonmf.cli.app import main
-
-
-def run_main(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if line.strip()]
-    return exc.value.code, lines, out
 
 
 def _cases(tmp_path):
