@@ -688,21 +688,24 @@ def _precheck_npy(path: Path, mmap_mode) -> None:
     _limits.check_budget(path, need, f"the array of shape {shape} ({dtype})")
 
 
-def _precheck_npz(path: Path) -> None:
-    """Refuse a ``.npz`` whose members inflate like a zip bomb, declare arrays larger than the member,
-    or need more than the memory budget in all (read from the zip directory and the members' headers)."""
+def npz_members(path: Path) -> tuple[list, dict] | None:
+    """The members of the zip archive ``path``, checked from its directory and their ``.npy`` headers
+    before anything is read: every member against the inflation rule, every array's declared size
+    against its member (an :class:`InputError` naming the file).  Returns ``(infos, arrays)``, the zip
+    directory and ``{name: (info, shape, dtype)}`` of the ``.npy`` members whose header reads; None
+    when ``path`` is no readable zip (np.load then says what is wrong).  Used for ``.npz`` views and
+    checkpoints alike."""
     import zipfile
 
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return  # np.load says what is wrong
+        return None
     with zf:
         infos = zf.infolist()
-        declared = sum(info.file_size for info in infos)
         for info in infos:
             _limits.check_inflation(path, f"member {info.filename!r}", info.file_size, info.compress_size)
-        need, arrays = 0, {}
+        arrays = {}
         for info in infos:
             if not info.filename.endswith(".npy"):
                 continue
@@ -714,24 +717,38 @@ def _precheck_npz(path: Path) -> None:
             if head is None:
                 continue
             shape, dtype, offset = head
-            n = _limits.prod(shape)
             _limits.check_holds(path, f"member {info.filename!r} declaring shape {shape} of {dtype}",
-                                offset + n * dtype.itemsize, info.file_size, where="the member declares")
-            need += n * dtype.itemsize + _view_bytes(n, dtype)
+                                offset + _limits.prod(shape) * dtype.itemsize, info.file_size,
+                                where="the member declares")
             arrays[info.filename[:-4]] = (info, shape, dtype)
-        rows = 0
-        if {"format", "shape", "data"} <= set(arrays):  # scipy.sparse: the CSR made of it has rows + 1 pointers
-            info, shape, dtype = arrays["shape"]
-            if shape != (2,) or dtype.kind not in "iu":
-                raise InputError(f"{path}: a scipy.sparse .npz whose 'shape' member is an array of shape {shape} "
-                                 f"({dtype}), not the two integers (rows, columns); a corrupt or forged file, refused")
-            with zf.open(info) as fh:
-                rows, cols = (int(v) for v in np.lib.format.read_array(fh, allow_pickle=False))
-            if rows < 0 or cols < 0:
-                raise InputError(f"{path}: a scipy.sparse .npz declaring the negative shape ({rows}, {cols}); "
-                                 "a corrupt or forged file, refused")
-            _limits.check_fit_features(path, rows, cols)
-            need = 2 * need + 16 * (rows + 1)
+    return infos, arrays
+
+
+def _precheck_npz(path: Path) -> None:
+    """Refuse a ``.npz`` whose members inflate like a zip bomb, declare arrays larger than the member,
+    or need more than the memory budget in all (read from the zip directory and the members' headers:
+    :func:`npz_members`)."""
+    import zipfile
+
+    members = npz_members(path)
+    if members is None:
+        return
+    infos, arrays = members
+    declared = sum(info.file_size for info in infos)
+    need = sum(_limits.prod(shape) * dtype.itemsize + _view_bytes(_limits.prod(shape), dtype)
+               for _, shape, dtype in arrays.values())
+    if {"format", "shape", "data"} <= set(arrays):  # scipy.sparse: the CSR made of it has rows + 1 pointers
+        info, shape, dtype = arrays["shape"]
+        if shape != (2,) or dtype.kind not in "iu":
+            raise InputError(f"{path}: a scipy.sparse .npz whose 'shape' member is an array of shape {shape} "
+                             f"({dtype}), not the two integers (rows, columns); a corrupt or forged file, refused")
+        with zipfile.ZipFile(path) as zf, zf.open(info) as fh:
+            rows, cols = (int(v) for v in np.lib.format.read_array(fh, allow_pickle=False))
+        if rows < 0 or cols < 0:
+            raise InputError(f"{path}: a scipy.sparse .npz declaring the negative shape ({rows}, {cols}); "
+                             "a corrupt or forged file, refused")
+        _limits.check_fit_features(path, rows, cols)
+        need = 2 * need + 16 * (rows + 1)
     _limits.check_budget(path, max(need, declared), f"the archive ({len(infos)} members)")
 
 

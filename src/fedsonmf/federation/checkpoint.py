@@ -129,10 +129,9 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 def _precheck_archive(path: Path) -> None:
     """Refuse ``path`` from its zip directory and its members' ``.npy`` headers, before it is read
-    (the size rules of :mod:`fedsonmf.datasets._limits`, as for a ``.npz`` view)."""
-    import zipfile
-
+    (the size rules of a ``.npz`` view: :func:`fedsonmf.datasets.files.npz_members`, then the budget)."""
     from fedsonmf.datasets import _limits
+    from fedsonmf.datasets.files import npz_members
     from fedsonmf.exceptions import InputError
 
     with open(path, "rb") as fh:  # FileNotFoundError: the caller's "does not exist"
@@ -140,35 +139,13 @@ def _precheck_archive(path: Path) -> None:
     if magic != _ZIP_MAGIC:
         raise CheckpointError(f"cannot read checkpoint file {path}: not a checkpoint archive (.npz)")
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        return  # np.load says what is wrong
-    try:
-        with zf:
-            infos = zf.infolist()
-            declared = sum(info.file_size for info in infos)
-            for info in infos:
-                _limits.check_inflation(path, f"member {info.filename!r}", info.file_size, info.compress_size)
-            need = 0
-            for info in infos:
-                if not info.filename.endswith(".npy"):
-                    continue
-                try:
-                    with zf.open(info) as fh:
-                        version = np.lib.format.read_magic(fh)
-                        read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
-                            else np.lib.format.read_array_header_2_0
-                        shape, _, dtype = read(fh)
-                        offset = fh.tell()
-                except Exception:  # noqa: BLE001 - np.load says what is wrong
-                    continue
-                if dtype.hasobject:
-                    continue  # refused by np.load(allow_pickle=False) before it allocates
-                n = _limits.prod(shape)
-                _limits.check_holds(path, f"member {info.filename!r} declaring shape {tuple(shape)} of {dtype}",
-                                    offset + n * dtype.itemsize, info.file_size, where="the member declares")
-                need += n * dtype.itemsize
-        _limits.check_budget(path, max(need, declared), f"the checkpoint archive ({len(infos)} members)")
+        members = npz_members(path)
+        if members is None:
+            return  # np.load says what is wrong
+        infos, arrays = members
+        need = sum(_limits.prod(shape) * dtype.itemsize for _, shape, dtype in arrays.values())
+        _limits.check_budget(path, max(need, sum(info.file_size for info in infos)),
+                             f"the checkpoint archive ({len(infos)} members)")
     except InputError as exc:
         raise CheckpointError(f"checkpoint file {exc}") from None
 
